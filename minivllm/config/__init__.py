@@ -1,0 +1,18 @@
+"""Configuration dataclasses (`VllmConfig` and its parts) and the current-config context."""
+
+from minivllm.config.cache import CacheConfig
+from minivllm.config.compilation import CompilationConfig, CompilationMode, CUDAGraphMode
+from minivllm.config.load import DeviceConfig, LoadConfig
+from minivllm.config.model import ModelConfig, default_model_path
+from minivllm.config.parallel import ParallelConfig
+from minivllm.config.scheduler import SchedulerConfig
+from minivllm.config.vllm import (VllmConfig, get_cached_compilation_config,
+                                  get_current_vllm_config, get_current_vllm_config_or_none,
+                                  set_current_vllm_config, valid_tp_sizes)
+
+__all__ = [
+    "CacheConfig", "CompilationConfig", "CompilationMode", "CUDAGraphMode", "DeviceConfig",
+    "LoadConfig", "ModelConfig", "ParallelConfig", "SchedulerConfig", "VllmConfig",
+    "default_model_path", "get_cached_compilation_config", "get_current_vllm_config",
+    "get_current_vllm_config_or_none", "set_current_vllm_config", "valid_tp_sizes",
+]

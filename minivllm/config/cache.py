@@ -1,0 +1,23 @@
+"""CacheConfig: the paged KV cache's geometry and budget."""
+
+from dataclasses import dataclass
+
+_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+@dataclass
+class CacheConfig:
+    block_size: int = 16                     # tokens per KV block
+    cache_dtype: str = "auto"                # "auto" = the model dtype
+    enable_prefix_caching: bool = True       # hash-chained reuse of full blocks (vLLM v1 default)
+    num_gpu_blocks_override: int | None = None   # fix the number of blocks (tests force preemption)
+    kv_cache_memory_bytes: int | None = None     # KV budget per rank; None = 2 GiB on CPU
+    sliding_window: int | None = None        # model-wide window, if the config asks for one
+
+    def __post_init__(self) -> None:
+        if self.block_size < 1:
+            raise ValueError(f"block_size must be a positive integer, got {self.block_size}")
+        if self.cache_dtype not in _CACHE_DTYPES:
+            raise ValueError(f"cache_dtype must be one of {_CACHE_DTYPES}, got {self.cache_dtype!r}")
+        if self.num_gpu_blocks_override is not None and self.num_gpu_blocks_override < 1:
+            raise ValueError("num_gpu_blocks_override must be >= 1")

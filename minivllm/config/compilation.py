@@ -1,0 +1,43 @@
+"""CompilationConfig: torch.compile mode, custom-op switches and the static forward context."""
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class CompilationMode(enum.IntEnum):
+    NONE = 0
+    STOCK_TORCH_COMPILE = 1
+    DYNAMO_TRACE_ONCE = 2
+    VLLM_COMPILE = 3
+
+
+class CUDAGraphMode(enum.IntEnum):
+    NONE = 0
+
+
+@dataclass
+class CompilationConfig:
+    mode: CompilationMode = CompilationMode.NONE
+    backend: str = "inductor"
+    custom_ops: list[str] = field(default_factory=list)   # "all"/"none" plus "+name"/"-name"
+    # prefix -> Attention layer; filled by layers at construction (NOTE: names must be unique)
+    static_forward_context: dict[str, Any] = field(default_factory=dict, repr=False)
+    enabled_custom_ops: set[str] = field(default_factory=set, repr=False)
+    disabled_custom_ops: set[str] = field(default_factory=set, repr=False)
+
+    def __post_init__(self) -> None:
+        self.mode = CompilationMode(int(self.mode))
+        for op in self.custom_ops:
+            if op not in ("all", "none") and op[:1] not in "+-":
+                raise ValueError(f"custom_ops entries must be 'all', 'none', '+name' or '-name'; got {op!r}")
+
+    def set_default_custom_ops(self) -> None:
+        """vLLM's default: 'none' when inductor compiles the model, else 'all'."""
+        if any(op in ("all", "none") for op in self.custom_ops):
+            return
+        compiles = self.mode != CompilationMode.NONE and self.backend == "inductor"
+        self.custom_ops.append("none" if compiles else "all")
+
+    def custom_op_log_check(self) -> None:
+        """Warn-free placeholder kept for contract parity (vLLM logs unused +/- entries)."""

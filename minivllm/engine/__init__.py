@@ -1,0 +1,1 @@
+"""Engine core: requests, KV block management, scheduling, detokenisation and the step loop."""

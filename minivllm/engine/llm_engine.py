@@ -1,0 +1,228 @@
+"""The synchronous engine loop: add requests, then step: schedule -> execute -> update -> detokenize.
+
+`LLMEngine(vllm_config, executor, tokenizer)` reads only `vllm_config.scheduler_config.
+{max_num_seqs, max_num_batched_tokens, long_prefill_token_threshold (optional)}`,
+`vllm_config.cache_config.{block_size, enable_prefix_caching}` and
+`vllm_config.model_config.max_model_len` (any object with these attributes works, e.g. a
+SimpleNamespace in tests). The executor provides `num_blocks` and
+`execute_model(scheduler_output) -> ModelRunnerOutput`; it is called once per step, also for a
+step that schedules no tokens, so the runner always learns about finished and preempted requests.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from minivllm.engine.detokenizer import IncrementalDetokenizer
+from minivllm.engine.request import Request, RequestStatus
+from minivllm.engine.scheduler import Scheduler
+from minivllm.engine.scheduler_output import LogprobEntry, ModelRunnerOutput, SchedulerOutput
+from minivllm.outputs import CompletionOutput, Logprob, RequestOutput
+from minivllm.sampling_params import SamplingParams
+
+
+class Executor(Protocol):
+    num_blocks: int
+
+    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput: ...
+
+
+@dataclass
+class _ParentState:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    children: list[_ChildState] = field(default_factory=list)
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None
+
+
+@dataclass
+class _ChildState:
+    request: Request
+    parent: _ParentState
+    index: int
+    detokenizer: IncrementalDetokenizer | None
+    num_processed_tokens: int = 0
+    logprobs: list[dict[int, Logprob]] | None = None
+    cumulative_logprob: float | None = None
+
+
+class LLMEngine:
+    """Drives the scheduler and an executor; turns sampled tokens into `RequestOutput`s."""
+
+    def __init__(self, vllm_config: Any, executor: Executor, tokenizer: Any | None,
+                 eos_token_id: int | None = None) -> None:
+        sched, cache = vllm_config.scheduler_config, vllm_config.cache_config
+        self.max_model_len: int = vllm_config.model_config.max_model_len
+        self.scheduler = Scheduler(
+            max_num_seqs=sched.max_num_seqs,
+            max_num_batched_tokens=sched.max_num_batched_tokens,
+            block_size=cache.block_size,
+            num_blocks=executor.num_blocks,
+            max_model_len=self.max_model_len,
+            enable_prefix_caching=cache.enable_prefix_caching,
+            long_prefill_token_threshold=getattr(sched, "long_prefill_token_threshold", 0))
+        self.executor = executor
+        self.tokenizer = tokenizer
+        if eos_token_id is None and tokenizer is not None:
+            eos_token_id = tokenizer.eos_token_id
+        self.eos_token_id = eos_token_id
+        self._parents: dict[str, _ParentState] = {}
+        self._children: dict[str, _ChildState] = {}
+
+    def add_request(self, request_id: str, prompt: str | list[int],
+                    params: SamplingParams | None = None, arrival_time: float | None = None) -> None:
+        """Queues a prompt (text or token ids); n > 1 becomes n child requests."""
+        if request_id in self._parents:
+            raise ValueError(f"Request id {request_id!r} is already in use.")
+        params = params if params is not None else SamplingParams()
+        prompt_text, prompt_token_ids = self._tokenize(prompt)
+        if not prompt_token_ids:
+            raise ValueError("The prompt is empty; give at least one token.")
+        if len(prompt_token_ids) > self.max_model_len:
+            raise ValueError(f"The prompt has {len(prompt_token_ids)} tokens, more than "
+                             f"max_model_len={self.max_model_len}.")
+        if params.stop and self.tokenizer is None:
+            raise ValueError("stop strings need a tokenizer; use stop_token_ids instead.")
+        parent = _ParentState(request_id, prompt_text, prompt_token_ids)
+        if params.prompt_logprobs is not None:
+            parent.prompt_logprobs = [None]   # nothing predicts the first prompt token
+        for index in range(params.n):
+            self._add_child(parent, index, params, arrival_time)
+        self._parents[request_id] = parent
+
+    def step(self) -> list[RequestOutput]:
+        """Runs one engine step; returns the requests that progressed or finished."""
+        if not self.scheduler.has_unfinished_requests():
+            return []
+        scheduler_output = self.scheduler.schedule()
+        runner_output = self.executor.execute_model(scheduler_output)
+        updated = self.scheduler.update_from_output(scheduler_output, runner_output)
+        self._record_prompt_logprobs(runner_output)
+        row_of = {req_id: i for i, req_id in enumerate(runner_output.req_ids)}
+        touched: dict[str, _ParentState] = {}
+        for request in updated:
+            child = self._children.get(request.request_id)
+            if child is None:
+                continue
+            row_logprobs = None
+            if runner_output.logprobs is not None and request.request_id in row_of:
+                row_logprobs = runner_output.logprobs[row_of[request.request_id]]
+            self._process_child(child, row_logprobs)
+            touched[child.parent.request_id] = child.parent
+        return [self._make_output(parent) for parent in touched.values()]
+
+    def abort_request(self, request_id: str | Iterable[str]) -> None:
+        """Aborts requests (by the id given to add_request); unknown ids are ignored."""
+        request_ids = [request_id] if isinstance(request_id, str) else list(request_id)
+        child_ids = []
+        for parent_id in request_ids:
+            parent = self._parents.pop(parent_id, None)
+            if parent is None:
+                continue
+            for child in parent.children:
+                child_ids.append(child.request.request_id)
+                del self._children[child.request.request_id]
+        self.scheduler.finish_requests(child_ids, RequestStatus.FINISHED_ABORTED)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self._parents)
+
+    def get_num_unfinished_requests(self) -> int:
+        return len(self._parents)
+
+    def _tokenize(self, prompt: str | list[int]) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("A text prompt needs a tokenizer; pass token ids instead.")
+            return prompt, list(self.tokenizer.encode(prompt))
+        return None, list(prompt)
+
+    def _add_child(self, parent: _ParentState, index: int, params: SamplingParams,
+                   arrival_time: float | None) -> None:
+        n = params.n
+        # The engine's own copy, so eos can be added to the stop ids min_tokens masks. Children
+        # get distinct seeds (else they would be identical) and only child 0 asks for prompt
+        # logprobs (the prompt is shared).
+        child_params = dataclasses.replace(
+            params, n=1,
+            seed=params.seed + index if params.seed is not None else None,
+            prompt_logprobs=params.prompt_logprobs if index == 0 else None)
+        child_params.update_from_eos_token_id(self.eos_token_id)
+        child_id = parent.request_id if n == 1 else f"{index}_{parent.request_id}"
+        request = Request(child_id, parent.prompt_token_ids, child_params,
+                          eos_token_id=self.eos_token_id, arrival_time=arrival_time)
+        detokenizer = None
+        if self.tokenizer is not None and params.detokenize:
+            detokenizer = IncrementalDetokenizer(self.tokenizer, parent.prompt_token_ids, child_params)
+        child = _ChildState(request, parent, index, detokenizer)
+        if params.logprobs is not None:
+            child.logprobs, child.cumulative_logprob = [], 0.0
+        self.scheduler.add_request(request)
+        parent.children.append(child)
+        self._children[child_id] = child
+
+    def _process_child(self, child: _ChildState, row_logprobs: list[LogprobEntry] | None) -> None:
+        request = child.request
+        new_token_ids = request.output_token_ids[child.num_processed_tokens:]
+        child.num_processed_tokens = request.num_output_tokens
+        if child.logprobs is not None and row_logprobs is not None:
+            child.logprobs.append(self._to_logprob_dict(row_logprobs))
+            child.cumulative_logprob += row_logprobs[0][1]
+        if child.detokenizer is None:
+            return
+        params = request.sampling_params
+        if (request.status == RequestStatus.FINISHED_STOPPED
+                and not params.include_stop_str_in_output):
+            new_token_ids = new_token_ids[:-1]   # the eos / stop token stays out of the text
+        stop_string = child.detokenizer.update(new_token_ids)
+        if stop_string is not None and request.stop_reason != stop_string:
+            # A stop string overrides a length cap reached by the same token.
+            request.stop_reason = stop_string
+            if request.is_finished:
+                request.status = RequestStatus.FINISHED_STOPPED
+            else:
+                self.scheduler.finish_requests(request.request_id, RequestStatus.FINISHED_STOPPED)
+
+    def _record_prompt_logprobs(self, runner_output: ModelRunnerOutput) -> None:
+        for req_id, positions in runner_output.prompt_logprobs.items():
+            child = self._children.get(req_id)
+            if child is None or child.parent.prompt_logprobs is None:
+                continue
+            child.parent.prompt_logprobs.extend(self._to_logprob_dict(p) for p in positions)
+
+    def _to_logprob_dict(self, entries: list[LogprobEntry]) -> dict[int, Logprob]:
+        return {token_id: Logprob(logprob, rank, self._decode_token(token_id))
+                for token_id, logprob, rank in entries}
+
+    def _decode_token(self, token_id: int) -> str | None:
+        if self.tokenizer is None:
+            return None
+        token = self.tokenizer.convert_ids_to_tokens(token_id)
+        return self.tokenizer.convert_tokens_to_string([token]) if token is not None else None
+
+    def _make_output(self, parent: _ParentState) -> RequestOutput:
+        outputs = []
+        for child in parent.children:
+            request = child.request
+            finished = request.is_finished
+            text = child.detokenizer.get_output_text(finished) if child.detokenizer else ""
+            outputs.append(CompletionOutput(
+                index=child.index, text=text, token_ids=list(request.output_token_ids),
+                cumulative_logprob=child.cumulative_logprob,
+                logprobs=list(child.logprobs) if child.logprobs is not None else None,
+                finish_reason=request.get_finished_reason(), stop_reason=request.stop_reason))
+        finished = all(o.finish_reason is not None for o in outputs)
+        if finished:
+            self._parents.pop(parent.request_id, None)
+            for child in parent.children:
+                self._children.pop(child.request.request_id, None)
+        return RequestOutput(
+            request_id=parent.request_id, prompt=parent.prompt,
+            prompt_token_ids=parent.prompt_token_ids,
+            prompt_logprobs=list(parent.prompt_logprobs) if parent.prompt_logprobs else None,
+            outputs=outputs, finished=finished,
+            num_cached_tokens=max(parent.children[0].request.num_cached_tokens, 0))

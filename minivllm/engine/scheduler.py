@@ -1,0 +1,241 @@
+"""The scheduler: one token budget per step shared by decodes and (chunked) prefills."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+
+from minivllm.engine.kv_cache_manager import KVCacheManager
+from minivllm.engine.request import Request, RequestStatus
+from minivllm.engine.scheduler_output import (CachedRequestData, ModelRunnerOutput,
+                                              NewRequestData, SchedulerOutput)
+
+
+class Scheduler:
+    """Decides each step which tokens of which requests the model computes.
+
+    There are no prefill and decode phases: every request simply has `num_tokens -
+    num_computed_tokens` tokens to catch up on. Running requests are served first (in arrival
+    order), then waiting ones are admitted while budget, sequence slots and blocks last. When
+    blocks run out, the last-arrived running request is preempted by recompute.
+    """
+
+    def __init__(self, *, max_num_seqs: int, max_num_batched_tokens: int, block_size: int,
+                 num_blocks: int, max_model_len: int, enable_prefix_caching: bool = True,
+                 long_prefill_token_threshold: int = 0) -> None:
+        for name, value in (("max_num_seqs", max_num_seqs),
+                            ("max_num_batched_tokens", max_num_batched_tokens),
+                            ("max_model_len", max_model_len)):
+            if value < 1:
+                raise ValueError(f"{name} must be at least 1, got {value}.")
+        if num_blocks * block_size < max_model_len:
+            # NOTE: otherwise one long request could preempt itself forever.
+            raise ValueError(
+                f"The KV cache holds {num_blocks} blocks x {block_size} tokens = "
+                f"{num_blocks * block_size} tokens, fewer than max_model_len={max_model_len}; "
+                f"lower max_model_len or give the cache more blocks.")
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_model_len = max_model_len
+        self.long_prefill_token_threshold = long_prefill_token_threshold
+        self.kv_cache_manager = KVCacheManager(num_blocks, block_size, enable_prefix_caching)
+        self.requests: dict[str, Request] = {}
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        # Finished since the last schedule(): sent once so the runner drops their state.
+        self.finished_req_ids: set[str] = set()
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def kv_cache_usage(self) -> float:
+        return self.kv_cache_manager.usage
+
+    def add_request(self, request: Request) -> None:
+        if request.request_id in self.requests:
+            raise ValueError(f"Request id {request.request_id!r} is already scheduled.")
+        self.requests[request.request_id] = request
+        self.waiting.append(request)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def get_num_unfinished_requests(self) -> int:
+        return len(self.waiting) + len(self.running)
+
+    def schedule(self) -> SchedulerOutput:
+        """Plans one step and advances `num_computed_tokens` of every scheduled request."""
+        num_scheduled_tokens: dict[str, int] = {}
+        new_block_ids: dict[str, list[int]] = {}
+        running_reqs, preempted = self._schedule_running(num_scheduled_tokens, new_block_ids)
+        new_reqs: list[Request] = []
+        # NOTE: a step that had to preempt admits no one, or the victim could come straight
+        # back and thrash.
+        if not preempted:
+            new_reqs = self._schedule_waiting(num_scheduled_tokens)
+        output = SchedulerOutput(
+            scheduled_new_reqs=[self._new_request_data(r) for r in new_reqs],
+            scheduled_cached_reqs=CachedRequestData(
+                req_ids=[r.request_id for r in running_reqs],
+                new_block_ids=[new_block_ids[r.request_id] for r in running_reqs],
+                num_computed_tokens=[r.num_computed_tokens for r in running_reqs]),
+            num_scheduled_tokens=num_scheduled_tokens,
+            total_num_scheduled_tokens=sum(num_scheduled_tokens.values()),
+            finished_req_ids=self.finished_req_ids,
+            preempted_req_ids={r.request_id for r in preempted})
+        assert output.total_num_scheduled_tokens <= self.max_num_batched_tokens
+        # The runner reads the pre-step counters above; the scheduler moves on right away.
+        for req_id, num_tokens in num_scheduled_tokens.items():
+            self.requests[req_id].num_computed_tokens += num_tokens
+        self.finished_req_ids = set()
+        return output
+
+    def update_from_output(self, scheduler_output: SchedulerOutput,
+                           model_runner_output: ModelRunnerOutput) -> list[Request]:
+        """Appends sampled tokens and applies the token-level stop checks.
+
+        Returns the requests that got a new token or finished, for the engine to detokenize.
+        """
+        updated: list[Request] = []
+        stopped: set[str] = set()
+        for req_id, token_ids in zip(model_runner_output.req_ids,
+                                     model_runner_output.sampled_token_ids):
+            request = self.requests.get(req_id)
+            if request is None or request.is_finished or not token_ids:
+                continue   # aborted meanwhile, or a partial prefill
+            for token_id in token_ids:
+                request.append_output_token_ids(token_id)
+                if self._check_stop(request):
+                    stopped.add(req_id)
+                    break
+            updated.append(request)
+        if stopped:
+            self.running = [r for r in self.running if r.request_id not in stopped]
+            for req_id in stopped:
+                self._free_request(self.requests[req_id])
+        return updated
+
+    def finish_requests(self, request_ids: str | Iterable[str], finished_status: RequestStatus) -> None:
+        """Finishes requests from outside (abort, stop strings) and frees their blocks."""
+        assert RequestStatus.is_finished(finished_status)
+        if isinstance(request_ids, str):
+            request_ids = (request_ids,)
+        to_finish = [self.requests[i] for i in set(request_ids) if i in self.requests]
+        to_finish = [r for r in to_finish if not r.is_finished]
+        if not to_finish:
+            return
+        ids = {r.request_id for r in to_finish}
+        self.running = [r for r in self.running if r.request_id not in ids]
+        self.waiting = deque(r for r in self.waiting if r.request_id not in ids)
+        for request in to_finish:
+            request.status = finished_status
+            self._free_request(request)
+
+    def reset_prefix_cache(self) -> bool:
+        return self.kv_cache_manager.reset_prefix_cache()
+
+    def _schedule_running(self, num_scheduled_tokens: dict[str, int],
+                          new_block_ids: dict[str, list[int]]) -> tuple[list[Request], list[Request]]:
+        """Serves running requests in order; returns (scheduled, preempted)."""
+        scheduled: list[Request] = []
+        preempted: list[Request] = []
+        budget = self.max_num_batched_tokens
+        req_index = 0
+        while req_index < len(self.running) and budget > 0:
+            request = self.running[req_index]
+            num_new_tokens = self._num_new_tokens(request, request.num_computed_tokens, budget)
+            if num_new_tokens == 0:
+                # Its last token is not sampled yet (schedule() called twice without an update).
+                req_index += 1
+                continue
+            while True:
+                block_ids = self.kv_cache_manager.allocate_slots(request, num_new_tokens)
+                if block_ids is not None:
+                    break
+                # NOTE: the victim is always at or after req_index, so it was not scheduled yet.
+                victim = self.running.pop()
+                self._preempt(victim)
+                preempted.append(victim)
+                if victim is request:
+                    break
+            if block_ids is None:
+                break
+            scheduled.append(request)
+            new_block_ids[request.request_id] = block_ids
+            num_scheduled_tokens[request.request_id] = num_new_tokens
+            budget -= num_new_tokens
+            req_index += 1
+        return scheduled, preempted
+
+    def _schedule_waiting(self, num_scheduled_tokens: dict[str, int]) -> list[Request]:
+        """Admits waiting requests (new or preempted) with the budget left, prefix hits applied."""
+        scheduled: list[Request] = []
+        budget = self.max_num_batched_tokens - sum(num_scheduled_tokens.values())
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            request = self.waiting[0]
+            computed_blocks, num_computed = self.kv_cache_manager.get_computed_blocks(request)
+            num_new_tokens = self._num_new_tokens(request, num_computed, budget)
+            if self.kv_cache_manager.allocate_slots(request, num_new_tokens, computed_blocks) is None:
+                break
+            self.waiting.popleft()
+            self.running.append(request)
+            scheduled.append(request)
+            request.status = RequestStatus.RUNNING
+            request.num_computed_tokens = num_computed
+            if request.num_cached_tokens < 0:
+                request.num_cached_tokens = num_computed
+            num_scheduled_tokens[request.request_id] = num_new_tokens
+            budget -= num_new_tokens
+        return scheduled
+
+    def _num_new_tokens(self, request: Request, num_computed_tokens: int, budget: int) -> int:
+        num_new_tokens = request.num_tokens - num_computed_tokens
+        if 0 < self.long_prefill_token_threshold < num_new_tokens:
+            num_new_tokens = self.long_prefill_token_threshold
+        return min(num_new_tokens, budget)
+
+    def _preempt(self, request: Request) -> None:
+        """Preemption by recompute: drop the KV and requeue at the front of the waiting queue."""
+        self.kv_cache_manager.free(request)
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        self.waiting.appendleft(request)
+
+    def _new_request_data(self, request: Request) -> NewRequestData:
+        return NewRequestData(
+            req_id=request.request_id,
+            prompt_token_ids=request.prompt_token_ids,
+            output_token_ids=list(request.output_token_ids),
+            sampling_params=request.sampling_params,
+            block_ids=self.kv_cache_manager.get_block_ids(request.request_id),
+            num_computed_tokens=request.num_computed_tokens)
+
+    def _check_stop(self, request: Request) -> bool:
+        """Token-level stop conditions, in vLLM's order; stop strings are the engine's."""
+        params = request.sampling_params
+        if request.num_output_tokens >= params.min_tokens:
+            last_token_id = request.output_token_ids[-1]
+            if not params.ignore_eos and last_token_id == request.eos_token_id:
+                request.status = RequestStatus.FINISHED_STOPPED
+                return True
+            if last_token_id in params.stop_token_ids:
+                request.status = RequestStatus.FINISHED_STOPPED
+                request.stop_reason = last_token_id
+                return True
+        if ((params.max_tokens is not None and request.num_output_tokens >= params.max_tokens)
+                or request.num_tokens >= self.max_model_len):
+            request.status = RequestStatus.FINISHED_LENGTH_CAPPED
+            return True
+        return False
+
+    def _free_request(self, request: Request) -> None:
+        self.kv_cache_manager.free(request)
+        self.finished_req_ids.add(request.request_id)
+        del self.requests[request.request_id]

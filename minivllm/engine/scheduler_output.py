@@ -1,0 +1,66 @@
+"""What the scheduler tells the model runner each step, and what the runner answers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from minivllm.sampling_params import SamplingParams
+
+# (token_id, logprob, rank): rank 1 is the most likely token.
+LogprobEntry = tuple[int, float, int]
+
+
+@dataclass
+class NewRequestData:
+    """A request the runner has not seen, or one resumed after preemption."""
+
+    req_id: str
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]          # tokens already generated (non-empty only when resumed)
+    sampling_params: SamplingParams
+    block_ids: list[int]                 # the whole block table
+    num_computed_tokens: int             # tokens whose KV is already in the cache
+
+
+@dataclass
+class CachedRequestData:
+    """Requests the runner already holds; all lists are in the same order."""
+
+    req_ids: list[str] = field(default_factory=list)
+    new_block_ids: list[list[int]] = field(default_factory=list)   # appended to the table this step
+    num_computed_tokens: list[int] = field(default_factory=list)
+
+
+@dataclass
+class SchedulerOutput:
+    """One step's work.
+
+    NOTE: a request feeds `all_token_ids[num_computed_tokens : num_computed_tokens +
+    num_scheduled_tokens[req_id]]`; the runner samples only when that chunk reaches the last
+    known token. A step may schedule nothing: the runner must still drop the finished and
+    preempted requests and answer an empty `ModelRunnerOutput`.
+    """
+
+    scheduled_new_reqs: list[NewRequestData]
+    scheduled_cached_reqs: CachedRequestData
+    num_scheduled_tokens: dict[str, int]   # req_id -> tokens to compute this step
+    total_num_scheduled_tokens: int
+    finished_req_ids: set[str]             # finished/aborted since last step: drop their state
+    preempted_req_ids: set[str]            # drop their state too; they come back as new requests
+
+
+@dataclass
+class ModelRunnerOutput:
+    """The runner's answer to one `SchedulerOutput`."""
+
+    req_ids: list[str]                     # requests of this step, in order
+    sampled_token_ids: list[list[int]]     # [] for a partial prefill, else [token]
+    # Per request: the sampled token then the top-k, or None when not asked; None when no
+    # request of the step asked.
+    logprobs: list[list[LogprobEntry] | None] | None = None
+    # req_id -> one list per prompt position computed this step (the first prompt token has
+    # none), each: the actual next prompt token first, then the top-k.
+    prompt_logprobs: dict[str, list[list[LogprobEntry]]] = field(default_factory=dict)
+
+
+EMPTY_MODEL_RUNNER_OUTPUT = ModelRunnerOutput(req_ids=[], sampled_token_ids=[])

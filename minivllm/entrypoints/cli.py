@@ -1,0 +1,98 @@
+"""The `minivllm` command: generate, chat, serve, bench."""
+
+import argparse
+import sys
+
+from minivllm.engine.arg_utils import EngineArgs
+
+
+def _sampling_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--top-k", type=int, default=0)
+    parser.add_argument("--sampling-seed", dest="sampling_seed", type=int, default=None,
+                        help="per-request seed (default: --seed when temperature > 0)")
+
+
+def _sampling_params(args: argparse.Namespace):
+    from minivllm.sampling_params import SamplingParams
+
+    seed = args.sampling_seed if args.sampling_seed is not None else args.seed
+    return SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
+                          top_p=args.top_p, top_k=args.top_k, seed=seed)
+
+
+def _make_llm(args: argparse.Namespace):
+    from minivllm.entrypoints.llm import LLM
+
+    engine_args = EngineArgs.from_cli_args(args)
+    kwargs = {k: v for k, v in vars(engine_args).items() if k not in ("model", "tokenizer", "dtype", "seed")}
+    return LLM(engine_args.model, tokenizer=engine_args.tokenizer, dtype=engine_args.dtype,
+               seed=engine_args.seed, **kwargs)
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    llm = _make_llm(args)
+    params = _sampling_params(args)
+    use_chat = not args.no_chat_template and getattr(llm.get_tokenizer(), "chat_template", None)
+    if use_chat:
+        outputs = llm.chat([{"role": "user", "content": args.prompt}], params, use_tqdm=False)
+    else:
+        outputs = llm.generate(args.prompt, params, use_tqdm=False)
+    print(outputs[0].outputs[0].text.strip())
+    return 0
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    from minivllm.entrypoints.chat import run_chat
+
+    return run_chat(_make_llm(args), _sampling_params(args), system=args.system)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="minivllm", description="A compact vLLM for CPUs.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    gen = sub.add_parser("generate", help="complete one prompt and print the answer")
+    gen.add_argument("prompt")
+    gen.add_argument("--no-chat-template", action="store_true",
+                     help="send the prompt as raw text instead of a chat turn")
+    _sampling_args(gen)
+    EngineArgs.add_cli_args(gen)
+    gen.set_defaults(func=cmd_generate)
+    chat = sub.add_parser("chat", help="interactive chat; tokens print as they are produced")
+    chat.add_argument("--system", default=None, help="a system prompt")
+    _sampling_args(chat)
+    EngineArgs.add_cli_args(chat)
+    chat.set_defaults(func=cmd_chat)
+    _add_optional_commands(sub)
+    return parser
+
+
+def _add_optional_commands(sub) -> None:
+    """Commands whose modules may pull heavier dependencies register themselves here."""
+    try:
+        from minivllm.benchmarks.cli import add_bench_parser
+    except ImportError:
+        pass
+    else:
+        add_bench_parser(sub)
+    try:
+        from minivllm.entrypoints.openai.cli import add_serve_parser
+    except ImportError:
+        pass
+    else:
+        add_serve_parser(sub)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

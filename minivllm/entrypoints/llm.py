@@ -1,0 +1,125 @@
+"""The offline API: `LLM(model=...).generate(prompts, SamplingParams(...))` and `.chat(messages)`."""
+
+import itertools
+from collections.abc import Sequence
+from typing import Any
+
+from tqdm import tqdm
+
+from minivllm.engine.arg_utils import EngineArgs
+from minivllm.engine.executor import create_executor
+from minivllm.engine.llm_engine import LLMEngine
+from minivllm.outputs import RequestOutput
+from minivllm.sampling_params import SamplingParams
+from minivllm.transformers_utils.tokenizer import get_tokenizer
+
+PromptType = str | list[int] | dict[str, Any]
+_TQDM_MIN_REQUESTS = 8   # show a progress bar only for batches at least this long
+
+
+class LLM:
+    """An engine for offline batched generation (continuous batching under the hood)."""
+
+    def __init__(self, model: str | None = None, *, tokenizer: str | None = None,
+                 dtype: str = "auto", seed: int = 0, **kwargs: Any) -> None:
+        self.engine_args = EngineArgs(model=model, tokenizer=tokenizer, dtype=dtype, seed=seed, **kwargs)
+        self.vllm_config = self.engine_args.create_engine_config()
+        self.tokenizer = get_tokenizer(self.vllm_config.model_config.tokenizer)
+        self.executor = create_executor(self.vllm_config)
+        self.llm_engine = LLMEngine(self.vllm_config, self.executor, self.tokenizer)
+        self._counter = itertools.count()
+
+    def get_tokenizer(self):
+        return self.tokenizer
+
+    def generate(self, prompts: PromptType | Sequence[PromptType],
+                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 *, use_tqdm: bool = True) -> list[RequestOutput]:
+        """Generate for every prompt; outputs come back in the order of the prompts."""
+        prompt_list = _as_prompt_list(prompts)
+        if sampling_params is None:
+            sampling_params = SamplingParams()
+        params_list = list(sampling_params) if isinstance(sampling_params, Sequence) \
+            else [sampling_params] * len(prompt_list)
+        if len(params_list) != len(prompt_list):
+            raise ValueError(f"Got {len(prompt_list)} prompts but {len(params_list)} sampling params; "
+                             "give one SamplingParams or one per prompt.")
+        ids = []
+        for prompt, params in zip(prompt_list, params_list):
+            request_id = str(next(self._counter))
+            self.llm_engine.add_request(request_id, _prompt_input(prompt), params)
+            ids.append(request_id)
+        return self._run_engine(ids, use_tqdm)
+
+    def chat(self, messages: list[dict[str, str]] | list[list[dict[str, str]]],
+             sampling_params: SamplingParams | None = None, *, use_tqdm: bool = True,
+             add_generation_prompt: bool = True, chat_template: str | None = None
+             ) -> list[RequestOutput]:
+        """Apply the tokenizer's chat template to each conversation, then generate."""
+        conversations = messages if messages and isinstance(messages[0], list) else [messages]
+        prompts = [self.apply_chat_template(c, add_generation_prompt, chat_template)
+                   for c in conversations]
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+
+    def apply_chat_template(self, conversation: list[dict[str, str]],
+                            add_generation_prompt: bool = True,
+                            chat_template: str | None = None) -> list[int]:
+        if chat_template is None and not getattr(self.tokenizer, "chat_template", None):
+            raise ValueError("This tokenizer has no chat template; pass chat_template=...")
+        ids = self.tokenizer.apply_chat_template(conversation, add_generation_prompt=add_generation_prompt,
+                                                 chat_template=chat_template, tokenize=True)
+        if hasattr(ids, "keys"):          # transformers v5 returns a BatchEncoding
+            ids = ids["input_ids"]
+        return list(ids)
+
+    def _run_engine(self, request_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
+        finished: dict[str, RequestOutput] = {}
+        bar = tqdm(total=len(request_ids), desc="Processed prompts", dynamic_ncols=True) \
+            if use_tqdm and len(request_ids) >= _TQDM_MIN_REQUESTS else None
+        try:
+            while self.llm_engine.has_unfinished_requests():
+                for output in self.llm_engine.step():
+                    if output.finished:
+                        finished[output.request_id] = output
+                        if bar is not None:
+                            bar.update(1)
+        except BaseException:
+            self.llm_engine.abort_request(request_ids)
+            raise
+        finally:
+            if bar is not None:
+                bar.close()
+        return [finished[i] for i in request_ids]
+
+    def shutdown(self) -> None:
+        shutdown = getattr(self.executor, "shutdown", None)
+        if shutdown is not None:
+            shutdown()
+
+    def __del__(self) -> None:
+        try:
+            self.shutdown()
+        except Exception:
+            pass
+
+
+def _as_prompt_list(prompts: PromptType | Sequence[PromptType]) -> list[PromptType]:
+    if isinstance(prompts, (str, dict)):
+        return [prompts]
+    prompts = list(prompts)
+    if prompts and all(isinstance(p, int) for p in prompts):   # one token-id prompt
+        return [prompts]
+    return prompts
+
+
+def _prompt_input(prompt: PromptType) -> str | list[int]:
+    if isinstance(prompt, dict):
+        if "prompt_token_ids" in prompt:
+            return list(prompt["prompt_token_ids"])
+        if "prompt" in prompt:
+            return prompt["prompt"]
+        raise ValueError("A prompt dict needs 'prompt' or 'prompt_token_ids'")
+    if isinstance(prompt, str) or (isinstance(prompt, list) and all(isinstance(t, int) for t in prompt)):
+        return prompt
+    raise ValueError(f"Unsupported prompt type {type(prompt).__name__}: give a string, a list of "
+                     "token ids, or a dict with 'prompt' / 'prompt_token_ids'")

@@ -1,0 +1,81 @@
+"""The forward context: how layers find per-step data (attention metadata, slot mappings).
+
+Only the model runner sets it, with `set_forward_context(...)`; layers read it with
+`get_forward_context()`. Contexts do not nest.
+"""
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+from minivllm.config import CUDAGraphMode, VllmConfig
+
+
+@dataclass
+class ForwardContext:
+    no_compile_layers: dict[str, Any]          # the static forward context: prefix -> layer
+    attn_metadata: Any                         # dict layer -> metadata, list of dicts, object or None
+    slot_mapping: dict[str, Any] | list = field(default_factory=dict)
+    dp_metadata: Any = None
+    cudagraph_runtime_mode: CUDAGraphMode = CUDAGraphMode.NONE
+    batch_descriptor: Any = None
+    ubatch_slices: Any = None
+    is_padding: Any = None
+    skip_compiled: bool = False
+    all_moe_layers: Any = None
+    moe_layer_index: int = 0
+    additional_kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+_forward_context: ForwardContext | None = None
+
+
+def create_forward_context(attn_metadata: Any, vllm_config: VllmConfig, slot_mapping: Any = None,
+                           skip_compiled: bool = False, is_padding: Any = None,
+                           **kwargs: Any) -> ForwardContext:
+    return ForwardContext(no_compile_layers=vllm_config.compilation_config.static_forward_context,
+                          attn_metadata=attn_metadata,
+                          slot_mapping={} if slot_mapping is None else slot_mapping,
+                          skip_compiled=skip_compiled, is_padding=is_padding, **kwargs)
+
+
+@contextlib.contextmanager
+def override_forward_context(ctx: ForwardContext | None) -> Iterator[None]:
+    global _forward_context
+    prev = _forward_context
+    _forward_context = ctx
+    try:
+        yield
+    finally:
+        _forward_context = prev
+
+
+@contextlib.contextmanager
+def set_forward_context(attn_metadata: Any, vllm_config: VllmConfig, num_tokens: int | None = None,
+                        num_tokens_across_dp: Any = None,
+                        cudagraph_runtime_mode: CUDAGraphMode = CUDAGraphMode.NONE,
+                        batch_descriptor: Any = None, ubatch_slices: Any = None,
+                        slot_mapping: Any = None, skip_compiled: bool = False,
+                        is_padding: Any = None) -> Iterator[None]:
+    """Publish one step's metadata to every layer for the duration of the forward pass."""
+    assert _forward_context is None, "set_forward_context must not be nested"
+    ctx = create_forward_context(attn_metadata, vllm_config, slot_mapping=slot_mapping,
+                                 skip_compiled=skip_compiled, is_padding=is_padding,
+                                 cudagraph_runtime_mode=cudagraph_runtime_mode,
+                                 batch_descriptor=batch_descriptor, ubatch_slices=ubatch_slices)
+    with override_forward_context(ctx):
+        yield
+
+
+def get_forward_context() -> ForwardContext:
+    assert _forward_context is not None, (
+        "Forward context is not set. Run the model inside `set_forward_context(...)`.")
+    return _forward_context
+
+
+def is_forward_context_available() -> bool:
+    return _forward_context is not None
+
+
+def in_piecewise_cudagraph() -> bool:
+    return False

@@ -1,0 +1,1 @@
+"""Model layers: TP linear/embedding layers, norms, activations, RoPE, logits, quantization hooks."""

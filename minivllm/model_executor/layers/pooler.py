@@ -1,0 +1,59 @@
+"""A small pooler for the embedding / classification adapters: one vector per sequence."""
+
+import enum
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class PoolingType(enum.Enum):
+    LAST = "LAST"
+    MEAN = "MEAN"
+    CLS = "CLS"
+
+
+class Pooler(nn.Module):
+    """Pools flattened hidden states `[T, H]` of a batch into `[B, H]` (or `[B, C]` with a head).
+
+    `prompt_lens` gives each sequence's token count, in batch order.
+    """
+
+    def __init__(self, pooling_type: PoolingType | str = PoolingType.LAST, *, normalize: bool = True,
+                 head: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
+        super().__init__()
+        if isinstance(pooling_type, str):
+            valid = [t.value for t in PoolingType]
+            if pooling_type.upper() not in valid:
+                raise ValueError(f"Unknown pooling type {pooling_type!r}; choose one of {valid}")
+            pooling_type = PoolingType(pooling_type.upper())
+        self.pooling_type = pooling_type
+        self.normalize = normalize
+        self.head = head
+
+    @classmethod
+    def for_embedding(cls, pooling_type: PoolingType | str = PoolingType.LAST) -> "Pooler":
+        return cls(pooling_type, normalize=True)
+
+    @classmethod
+    def for_seq_cls(cls, head: Callable[[torch.Tensor], torch.Tensor],
+                    pooling_type: PoolingType | str = PoolingType.LAST) -> "Pooler":
+        return cls(pooling_type, normalize=False, head=head)
+
+    def forward(self, hidden_states: torch.Tensor, prompt_lens: Sequence[int] | torch.Tensor) -> torch.Tensor:
+        lens = torch.as_tensor(prompt_lens, dtype=torch.long, device=hidden_states.device)   # [B]
+        ends = torch.cumsum(lens, dim=0)                                                      # [B]
+        if self.pooling_type == PoolingType.LAST:
+            pooled = hidden_states[ends - 1]
+        elif self.pooling_type == PoolingType.CLS:
+            pooled = hidden_states[ends - lens]
+        else:
+            # Segment mean without a loop: token t belongs to sequence seq_ids[t].
+            seq_ids = torch.repeat_interleave(torch.arange(len(lens), device=lens.device), lens)  # [T]
+            sums = torch.zeros(len(lens), hidden_states.shape[-1], dtype=torch.float32,
+                               device=hidden_states.device).index_add_(0, seq_ids, hidden_states.float())
+            pooled = (sums / lens.unsqueeze(1)).to(hidden_states.dtype)                     # [B, H]
+        if self.head is not None:
+            pooled = self.head(pooled)
+        return F.normalize(pooled, p=2, dim=-1) if self.normalize else pooled

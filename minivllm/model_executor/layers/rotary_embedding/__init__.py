@@ -1,0 +1,97 @@
+"""Rotary embeddings: `get_rope` builds (once per argument key) the variant a config asks for."""
+
+from typing import Any
+
+import torch
+
+from minivllm.model_executor.layers.rotary_embedding.base import RotaryEmbedding, apply_rotary_emb
+from minivllm.model_executor.layers.rotary_embedding.dynamic_ntk_scaling_rope import (
+    DynamicNTKAlphaRotaryEmbedding, DynamicNTKScalingRotaryEmbedding)
+from minivllm.model_executor.layers.rotary_embedding.linear_scaling_rope import (
+    LinearScalingRotaryEmbedding)
+from minivllm.model_executor.layers.rotary_embedding.llama3_rope import Llama3RotaryEmbedding
+from minivllm.model_executor.layers.rotary_embedding.yarn_scaling_rope import (
+    YaRNScalingRotaryEmbedding)
+
+__all__ = [
+    "DynamicNTKAlphaRotaryEmbedding", "DynamicNTKScalingRotaryEmbedding",
+    "LinearScalingRotaryEmbedding", "Llama3RotaryEmbedding", "RotaryEmbedding",
+    "YaRNScalingRotaryEmbedding", "apply_rotary_emb", "get_rope",
+]
+
+SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn")
+_YARN_KEYS = ("beta_fast", "beta_slow", "mscale", "mscale_all_dim", "attention_factor", "truncate")
+
+# Every layer with the same arguments shares one module (and one cos/sin table).
+_ROPE_DICT: dict[tuple, RotaryEmbedding] = {}
+
+
+def get_rope(head_size: int, max_position: int, is_neox_style: bool = True,
+             rope_parameters: dict[str, Any] | None = None, dtype: torch.dtype | None = None,
+             dual_chunk_attention_config: dict[str, Any] | None = None,
+             mrope_positions_factor: int = 4) -> RotaryEmbedding:
+    """The shared RoPE module for these arguments; `rope_parameters` as in HF configs (v5)."""
+    dtype = dtype or torch.get_default_dtype()
+    params = dict(rope_parameters or {})
+    rotary_dim = _rotary_dim(head_size, params)
+    key = (head_size, rotary_dim, max_position, is_neox_style, _freeze(params),
+           _freeze(dual_chunk_attention_config), dtype, mrope_positions_factor)
+    if key not in _ROPE_DICT:
+        _check_supported(params, dual_chunk_attention_config)
+        _ROPE_DICT[key] = _build_rope(head_size, rotary_dim, max_position, is_neox_style, params,
+                                      dtype)
+    return _ROPE_DICT[key]
+
+
+def _build_rope(head_size: int, rotary_dim: int, max_position: int, is_neox_style: bool,
+                params: dict[str, Any], dtype: torch.dtype) -> RotaryEmbedding:
+    base = params.get("rope_theta") or 10000
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    common = (head_size, rotary_dim, max_position, base, is_neox_style)
+    if rope_type == "default":
+        return RotaryEmbedding(*common, dtype)
+    if rope_type == "linear":
+        return LinearScalingRotaryEmbedding(*common, params["factor"], dtype)
+    if rope_type == "dynamic":
+        if "alpha" in params:
+            return DynamicNTKAlphaRotaryEmbedding(*common, params["alpha"], dtype)
+        return DynamicNTKScalingRotaryEmbedding(*common, params["factor"], dtype,
+                                                params.get("max_trained_positions"))
+    if rope_type == "llama3":
+        return Llama3RotaryEmbedding(*common, dtype, params["factor"], params["low_freq_factor"],
+                                     params["high_freq_factor"],
+                                     params["original_max_position_embeddings"])
+    if rope_type == "yarn":
+        original_max = params.get("original_max_position_embeddings") or max_position
+        extra = {k: params[k] for k in _YARN_KEYS if params.get(k) is not None}
+        return YaRNScalingRotaryEmbedding(head_size, rotary_dim, original_max, base,
+                                          is_neox_style, params["factor"], dtype, **extra)
+    raise ValueError(f"Unknown RoPE scaling type {rope_type!r}; supported types: "
+                     f"{', '.join(SUPPORTED_ROPE_TYPES)}")
+
+
+def _rotary_dim(head_size: int, params: dict[str, Any]) -> int:
+    if params.get("rope_dim"):
+        return int(params["rope_dim"])
+    factor = params.get("partial_rotary_factor", 1.0)
+    if not 0.0 < factor <= 1.0:
+        raise ValueError(f"partial_rotary_factor must be in (0, 1], got {factor}")
+    return int(head_size * factor)
+
+
+def _check_supported(params: dict[str, Any], dual_chunk_attention_config: Any) -> None:
+    if dual_chunk_attention_config is not None:
+        raise NotImplementedError("Dual-chunk attention RoPE is not supported in minivllm")
+    for feature in ("mrope_section", "use_fope"):
+        if params.get(feature):
+            raise NotImplementedError(f"RoPE with {feature!r} (multimodal / Fourier RoPE) is not "
+                                      f"supported; supported types: {', '.join(SUPPORTED_ROPE_TYPES)}")
+
+
+def _freeze(value: Any) -> Any:
+    """A hashable version of nested dicts/lists for the cache key."""
+    if isinstance(value, dict):
+        return tuple(sorted((k, _freeze(v)) for k, v in value.items()))
+    if isinstance(value, (list, tuple)):
+        return tuple(_freeze(v) for v in value)
+    return value

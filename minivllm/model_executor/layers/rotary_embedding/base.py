@@ -1,0 +1,103 @@
+"""RotaryEmbedding: the plain RoPE module every variant derives from (contract section 7.3)."""
+
+import torch
+
+from minivllm.model_executor.custom_op import CustomOp
+
+
+def apply_rotary_emb(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                     is_neox_style: bool) -> torch.Tensor:
+    """Rotate feature pairs of `x [T, heads, rotary_dim]` by `cos`/`sin [T, rotary_dim / 2]`.
+
+    NeoX pairs feature i with i + rotary_dim/2 (halves); GPT-J pairs 2i with 2i+1 (even/odd).
+    """
+    cos = cos.unsqueeze(-2)  # [T, 1, rotary_dim / 2], broadcast over heads
+    sin = sin.unsqueeze(-2)
+    if is_neox_style:
+        x1, x2 = torch.chunk(x, 2, dim=-1)
+    else:
+        x1, x2 = x[..., ::2], x[..., 1::2]
+    o1 = x1 * cos - x2 * sin
+    o2 = x2 * cos + x1 * sin
+    if is_neox_style:
+        return torch.cat((o1, o2), dim=-1)
+    return torch.stack((o1, o2), dim=-1).flatten(-2)
+
+
+@CustomOp.register("rotary_embedding")
+class RotaryEmbedding(CustomOp):
+    """Rotary position embedding with a precomputed `cos_sin_cache [max_position, rotary_dim]`.
+
+    Each cache row holds `cos(pos * inv_freq)` then `sin(pos * inv_freq)` (rotary_dim/2 each);
+    only the first `rotary_dim` features of every head are rotated.
+    """
+
+    def __init__(self, head_size: int, rotary_dim: int, max_position_embeddings: int,
+                 base: float, is_neox_style: bool, dtype: torch.dtype,
+                 init_cache: bool = True) -> None:
+        super().__init__()
+        self.head_size = head_size
+        self.rotary_dim = rotary_dim
+        self.max_position_embeddings = max_position_embeddings
+        self.base = base
+        self.is_neox_style = is_neox_style
+        self.dtype = dtype
+        if init_cache:
+            cache = self._compute_cos_sin_cache().to(dtype)
+            # Non-persistent: rebuilt from the config, never read from a checkpoint.
+            self.register_buffer("cos_sin_cache", cache, persistent=False)
+
+    def _compute_inv_freq(self, base: float) -> torch.Tensor:
+        """`base^(-2i / rotary_dim)` for i < rotary_dim / 2, in fp32."""
+        exponents = torch.arange(0, self.rotary_dim, 2, dtype=torch.float) / self.rotary_dim
+        return 1.0 / (base ** exponents)
+
+    def _compute_cos_sin_cache(self) -> torch.Tensor:
+        inv_freq = self._compute_inv_freq(self.base)
+        return self._cos_sin_from(inv_freq, self.max_position_embeddings)
+
+    @staticmethod
+    def _cos_sin_from(inv_freq: torch.Tensor, num_positions: int,
+                      mscale: float = 1.0) -> torch.Tensor:
+        t = torch.arange(num_positions, dtype=torch.float, device=inv_freq.device)
+        freqs = t[:, None] * inv_freq[None, :]  # [num_positions, rotary_dim / 2]
+        cos, sin = freqs.cos(), freqs.sin()
+        if mscale != 1.0:
+            cos, sin = cos * mscale, sin * mscale
+        return torch.cat((cos, sin), dim=-1)  # [num_positions, rotary_dim]
+
+    def _match_cos_sin_cache(self, query: torch.Tensor) -> torch.Tensor:
+        """The cache on the query's device and dtype, converted once and kept (not while compiling)."""
+        cache = self.cos_sin_cache
+        if cache.device == query.device and cache.dtype == query.dtype:
+            return cache
+        cache = cache.to(query.device, dtype=query.dtype)
+        if not torch.compiler.is_compiling():
+            self.cos_sin_cache = cache
+        return cache
+
+    def forward_native(self, positions: torch.Tensor, query: torch.Tensor,
+                       key: torch.Tensor | None = None
+                       ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """positions `[T]`, query `[T, nH * d]`, key `[T, nKV * d]` -> rotated (query, key)."""
+        positions = positions.flatten()
+        cos_sin = self._match_cos_sin_cache(query).index_select(0, positions)  # [T, rotary_dim]
+        cos, sin = cos_sin.chunk(2, dim=-1)
+        query = self._rotate(query, cos, sin, positions.shape[0])
+        if key is not None:
+            key = self._rotate(key, cos, sin, positions.shape[0])
+        return query, key
+
+    def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                num_tokens: int) -> torch.Tensor:
+        shape = x.shape
+        x = x.view(num_tokens, -1, self.head_size)  # [T, heads, head_size]
+        rotated = apply_rotary_emb(x[..., :self.rotary_dim], cos, sin, self.is_neox_style)
+        if self.rotary_dim < self.head_size:
+            rotated = torch.cat((rotated, x[..., self.rotary_dim:]), dim=-1)
+        return rotated.reshape(shape)
+
+    def extra_repr(self) -> str:
+        return (f"head_size={self.head_size}, rotary_dim={self.rotary_dim}, "
+                f"max_position_embeddings={self.max_position_embeddings}, base={self.base}, "
+                f"is_neox_style={self.is_neox_style}")

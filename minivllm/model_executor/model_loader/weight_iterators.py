@@ -1,0 +1,113 @@
+"""Checkpoint readers: each yields `(hf_name, tensor)` pairs in HF layout, one tensor at a time."""
+
+import glob
+import json
+import os
+import re
+from collections.abc import Iterator
+
+import torch
+from transformers import PretrainedConfig
+
+from minivllm.logger import init_logger
+
+logger = init_logger(__name__)
+
+Weights = Iterator[tuple[str, torch.Tensor]]
+
+# llama.cpp tensor names -> HF Llama names (`blk.N.` becomes `model.layers.N.`).
+_GGUF_GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+_GGUF_BLOCK_NAMES = {
+    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+    "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
+}
+_GGUF_BLOCK_RE = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias)$")
+# Tensors llama.cpp stores that the HF model recomputes (Llama-3 RoPE frequency factors).
+_GGUF_UNUSED = ("rope_freqs.weight",)
+# Architectures whose converter permuted Q/K rows for GPT-J-style RoPE (undone below).
+_GGUF_PERMUTED_ARCHS = ("llama",)
+
+
+def safetensors_weights_iterator(folder: str) -> Weights:
+    """Every tensor of a HF folder: `model.safetensors`, a sharded index, or `pytorch_model*.bin`."""
+    files = _checkpoint_files(folder, "model.safetensors.index.json", "*.safetensors")
+    if files:
+        from safetensors import safe_open
+
+        for path in files:
+            with safe_open(path, framework="pt") as f:
+                for name in f.keys():
+                    yield name, f.get_tensor(name)
+        return
+    files = _checkpoint_files(folder, "pytorch_model.bin.index.json", "pytorch_model*.bin")
+    if not files:
+        raise ValueError(f"No model.safetensors, *.safetensors or pytorch_model*.bin in {folder!r}")
+    for path in files:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        yield from state.items()
+        del state
+
+
+def gguf_weights_iterator(path: str, hf_config: PretrainedConfig) -> Weights:
+    """Dequantise every GGUF tensor to fp32 and yield it under its HF Llama name, `[out, in]`.
+
+    llama.cpp permuted the Q and K rows of Llama checkpoints (GPT-J RoPE pairing); the rows are
+    put back in HF order, as transformers' own GGUF loader does.
+    """
+    import gguf
+
+    reader = gguf.GGUFReader(path)
+    arch_field = reader.fields.get("general.architecture")
+    arch = bytes(arch_field.parts[arch_field.data[0]]).decode() if arch_field else "llama"
+    text_config = hf_config.get_text_config()
+    num_heads = text_config.num_attention_heads
+    num_kv_heads = getattr(text_config, "num_key_value_heads", None) or num_heads
+    for tensor in reader.tensors:
+        if tensor.name in _GGUF_UNUSED:
+            continue
+        name = _gguf_to_hf_name(tensor.name)
+        # GGUF lists dims fastest-first, so the HF shape is the reverse.
+        shape = tuple(int(d) for d in reversed(tensor.shape))
+        data = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
+        weight = torch.from_numpy(data.reshape(shape).copy()).float()
+        if arch in _GGUF_PERMUTED_ARCHS and ".q_proj." in name:
+            weight = _unpermute_rows(weight, num_heads)
+        elif arch in _GGUF_PERMUTED_ARCHS and ".k_proj." in name:
+            weight = _unpermute_rows(weight, num_kv_heads)
+        yield name, weight
+
+
+def _gguf_to_hf_name(gguf_name: str) -> str:
+    base, _, kind = gguf_name.rpartition(".")
+    if base in _GGUF_GLOBAL_NAMES:
+        return f"{_GGUF_GLOBAL_NAMES[base]}.{kind}"
+    match = _GGUF_BLOCK_RE.match(gguf_name)
+    if match and match.group(2) in _GGUF_BLOCK_NAMES:
+        layer, part, kind = match.groups()
+        return f"model.layers.{layer}.{_GGUF_BLOCK_NAMES[part]}.{kind}"
+    # Unknown tensors pass through unchanged, so the loader lists them as unexpected.
+    return gguf_name
+
+
+def _unpermute_rows(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """Undo llama.cpp's per-head row order.
+
+    llama.cpp stores each head's rows as `d/2` interleaved pairs; HF (NeoX RoPE) keeps the two
+    halves apart, i.e. the row order is `(2, d/2)` instead of `(d/2, 2)`.
+    """
+    rows = weight.shape[0]
+    head_dim = rows // num_heads
+    # [heads, d/2, 2, ...] -> swap the pair axes -> [heads, 2, d/2, ...] -> original shape
+    return (weight.reshape(num_heads, head_dim // 2, 2, *weight.shape[1:])
+            .transpose(1, 2).reshape(weight.shape).contiguous())
+
+
+def _checkpoint_files(folder: str, index_name: str, pattern: str) -> list[str]:
+    index = os.path.join(folder, index_name)
+    if os.path.isfile(index):
+        with open(index) as f:
+            weight_map = json.load(f)["weight_map"]
+        return [os.path.join(folder, name) for name in sorted(set(weight_map.values()))]
+    return sorted(glob.glob(os.path.join(folder, pattern)))

@@ -1,0 +1,102 @@
+"""Turn a causal LM class into an embedding or a sequence-classification model (contract §1.2).
+
+Both adapters are called when llama.py is imported, so they must work with no current config;
+everything that needs one happens inside the returned class's `__init__`.
+"""
+
+from collections.abc import Iterable
+from typing import Any, TypeVar
+
+import torch
+import torch.nn as nn
+
+from minivllm.model_executor.models.interfaces import SupportsCrossEncoding
+
+_T = TypeVar("_T", bound=type[nn.Module])
+
+# The output stage a pooling model never runs; replaced by StageMissingLayer("output").
+_OUTPUT_STAGE_CLASSES = ("LogitsProcessor", "ParallelLMHead")
+_GENERATIVE_SUFFIXES = ("ForCausalLM", "ForConditionalGeneration", "ChatModel", "LMHeadModel")
+# HF `pooling` field (e.g. LlamaBidirectionalConfig) -> PoolingType name
+_HF_POOLING = {"avg": "MEAN", "mean": "MEAN", "cls": "CLS", "last": "LAST"}
+
+
+def as_embedding_model(cls: _T) -> _T:
+    """A subclass of `cls` whose `pooler` returns one L2-normalised embedding per sequence."""
+    if getattr(cls, "is_pooling_model", False):
+        return cls
+
+    class ModelForEmbedding(_create_pooling_model_cls(cls)):
+        def _build_pooler(self, vllm_config: Any, prefix: str) -> nn.Module:
+            from minivllm.model_executor.layers.pooler import Pooler
+
+            return Pooler.for_embedding(_pooling_type(vllm_config))
+
+    return _named(ModelForEmbedding, cls, "EmbeddingModel")
+
+
+def as_seq_cls_model(cls: _T) -> _T:
+    """A subclass of `cls` with a `score` head: the pooler returns `[B, num_labels]` logits."""
+    if getattr(cls, "is_pooling_model", False):
+        return cls
+
+    class ModelForSequenceClassification(_create_pooling_model_cls(cls), SupportsCrossEncoding):
+        def _build_pooler(self, vllm_config: Any, prefix: str) -> nn.Module:
+            from minivllm.model_executor.layers.linear import ReplicatedLinear
+            from minivllm.model_executor.layers.pooler import Pooler
+            from minivllm.model_executor.models.utils import maybe_prefix
+
+            config = vllm_config.model_config.hf_config.get_text_config()
+            self.score = ReplicatedLinear(config.hidden_size, config.num_labels, bias=False,
+                                          quant_config=vllm_config.quant_config, return_bias=False,
+                                          prefix=maybe_prefix(prefix, "score"))
+            # A closure, so `score` stays registered once (under `score`, as in checkpoints).
+            return Pooler.for_seq_cls(lambda pooled: self.score(pooled), _pooling_type(vllm_config))
+
+    return _named(ModelForSequenceClassification, cls, "ForSequenceClassification")
+
+
+def _create_pooling_model_cls(orig_cls: type[nn.Module]) -> type[nn.Module]:
+    class ModelForPooling(orig_cls):
+        is_pooling_model = True
+
+        def __init__(self, *, vllm_config: Any, prefix: str = "", **kwargs: Any) -> None:
+            from minivllm.model_executor.models.utils import StageMissingLayer, no_init_weights
+
+            with no_init_weights(self, lambda module: StageMissingLayer("output", module),
+                                 targets=_OUTPUT_STAGE_CLASSES):
+                super().__init__(vllm_config=vllm_config, prefix=prefix, **kwargs)
+            self.pooler = self._build_pooler(vllm_config, prefix)
+
+        def _build_pooler(self, vllm_config: Any, prefix: str) -> nn.Module:
+            raise NotImplementedError
+
+        def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+            from minivllm.model_executor.models.utils import AutoWeightsLoader
+
+            # The output stage is a placeholder now, so `lm_head.*` weights are dropped.
+            parent = getattr(super(), "load_weights", None)
+            if parent is not None:
+                return parent(weights)
+            return AutoWeightsLoader(self).load_weights(weights)
+
+    return ModelForPooling
+
+
+def _pooling_type(vllm_config: Any) -> str:
+    pooler_config = getattr(vllm_config.model_config, "pooler_config", None)
+    if getattr(pooler_config, "pooling_type", None):
+        return pooler_config.pooling_type
+    hf_pooling = getattr(vllm_config.model_config.hf_config, "pooling", None)
+    return _HF_POOLING.get(str(hf_pooling).lower(), "LAST") if hf_pooling else "LAST"
+
+
+def _named(new_cls: type, orig_cls: type, suffix: str) -> Any:
+    base = orig_cls.__name__
+    for generative in _GENERATIVE_SUFFIXES:
+        if base.endswith(generative):
+            base = base[: -len(generative)]
+            break
+    new_cls.__name__ = new_cls.__qualname__ = base + suffix
+    new_cls.__module__ = orig_cls.__module__
+    return new_cls

@@ -1,0 +1,187 @@
+"""The model registry: architecture name -> (module, class), imported only when asked for."""
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch.nn as nn
+
+from minivllm.logger import init_logger
+
+logger = init_logger(__name__)
+
+_MODELS_PACKAGE = "minivllm.model_executor.models"
+_LLAMA = ("llama", "LlamaForCausalLM")
+
+# vLLM 0.33's names that route to the four model files (contract §6.1).
+_TEXT_GENERATION_MODELS: dict[str, tuple[str, str]] = {
+    "InternLM3ForCausalLM": _LLAMA,
+    "IQuestCoderForCausalLM": _LLAMA,
+    "LlamaForCausalLM": _LLAMA,
+    "LLaMAForCausalLM": _LLAMA,
+    "TeleChat3ForCausalLM": _LLAMA,
+    "MistralForCausalLM": ("mistral", "MistralForCausalLM"),
+    "Ministral3ForCausalLM": ("mistral", "MistralForCausalLM"),
+    "Qwen2ForCausalLM": ("qwen2", "Qwen2ForCausalLM"),
+    "Qwen3ForCausalLM": ("qwen3", "Qwen3ForCausalLM"),
+}
+_EMBEDDING_MODELS: dict[str, tuple[str, str]] = {
+    "LlamaModel": _LLAMA,
+    "MistralModel": _LLAMA,
+    **{arch: target for arch, target in _TEXT_GENERATION_MODELS.items() if target == _LLAMA},
+    "LlamaBidirectionalModel": ("llama", "LlamaBidirectionalModel"),
+    "Qwen2Model": ("qwen2", "Qwen2ForCausalLM"),
+    "Qwen2ForCausalLM": ("qwen2", "Qwen2ForCausalLM"),
+}
+_SEQUENCE_CLASSIFICATION_MODELS: dict[str, tuple[str, str]] = {
+    "LlamaBidirectionalForSequenceClassification": ("llama", "LlamaBidirectionalForSequenceClassification"),
+}
+_VLLM_MODELS = {**_TEXT_GENERATION_MODELS, **_EMBEDDING_MODELS, **_SEQUENCE_CLASSIFICATION_MODELS}
+
+
+@dataclass(frozen=True)
+class _ModelInfo:
+    """What the engine needs to know about a model class, computed in-process."""
+
+    architecture: str
+    is_text_generation_model: bool
+    is_pooling_model: bool
+    supports_pp: bool
+    supports_lora: bool
+    supports_quant: bool
+
+    @staticmethod
+    def from_model_cls(model_cls: type[nn.Module]) -> "_ModelInfo":
+        from minivllm.model_executor.models import interfaces as itf
+
+        return _ModelInfo(architecture=model_cls.__name__,
+                          is_text_generation_model=itf.is_text_generation_model(model_cls),
+                          is_pooling_model=itf.is_pooling_model(model_cls),
+                          supports_pp=itf.supports_pp(model_cls),
+                          supports_lora=itf.supports_lora(model_cls),
+                          supports_quant=itf.supports_quant(model_cls))
+
+
+class _LazyRegisteredModel:
+    """An entry imported on first use."""
+
+    def __init__(self, module_name: str, class_name: str) -> None:
+        self.module_name, self.class_name = module_name, class_name
+        self._info: _ModelInfo | None = None
+
+    def load_model_cls(self) -> type[nn.Module]:
+        return getattr(importlib.import_module(self.module_name), self.class_name)
+
+    def inspect_model_cls(self) -> _ModelInfo:
+        if self._info is None:
+            self._info = _ModelInfo.from_model_cls(self.load_model_cls())
+        return self._info
+
+    def __repr__(self) -> str:
+        return f"_LazyRegisteredModel({self.module_name}:{self.class_name})"
+
+
+class _RegisteredModel:
+    """An entry registered as a class object."""
+
+    def __init__(self, model_cls: type[nn.Module]) -> None:
+        self.model_cls = model_cls
+        self._info = _ModelInfo.from_model_cls(model_cls)
+
+    def load_model_cls(self) -> type[nn.Module]:
+        return self.model_cls
+
+    def inspect_model_cls(self) -> _ModelInfo:
+        return self._info
+
+
+class _ModelRegistry:
+    def __init__(self, models: dict[str, _LazyRegisteredModel | _RegisteredModel]) -> None:
+        self.models = models
+
+    def get_supported_archs(self) -> list[str]:
+        return list(self.models)
+
+    def register_model(self, model_arch: str, model_cls: type[nn.Module] | str) -> None:
+        """Register (or replace) an architecture: an nn.Module subclass or a "module:Class" string."""
+        if not isinstance(model_arch, str):
+            raise TypeError(f"`model_arch` should be a string, not a {type(model_arch)}")
+        if model_arch in self.models:
+            logger.debug("Model architecture %s is already registered and will be overwritten "
+                         "by the new model class %s.", model_arch, model_cls)
+        if isinstance(model_cls, str):
+            module_name, sep, class_name = model_cls.partition(":")
+            if not sep or not module_name or not class_name or ":" in class_name:
+                raise ValueError("Expected a string in the format <module>:<class>, "
+                                 f"got {model_cls!r}")
+            self.models[model_arch] = _LazyRegisteredModel(module_name, class_name)
+        elif isinstance(model_cls, type) and issubclass(model_cls, nn.Module):
+            self.models[model_arch] = _RegisteredModel(model_cls)
+        else:
+            raise TypeError("`model_cls` should be a string or an nn.Module subclass, "
+                            f"not a {type(model_cls)}")
+
+    def resolve_model_cls(self, architectures: str | list[str],
+                          model_config: Any = None) -> tuple[type[nn.Module], str]:
+        """The first registered architecture's class (adapted when the config converts it)."""
+        cls, arch = self._first(architectures, lambda a: self._try_load_model_cls(a))
+        convert = getattr(model_config, "convert_type", "none")
+        if convert in ("embed", "classify"):
+            from minivllm.model_executor.models.adapters import as_embedding_model, as_seq_cls_model
+
+            cls = as_embedding_model(cls) if convert == "embed" else as_seq_cls_model(cls)
+        return cls, arch
+
+    def inspect_model_cls(self, architectures: str | list[str],
+                          model_config: Any = None) -> tuple[_ModelInfo, str]:
+        return self._first(architectures, lambda a: self._try_inspect_model_cls(a))
+
+    def is_text_generation_model(self, architectures: str | list[str], model_config: Any = None) -> bool:
+        return self.inspect_model_cls(architectures, model_config)[0].is_text_generation_model
+
+    def is_pooling_model(self, architectures: str | list[str], model_config: Any = None) -> bool:
+        return self.inspect_model_cls(architectures, model_config)[0].is_pooling_model
+
+    def is_pp_supported_model(self, architectures: str | list[str], model_config: Any = None) -> bool:
+        return self.inspect_model_cls(architectures, model_config)[0].supports_pp
+
+    def _try_load_model_cls(self, arch: str) -> type[nn.Module] | None:
+        if arch not in self.models:
+            return None
+        try:
+            return self.models[arch].load_model_cls()
+        except Exception:
+            logger.exception("Error in loading model architecture %r", arch)
+            return None
+
+    def _try_inspect_model_cls(self, arch: str) -> _ModelInfo | None:
+        if arch not in self.models:
+            return None
+        try:
+            return self.models[arch].inspect_model_cls()
+        except Exception:
+            logger.exception("Error in inspecting model architecture %r", arch)
+            return None
+
+    def _first(self, architectures: str | list[str], attempt: Callable[[str], Any]) -> tuple[Any, str]:
+        archs = [architectures] if isinstance(architectures, str) else list(architectures)
+        if not archs:
+            raise ValueError("No model architectures are specified; the HF config's "
+                             f"`architectures` is empty. Supported architectures: {self.get_supported_archs()}")
+        for arch in archs:
+            result = attempt(arch)
+            if result is not None:
+                return result, arch
+        registered = [a for a in archs if a in self.models]
+        if registered:
+            raise ValueError(f"Model architectures {registered} failed to be inspected. "
+                             "Please check the logs for more details.")
+        raise ValueError(f"Model architectures {archs} are not supported for now. "
+                         f"Supported architectures: {self.get_supported_archs()}")
+
+
+ModelRegistry = _ModelRegistry({
+    arch: _LazyRegisteredModel(f"{_MODELS_PACKAGE}.{module}", class_name)
+    for arch, (module, class_name) in _VLLM_MODELS.items()
+})

@@ -1,0 +1,159 @@
+"""Helpers every model file imports: prefixes, pipeline placeholders, layer lists, weight loading."""
+
+import contextlib
+import weakref
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from minivllm.distributed import get_pp_group, get_pp_indices
+from minivllm.model_executor.models.auto_weights_loader import (AutoWeightsLoader,
+                                                                UnexpectedWeightsError)
+from minivllm.model_executor.models.weights_mapper import WeightsMapper
+from minivllm.sequence import IntermediateTensors
+
+__all__ = [
+    "AutoWeightsLoader", "PPMissingLayer", "StageMissingLayer", "UnexpectedWeightsError",
+    "WeightsMapper", "extract_layer_index", "get_pp_missing_layer_names",
+    "is_pp_missing_parameter", "make_empty_intermediate_tensors_factory", "make_layers",
+    "maybe_prefix", "no_init_weights", "spec_decode_needs_target_embed",
+]
+
+# Speculative methods whose drafter reads the target's embeddings on the last PP stage.
+_EMBED_SHARING_SPEC_METHODS = ("eagle", "eagle3", "dflash", "dspark")
+
+
+def maybe_prefix(prefix: str, name: str) -> str:
+    """`name` at the root, else `prefix.name`."""
+    return name if not prefix else f"{prefix}.{name}"
+
+
+class PPMissingLayer(nn.Identity):
+    """Stands in for a module that another pipeline stage owns; passes its input through."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__()
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        # Return the first positional argument, else the first keyword value.
+        if args:
+            return args[0]
+        return next(iter(kwargs.values())) if kwargs else None
+
+
+class StageMissingLayer(nn.Module):
+    """Placeholder for a whole stage (e.g. the LM head of a pooling model) that must never run.
+
+    The replaced module is kept as a plain attribute, not a submodule, so its parameters do not
+    show up in `named_parameters()` and the loader never asks for them.
+    """
+
+    def __init__(self, stage_name: str, module: nn.Module | None = None) -> None:
+        super().__init__()
+        self.stage_name = stage_name
+        self.__dict__["module"] = module
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        owner = type(self.__dict__["module"]).__name__ if self.__dict__["module"] is not None else "module"
+        raise RuntimeError(f"The {self.stage_name!r} stage ({owner}) is not available in this model; "
+                           "it was replaced by a StageMissingLayer.")
+
+    def extra_repr(self) -> str:
+        return f"stage_name={self.stage_name!r}"
+
+
+def make_layers(num_hidden_layers: int, layer_fn: Callable[..., nn.Module],
+                prefix: str) -> tuple[int, int, nn.ModuleList]:
+    """Build this stage's layers `[start, end)`; other slots hold PPMissingLayer.
+
+    The list is full length so every layer keeps its global index and name on every stage.
+    """
+    pp = get_pp_group()
+    start, end = get_pp_indices(num_hidden_layers, pp.rank_in_group, pp.world_size)
+    layers = nn.ModuleList(
+        [PPMissingLayer() for _ in range(start)]
+        + [layer_fn(prefix=f"{prefix}.{idx}") for idx in range(start, end)]
+        + [PPMissingLayer() for _ in range(end, num_hidden_layers)])
+    return start, end, layers
+
+
+def make_empty_intermediate_tensors_factory(keys: list[str], hidden_size: int):
+    """A function `(batch_size, dtype, device) -> IntermediateTensors` of zeros `[batch, hidden]`."""
+
+    def make_empty_intermediate_tensors(batch_size: int, dtype: torch.dtype,
+                                        device: torch.device | str) -> IntermediateTensors:
+        return IntermediateTensors({key: torch.zeros((batch_size, hidden_size), dtype=dtype, device=device)
+                                    for key in keys})
+
+    return make_empty_intermediate_tensors
+
+
+def extract_layer_index(layer_name: str, num_attn_module: int = 1) -> int:
+    """The layer number in a dotted name, e.g. `model.layers.3.self_attn.attn` -> 3."""
+    int_vals = [int(part) for part in layer_name.split(".") if part.lstrip("-").isdigit()]
+    if num_attn_module == 1 or "attn" not in layer_name:
+        assert len(int_vals) == 1, f"layer name {layer_name} should only contain one integer"
+        return int_vals[0]
+    # Several attention modules per layer: the second integer selects the module.
+    assert len(int_vals) <= 2, f"layer name {layer_name} should contain at most two integers"
+    return int_vals[0] * num_attn_module + int_vals[1] if len(int_vals) == 2 else int_vals[0]
+
+
+# Weak keys: a freed model must not leave its names behind for a new model at the same id().
+_PP_MISSING_NAMES: "weakref.WeakKeyDictionary[nn.Module, list[str]]" = weakref.WeakKeyDictionary()
+
+
+def get_pp_missing_layer_names(model: nn.Module) -> list[str]:
+    """Qualified names (with a trailing dot) of every placeholder module; cached per model."""
+    if model not in _PP_MISSING_NAMES:
+        _PP_MISSING_NAMES[model] = [f"{name}." for name, module in model.named_modules()
+                                    if isinstance(module, (PPMissingLayer, StageMissingLayer))]
+    return _PP_MISSING_NAMES[model]
+
+
+def is_pp_missing_parameter(name: str, model: nn.Module) -> bool:
+    """True when `name` belongs to a module that this pipeline stage does not hold."""
+    return any(name.startswith(prefix) for prefix in get_pp_missing_layer_names(model))
+
+
+def spec_decode_needs_target_embed(vllm_config: Any, *, include_mtp: bool = False) -> bool:
+    """The last PP stage also builds `embed_tokens` when an EAGLE-style drafter shares it."""
+    spec = getattr(vllm_config, "speculative_config", None)
+    if spec is None:
+        return False
+    methods = _EMBED_SHARING_SPEC_METHODS + (("mtp",) if include_mtp else ())
+    if getattr(spec, "method", None) not in methods:
+        return False
+    pp = get_pp_group()
+    return pp.world_size > 1 and pp.is_last_rank
+
+
+@contextlib.contextmanager
+def no_init_weights(model: nn.Module, placeholder: Callable[[nn.Module], nn.Module], *,
+                    targets: tuple[str, ...]) -> Iterator[None]:
+    """Build `model` inside this context; on exit every submodule whose class (or a base) is named
+    in `targets` is swapped for `placeholder(module)`.
+
+    The replaced modules' own parameters move to the meta device to free their memory, except
+    parameters still shared with the kept model (a tied LM head shares the embedding's weight).
+    """
+    yield
+    replaced: list[nn.Module] = []
+    for parent in list(model.modules()):
+        for attr, child in list(parent.named_children()):
+            if _class_named(child, targets):
+                setattr(parent, attr, placeholder(child))
+                replaced.append(child)
+    kept = {id(p) for p in model.parameters()}
+    for module in replaced:
+        for sub in module.modules():
+            for pname, param in list(sub._parameters.items()):
+                if param is not None and id(param) not in kept:
+                    sub._parameters[pname] = nn.Parameter(param.to("meta"), requires_grad=False)
+
+
+def _class_named(module: nn.Module, names: tuple[str, ...]) -> bool:
+    # By name, so the check needs no import of the layer modules (they import this file).
+    return any(cls.__name__ in names for cls in type(module).__mro__)

@@ -1,0 +1,116 @@
+"""Sampling parameters of one request, with vLLM's names, defaults and validation."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+# Temperatures below this are treated as greedy decoding (vLLM's threshold).
+_SAMPLING_EPS = 1e-5
+
+
+class SamplingType(enum.IntEnum):
+    GREEDY = 0
+    RANDOM = 1
+    RANDOM_SEED = 2
+
+
+@dataclass
+class SamplingParams:
+    """How to sample the completion of one prompt (see vLLM's `SamplingParams`)."""
+
+    n: int = 1                            # completions per prompt
+    best_of: int | None = None            # accepted for compatibility, ignored
+    presence_penalty: float = 0.0         # in [-2, 2]; on tokens present in the output
+    frequency_penalty: float = 0.0        # in [-2, 2]; times the count in the output
+    repetition_penalty: float = 1.0       # > 0; on prompt and output tokens, 1 = off
+    temperature: float = 1.0              # 0 = greedy
+    top_p: float = 1.0                    # in (0, 1]
+    top_k: int = 0                        # 0 or -1 = off (-1 is normalised to 0)
+    min_p: float = 0.0                    # in [0, 1]
+    seed: int | None = None               # per-request generator when set
+    stop: str | list[str] | None = None   # normalised to list[str]
+    stop_token_ids: list[int] | None = None   # normalised to list[int]
+    ignore_eos: bool = False
+    max_tokens: int | None = 16           # None = until max_model_len
+    min_tokens: int = 0                   # eos / stop ids are masked until reached
+    logprobs: int | None = None           # number of top logprobs per generated token
+    prompt_logprobs: int | None = None    # number of top logprobs per prompt token
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    detokenize: bool = True
+    # stop_token_ids plus the model's eos (unless ignore_eos): what min_tokens masks.
+    _all_stop_token_ids: set[int] = field(default_factory=set, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.stop is None:
+            self.stop = []
+        elif isinstance(self.stop, str):
+            self.stop = [self.stop]
+        else:
+            self.stop = list(self.stop)
+        self.stop_token_ids = list(self.stop_token_ids or [])
+        self._all_stop_token_ids = set(self.stop_token_ids)
+        if self.top_k == -1:
+            self.top_k = 0
+        self._verify_args()
+        if self.temperature < _SAMPLING_EPS:
+            # NOTE: greedy ignores the truncation knobs; resetting them keeps
+            # the sampler from doing useless work on greedy rows.
+            self.top_p, self.top_k, self.min_p = 1.0, 0, 0.0
+
+    def _verify_args(self) -> None:
+        if self.n < 1:
+            raise ValueError(f"n must be at least 1, got {self.n}.")
+        if not -2.0 <= self.presence_penalty <= 2.0:
+            raise ValueError(
+                f"presence_penalty must be in [-2, 2], got {self.presence_penalty}.")
+        if not -2.0 <= self.frequency_penalty <= 2.0:
+            raise ValueError(
+                f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}.")
+        if not self.repetition_penalty > 0.0:
+            raise ValueError(
+                f"repetition_penalty must be greater than zero, got {self.repetition_penalty}.")
+        if self.temperature < 0.0:
+            raise ValueError(f"temperature must be non-negative, got {self.temperature}.")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}.")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be 0 or -1 (disable), or at least 1, got {self.top_k}.")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}.")
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}.")
+        if self.min_tokens < 0:
+            raise ValueError(f"min_tokens must be greater than or equal to 0, got {self.min_tokens}.")
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise ValueError(
+                f"min_tokens must be less than or equal to max_tokens={self.max_tokens}, "
+                f"got {self.min_tokens}.")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise ValueError(f"{name} must be non-negative or None, got {value}.")
+        if any(not s for s in self.stop):
+            raise ValueError("stop cannot contain an empty string.")
+        if self.stop and not self.detokenize:
+            raise ValueError("stop strings are only supported when detokenize is True; "
+                             "use stop_token_ids instead.")
+
+    @property
+    def sampling_type(self) -> SamplingType:
+        if self.temperature < _SAMPLING_EPS:
+            return SamplingType.GREEDY
+        if self.seed is not None:
+            return SamplingType.RANDOM_SEED
+        return SamplingType.RANDOM
+
+    @property
+    def all_stop_token_ids(self) -> set[int]:
+        return self._all_stop_token_ids
+
+    def update_from_eos_token_id(self, eos_token_id: int | None) -> None:
+        """Called by the engine on its own copy of the params, so min_tokens also masks eos."""
+        if eos_token_id is not None and not self.ignore_eos:
+            self._all_stop_token_ids.add(eos_token_id)

@@ -1,0 +1,1 @@
+"""minivllm.transformers_utils."""

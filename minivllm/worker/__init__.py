@@ -1,0 +1,1 @@
+"""Worker side: the model runner and the sampler."""

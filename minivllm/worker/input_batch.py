@@ -1,0 +1,91 @@
+"""Per-request state the model runner keeps across steps, and the flat inputs of one step."""
+
+from dataclasses import dataclass
+
+import torch
+
+from minivllm.engine.scheduler_output import SchedulerOutput
+from minivllm.sampling_params import SamplingParams
+
+
+@dataclass
+class CachedRequestState:
+    req_id: str
+    token_ids: list[int]          # prompt + every output token known to the runner
+    num_prompt_tokens: int
+    block_ids: list[int]
+    num_computed_tokens: int
+    sampling_params: SamplingParams
+
+
+@dataclass
+class StepInputs:
+    """Flat inputs of one step; B scheduled requests, T tokens."""
+
+    req_ids: list[str]
+    input_ids: torch.Tensor        # [T] int64
+    positions: torch.Tensor        # [T] int64
+    query_start_loc: torch.Tensor  # [B + 1] int32
+    seq_lens: torch.Tensor         # [B] int32
+    block_table: torch.Tensor      # [B, max_blocks] int32
+    slot_mapping: torch.Tensor     # [T] int64
+    query_lens: list[int]
+    seq_lens_list: list[int]
+    num_computed: list[int]
+    sample_rows: list[int]         # batch rows whose chunk reaches the last known token
+    logits_indices: torch.Tensor   # [len(sample_rows)] token index of each sampling row's last token
+
+
+def update_states(states: dict[str, CachedRequestState], so: SchedulerOutput) -> None:
+    """Apply the scheduler's deltas: drop finished/preempted, add new, extend cached."""
+    for req_id in so.finished_req_ids | so.preempted_req_ids:
+        states.pop(req_id, None)
+    for new in so.scheduled_new_reqs:
+        states[new.req_id] = CachedRequestState(
+            req_id=new.req_id, token_ids=list(new.prompt_token_ids) + list(new.output_token_ids),
+            num_prompt_tokens=len(new.prompt_token_ids), block_ids=list(new.block_ids),
+            num_computed_tokens=new.num_computed_tokens, sampling_params=new.sampling_params)
+    cached = so.scheduled_cached_reqs
+    for req_id, new_blocks, num_computed in zip(cached.req_ids, cached.new_block_ids,
+                                                cached.num_computed_tokens):
+        state = states[req_id]
+        state.block_ids.extend(new_blocks)
+        state.num_computed_tokens = num_computed
+
+
+def prepare_inputs(states: dict[str, CachedRequestState], so: SchedulerOutput,
+                   block_size: int) -> StepInputs:
+    """Flatten every scheduled chunk into one token batch (prefills, chunks and decodes mixed)."""
+    req_ids = list(so.num_scheduled_tokens)
+    # NOTE: one Python pass over requests (not tokens) gathers their list slices.
+    flat_ids: list[int] = []
+    query_lens, num_computed, seq_lens, sample_rows, tables = [], [], [], [], []
+    for row, req_id in enumerate(req_ids):
+        state = states[req_id]
+        n, start = so.num_scheduled_tokens[req_id], state.num_computed_tokens
+        flat_ids += state.token_ids[start:start + n]
+        query_lens.append(n)
+        num_computed.append(start)
+        seq_lens.append(start + n)
+        tables.append(state.block_ids)
+        if start + n == len(state.token_ids):
+            sample_rows.append(row)
+    q_lens = torch.tensor(query_lens, dtype=torch.int64)
+    query_start_loc = torch.zeros(len(req_ids) + 1, dtype=torch.int64)
+    torch.cumsum(q_lens, 0, out=query_start_loc[1:])
+    # positions[t] = num_computed[row(t)] + (t - query_start[row(t)])
+    offsets = torch.tensor(num_computed, dtype=torch.int64) - query_start_loc[:-1]
+    positions = torch.arange(int(query_start_loc[-1])) + torch.repeat_interleave(offsets, q_lens)
+    max_blocks = max((len(t) for t in tables), default=0)
+    block_table = torch.tensor([t + [0] * (max_blocks - len(t)) for t in tables], dtype=torch.int32)
+    block_table = block_table.reshape(len(req_ids), max_blocks)
+    rows = torch.repeat_interleave(torch.arange(len(req_ids)), q_lens)
+    slot_mapping = (block_table[rows, positions // block_size].to(torch.int64) * block_size
+                    + positions % block_size)
+    logits_indices = query_start_loc[1:][sample_rows] - 1
+    return StepInputs(req_ids=req_ids, input_ids=torch.tensor(flat_ids, dtype=torch.int64),
+                      positions=positions, query_start_loc=query_start_loc.to(torch.int32),
+                      seq_lens=torch.tensor(seq_lens, dtype=torch.int32), block_table=block_table,
+                      slot_mapping=slot_mapping, query_lens=query_lens, seq_lens_list=seq_lens,
+                      num_computed=num_computed, sample_rows=sample_rows,
+                      logits_indices=logits_indices)

@@ -1,0 +1,157 @@
+"""The model runner: scheduler output -> flat inputs + forward context -> model -> logits -> tokens."""
+
+import torch
+
+from minivllm.config import VllmConfig
+from minivllm.engine.scheduler_output import ModelRunnerOutput, SchedulerOutput
+from minivllm.forward_context import set_forward_context
+from minivllm.logger import init_logger
+from minivllm.model_executor.model_loader import get_model
+from minivllm.sequence import IntermediateTensors
+from minivllm.v1.attention.backends.cpu_attn_metadata import (CommonAttentionMetadata,
+                                                              TorchAttentionMetadataBuilder)
+from minivllm.worker.input_batch import (CachedRequestState, StepInputs, prepare_inputs,
+                                         update_states)
+from minivllm.worker.sampler import RequestSamplingStates, Sampler
+
+logger = init_logger(__name__)
+_DEFAULT_KV_BYTES = 1 << 30   # 1 GiB per rank when neither a byte budget nor a block count is set
+
+
+class ModelRunner:
+    """Holds the model, its KV cache and per-request state of one rank."""
+
+    def __init__(self, vllm_config: VllmConfig, device: str | torch.device = "cpu") -> None:
+        self.vllm_config = vllm_config
+        self.device = torch.device(device)
+        self.block_size = vllm_config.cache_config.block_size
+        self.states: dict[str, CachedRequestState] = {}
+        self.sampling_states = RequestSamplingStates(self.device)
+        self.sampler = Sampler()
+        self.model: torch.nn.Module | None = None
+        self.attn_builder = TorchAttentionMetadataBuilder(self.block_size)
+
+    def load_model(self) -> None:
+        self.model = get_model(vllm_config=self.vllm_config)
+        self.vocab_size = self.vllm_config.model_config.get_vocab_size()
+
+    @property
+    def attn_layers(self) -> dict:
+        return self.vllm_config.compilation_config.static_forward_context
+
+    def kv_cache_bytes_per_block(self) -> int:
+        total = 0
+        for layer in self.attn_layers.values():
+            shape = layer.get_kv_cache_shape(1, self.block_size)
+            total += torch.Size(shape).numel() * layer.kv_cache_torch_dtype.itemsize
+        return total
+
+    def determine_num_blocks(self) -> int:
+        cache_config = self.vllm_config.cache_config
+        if cache_config.num_gpu_blocks_override is not None:
+            return cache_config.num_gpu_blocks_override
+        budget = cache_config.kv_cache_memory_bytes or _DEFAULT_KV_BYTES
+        return max(1, budget // max(1, self.kv_cache_bytes_per_block()))
+
+    def initialize_kv_cache(self, num_blocks: int) -> None:
+        """Allocate one paged cache per attention layer of this stage and bind it to the layer."""
+        for layer in self.attn_layers.values():
+            shape = layer.get_kv_cache_shape(num_blocks, self.block_size)
+            # Zeroed so that masked-out slots can never feed NaNs into attention.
+            layer.bind_kv_cache(torch.zeros(shape, dtype=layer.kv_cache_torch_dtype, device=self.device))
+        self.num_blocks = num_blocks
+
+    @torch.inference_mode()
+    def execute_model(self, so: SchedulerOutput, intermediate_tensors: IntermediateTensors | None = None
+                      ) -> ModelRunnerOutput | IntermediateTensors:
+        self._update_states(so)
+        if so.total_num_scheduled_tokens == 0:
+            return ModelRunnerOutput(req_ids=[], sampled_token_ids=[])
+        inputs = prepare_inputs(self.states, so, self.block_size)
+        hidden = self._forward(inputs, intermediate_tensors)
+        if isinstance(hidden, IntermediateTensors):
+            return hidden
+        return self.sample(inputs, hidden)
+
+    def _update_states(self, so: SchedulerOutput) -> None:
+        for req_id in so.finished_req_ids:
+            self.sampling_states.remove(req_id)
+        update_states(self.states, so)
+        for new in so.scheduled_new_reqs:
+            # A request resumed after preemption keeps its sampling state (seeded generator).
+            if new.req_id not in self.sampling_states:
+                self.sampling_states.add(new.req_id, new.sampling_params, new.prompt_token_ids,
+                                         new.output_token_ids)
+
+    def _forward(self, inputs: StepInputs, intermediate_tensors: IntermediateTensors | None):
+        common = CommonAttentionMetadata(
+            query_start_loc=inputs.query_start_loc, seq_lens=inputs.seq_lens,
+            block_table=inputs.block_table, slot_mapping=inputs.slot_mapping,
+            num_actual_tokens=len(inputs.input_ids), max_query_len=max(inputs.query_lens),
+            max_seq_len=max(inputs.seq_lens_list))
+        attn_metadata = self.attn_builder.build(common)
+        slot_mapping = {name: inputs.slot_mapping for name in self.attn_layers}
+        with set_forward_context(attn_metadata, self.vllm_config, slot_mapping=slot_mapping):
+            return self.model(input_ids=inputs.input_ids.to(self.device),
+                              positions=inputs.positions.to(self.device),
+                              intermediate_tensors=intermediate_tensors)
+
+    def sample(self, inputs: StepInputs, hidden: torch.Tensor) -> ModelRunnerOutput:
+        """Logits for the rows that sample, then one token each; prompt logprobs if asked."""
+        sample_ids = [inputs.req_ids[r] for r in inputs.sample_rows]
+        sampled_lists: dict[str, list[int]] = {}
+        logprob_lists: dict[str, list | None] = {}
+        if sample_ids:
+            logits = self.model.compute_logits(hidden[inputs.logits_indices]).float()  # [S, V]
+            metadata = self.sampling_states.make_metadata(sample_ids, logits.shape[-1])
+            out = self.sampler(logits, metadata)
+            tokens = out.sampled_token_ids.tolist()
+            if out.logprobs_tensors is not None:
+                logprob_lists = dict(zip(sample_ids, out.logprobs_tensors.tolists(metadata.num_logprobs)))
+            for req_id, token in zip(sample_ids, tokens):
+                sampled_lists[req_id] = [token]
+                self.states[req_id].token_ids.append(token)
+                self.sampling_states.append(req_id, token)
+        return ModelRunnerOutput(
+            req_ids=inputs.req_ids,
+            sampled_token_ids=[sampled_lists.get(r, []) for r in inputs.req_ids],
+            logprobs=[logprob_lists.get(r) for r in inputs.req_ids] if logprob_lists else None,
+            prompt_logprobs=self._prompt_logprobs(inputs, hidden))
+
+    def _prompt_logprobs(self, inputs: StepInputs, hidden: torch.Tensor) -> dict[str, list]:
+        """For prompt positions p of this chunk with p + 1 < prompt length: logprob of token p+1."""
+        rows, targets, owners, max_k = [], [], [], 0
+        for b, req_id in enumerate(inputs.req_ids):
+            state = self.states[req_id]
+            k = state.sampling_params.prompt_logprobs
+            if k is None:
+                continue
+            start = inputs.num_computed[b]
+            end = min(start + inputs.query_lens[b], state.num_prompt_tokens - 1)
+            if end <= start:
+                continue
+            first = int(inputs.query_start_loc[b])
+            rows.extend(range(first, first + end - start))
+            targets.extend(state.token_ids[start + 1:end + 1])
+            owners.append((req_id, end - start, k))
+            max_k = max(max_k, k)
+        if not rows:
+            return {}
+        logprobs = torch.log_softmax(self.model.compute_logits(hidden[rows]).float(), dim=-1)
+        target = torch.tensor(targets)
+        target_lp = logprobs.gather(1, target[:, None])                   # [R, 1]
+        ranks = (logprobs > target_lp).sum(-1) + 1                         # [R]
+        top_lp, top_ids = logprobs.topk(max_k, dim=-1) if max_k else (logprobs[:, :0], target[:, None][:, :0])
+        entries = _rows_to_entries(target.tolist(), target_lp[:, 0].tolist(), ranks.tolist(),
+                                   top_ids.tolist(), top_lp.tolist())
+        result, pos = {}, 0
+        for req_id, count, k in owners:
+            result[req_id] = [e[:k + 1] for e in entries[pos:pos + count]]
+            pos += count
+        return result
+
+
+def _rows_to_entries(tokens: list[int], lps: list[float], ranks: list[int],
+                     top_ids: list[list[int]], top_lps: list[list[float]]) -> list[list[tuple]]:
+    return [[(t, lp, r)] + [(i, l, j + 1) for j, (i, l) in enumerate(zip(ti, tl))]
+            for t, lp, r, ti, tl in zip(tokens, lps, ranks, top_ids, top_lps)]

@@ -1,0 +1,67 @@
+"""One rank: joins the process groups, loads its model shard, owns its KV cache, runs steps."""
+
+import torch
+
+from minivllm.config import VllmConfig
+from minivllm.distributed import (ensure_model_parallel_initialized, get_pp_group,
+                                  init_distributed_environment)
+from minivllm.engine.scheduler_output import ModelRunnerOutput, SchedulerOutput
+from minivllm.sequence import IntermediateTensors
+from minivllm.worker.model_runner import ModelRunner
+
+
+class Worker:
+    def __init__(self, vllm_config: VllmConfig, rank: int = 0,
+                 distributed_init_method: str = "env://") -> None:
+        self.vllm_config = vllm_config
+        self.rank = rank
+        self.distributed_init_method = distributed_init_method
+        self.model_runner = ModelRunner(vllm_config, vllm_config.device_config.device)
+
+    def init_device(self, timeout_s: float = 600.0) -> None:
+        """Join the world (gloo on CPU, NCCL on CUDA; `timeout_s` bounds a hung collective)."""
+        pc = self.vllm_config.parallel_config
+        local_rank = self.rank % (pc.world_size // pc.nnodes)
+        backend = "gloo"
+        if self.vllm_config.device_config.device == "cuda":
+            backend = "nccl"
+            torch.cuda.set_device(local_rank)   # "cuda" now means this rank's GPU
+        init_distributed_environment(pc.world_size, self.rank, self.distributed_init_method,
+                                     local_rank=local_rank, backend=backend, timeout_s=timeout_s)
+        ensure_model_parallel_initialized(pc.tensor_parallel_size, pc.pipeline_parallel_size)
+        torch.manual_seed(self.vllm_config.model_config.seed)
+
+    def load_model(self) -> None:
+        self.model_runner.load_model()
+
+    def determine_num_blocks(self) -> int:
+        return self.model_runner.determine_num_blocks()
+
+    def initialize_cache(self, num_blocks: int) -> None:
+        self.model_runner.initialize_kv_cache(num_blocks)
+
+    def apply_sampled_tokens(self, sampled: dict[str, list[int]]) -> None:
+        """Learn the tokens the last PP stage sampled in the previous step.
+
+        Only the last stage samples; earlier stages need those tokens as the next step's input
+        ids (the scheduler's deltas carry block ids and counts, not tokens).
+        """
+        if get_pp_group().is_last_rank:
+            return
+        states = self.model_runner.states
+        for req_id, token_ids in sampled.items():
+            state = states.get(req_id)
+            if state is not None:
+                state.token_ids.extend(token_ids)
+
+    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput | None:
+        """Run one step; PP stages receive from the previous stage and send to the next."""
+        pp = get_pp_group()
+        intermediate = None
+        if not pp.is_first_rank and scheduler_output.total_num_scheduled_tokens > 0:
+            intermediate = IntermediateTensors(pp.recv_tensor_dict())
+        output = self.model_runner.execute_model(scheduler_output, intermediate)
+        if isinstance(output, IntermediateTensors):
+            pp.send_tensor_dict(output.tensors)
+            return None
+        return output if pp.is_last_rank else None

@@ -1,0 +1,88 @@
+"""RMSNorm numerics (vs a reference and transformers), activations, the fused-act-quant hook."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+from minivllm.model_executor.layers.activation import (GeluAndMul, ReLUSquaredActivation,
+                                                       SiluAndMul)
+from minivllm.model_executor.layers.fusion.fused_act_quant import maybe_fused_act_quant
+from minivllm.model_executor.layers.layernorm import RMSNorm
+from minivllm.model_executor.layers.linear import RowParallelLinear
+from minivllm.model_executor.model_loader.weight_utils import default_weight_loader
+from tests.model_executor.layers._helpers import layer_context
+
+
+def reference_rms_norm(x, weight, eps, residual=None):
+    x32 = x.float() + (residual.float() if residual is not None else 0)
+    normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    out = (normed.to(weight.dtype) * weight).to(x.dtype)
+    return out if residual is None else (out, x32.to(x.dtype))
+
+
+@pytest.mark.parametrize("custom_ops", [["all"], ["none"]])
+@pytest.mark.parametrize("dtype, weight_dtype", [(torch.float32, torch.float32),
+                                                 (torch.bfloat16, torch.bfloat16),
+                                                 (torch.bfloat16, torch.float32)])
+def test_rms_norm_numerics(custom_ops, dtype, weight_dtype):
+    with layer_context(custom_ops):
+        norm = RMSNorm(32, eps=1e-5, dtype=weight_dtype)
+    norm.weight.data.normal_()
+    x, residual = torch.randn(7, 32, dtype=dtype), torch.randn(7, 32, dtype=dtype)
+    # The fused CPU path (fp32 only) may differ from the native maths by rounding: 1e-6.
+    tol = dict(atol=1e-6, rtol=1e-6) if dtype == weight_dtype == torch.float32 else dict(atol=0, rtol=0)
+    torch.testing.assert_close(norm(x), reference_rms_norm(x, norm.weight, 1e-5), **tol)
+    out, new_residual = norm(x, residual)
+    ref_out, ref_residual = reference_rms_norm(x, norm.weight, 1e-5, residual)
+    torch.testing.assert_close(out, ref_out, **tol)
+    torch.testing.assert_close(new_residual, ref_residual, atol=0, rtol=0)
+
+
+def test_rms_norm_cpu_path_matches_native_in_fp32():
+    with layer_context(["all"]):
+        norm = RMSNorm(64)
+    assert norm._forward_method == norm.forward_cpu
+    norm.weight.data.normal_()
+    x, residual = torch.randn(9, 4, 64) * 3, torch.randn(9, 4, 64)
+    torch.testing.assert_close(norm.forward_cpu(x), norm.forward_native(x), atol=1e-6, rtol=1e-6)
+    for fast, native in zip(norm.forward_cpu(x, residual), norm.forward_native(x, residual)):
+        torch.testing.assert_close(fast, native, atol=1e-6, rtol=1e-6)
+
+
+def test_rms_norm_matches_transformers_and_works_per_head():
+    with layer_context():
+        norm = RMSNorm(16, eps=1e-6)
+    hf = LlamaRMSNorm(16, eps=1e-6)
+    norm.weight.data.normal_()
+    hf.weight.data.copy_(norm.weight.data)
+    x = torch.randn(5, 3, 16)  # [T, heads, head_dim], like Qwen3's q/k norm
+    torch.testing.assert_close(norm(x), hf(x), atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(norm(x.view(5, 48).view(5, 3, 16)), norm(x))
+
+
+def test_rms_norm_variants_and_weight_attrs():
+    with layer_context():
+        norm = RMSNorm(8)
+        weightless = RMSNorm(8, has_weight=False)
+        partial = RMSNorm(8, var_hidden_size=4)
+    assert norm.weight.weight_loader is default_weight_loader
+    assert norm.weight.dummy_weight_value == 1.0 and weightless.weight is None
+    x = torch.randn(3, 8)
+    torch.testing.assert_close(weightless(x), x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6))
+    expected = x * torch.rsqrt(x[:, :4].pow(2).mean(-1, keepdim=True) + 1e-6)
+    torch.testing.assert_close(partial(x), expected)
+
+
+def test_activations():
+    with layer_context():
+        silu, gelu, relu2 = SiluAndMul(), GeluAndMul("tanh"), ReLUSquaredActivation()
+        down = RowParallelLinear(4, 4, bias=False)
+    x = torch.randn(3, 2, 8)
+    torch.testing.assert_close(silu(x), F.silu(x[..., :4]) * x[..., 4:])
+    torch.testing.assert_close(gelu(x), F.gelu(x[..., :4], approximate="tanh") * x[..., 4:])
+    torch.testing.assert_close(relu2(x), F.relu(x) ** 2)
+    torch.testing.assert_close(maybe_fused_act_quant(silu, x, down), silu(x))
+    with pytest.raises(ValueError, match="'none' or 'tanh'"):
+        with layer_context():
+            GeluAndMul("fast")

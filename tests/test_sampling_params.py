@@ -1,0 +1,65 @@
+"""SamplingParams: vLLM defaults, normalisation and validation errors."""
+
+import pytest
+
+from minivllm.sampling_params import SamplingParams, SamplingType
+
+
+def test_defaults_match_vllm():
+    p = SamplingParams()
+    assert (p.n, p.temperature, p.top_p, p.top_k, p.min_p) == (1, 1.0, 1.0, 0, 0.0)
+    assert (p.max_tokens, p.min_tokens, p.logprobs, p.seed) == (16, 0, None, None)
+    assert p.stop == [] and p.stop_token_ids == []
+    assert p.sampling_type == SamplingType.RANDOM
+
+
+def test_normalisation():
+    p = SamplingParams(stop="###", stop_token_ids=None, top_k=-1)
+    assert p.stop == ["###"] and p.stop_token_ids == [] and p.top_k == 0
+    assert SamplingParams(stop=("a", "b")).stop == ["a", "b"]
+    assert SamplingParams(max_tokens=None).max_tokens is None
+
+
+def test_sampling_type():
+    assert SamplingParams(temperature=0).sampling_type == SamplingType.GREEDY
+    assert SamplingParams(temperature=1e-6).sampling_type == SamplingType.GREEDY
+    assert SamplingParams(temperature=0.7, seed=3).sampling_type == SamplingType.RANDOM_SEED
+    greedy = SamplingParams(temperature=0, top_k=5, top_p=0.5)
+    assert (greedy.top_k, greedy.top_p) == (0, 1.0)
+
+
+def test_all_stop_token_ids_include_eos_unless_ignored():
+    p = SamplingParams(stop_token_ids=[7])
+    p.update_from_eos_token_id(2)
+    assert p.all_stop_token_ids == {2, 7}
+    q = SamplingParams(ignore_eos=True)
+    q.update_from_eos_token_id(2)
+    assert q.all_stop_token_ids == set()
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    (dict(n=0), "n"),
+    (dict(temperature=-1), "temperature"),
+    (dict(top_p=0.0), "top_p"),
+    (dict(top_p=1.5), "top_p"),
+    (dict(top_k=-2), "top_k"),
+    (dict(min_p=1.5), "min_p"),
+    (dict(max_tokens=0), "max_tokens"),
+    (dict(min_tokens=5, max_tokens=4), "min_tokens"),
+    (dict(min_tokens=-1), "min_tokens"),
+    (dict(presence_penalty=2.5), "presence_penalty"),
+    (dict(frequency_penalty=-3), "frequency_penalty"),
+    (dict(repetition_penalty=0), "repetition_penalty"),
+    (dict(logprobs=-1), "logprobs"),
+    (dict(prompt_logprobs=-1), "prompt_logprobs"),
+    (dict(stop=["a", ""]), "stop"),
+    (dict(stop="x", detokenize=False), "stop"),
+])
+def test_invalid_values_name_the_field(kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        SamplingParams(**kwargs)
+
+
+def test_temperature_message_gives_the_value():
+    with pytest.raises(ValueError, match="temperature must be non-negative, got -1"):
+        SamplingParams(temperature=-1)
