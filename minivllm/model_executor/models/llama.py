@@ -294,3 +294,22 @@ if TYPE_CHECKING:
 else:
     LlamaEmbeddingModel = as_embedding_model(LlamaForCausalLM)
 LlamaForSequenceClassification = as_seq_cls_model(LlamaForCausalLM)
+
+
+def _bidirectional(base: type[nn.Module]) -> type[nn.Module]:
+    """A pooling Llama whose attention sees the whole sequence (LlamaBidirectionalConfig)."""
+
+    class Bidirectional(base):
+        def __init__(self, *, vllm_config: VllmConfig, prefix: str = "", **kwargs) -> None:
+            # NOTE: vLLM's LlamaBidirectionalConfig forces is_causal=False the same way.
+            vllm_config.model_config.hf_config.is_causal = False
+            super().__init__(vllm_config=vllm_config, prefix=prefix, **kwargs)
+
+    return Bidirectional
+
+
+LlamaBidirectionalModel = _bidirectional(LlamaEmbeddingModel)
+LlamaBidirectionalModel.__name__ = LlamaBidirectionalModel.__qualname__ = "LlamaBidirectionalModel"
+LlamaBidirectionalForSequenceClassification = _bidirectional(LlamaForSequenceClassification)
+LlamaBidirectionalForSequenceClassification.__name__ = "LlamaBidirectionalForSequenceClassification"
+LlamaBidirectionalForSequenceClassification.__qualname__ = "LlamaBidirectionalForSequenceClassification"
