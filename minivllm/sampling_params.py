@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass, field
 
 # Temperatures below this are treated as greedy decoding (vLLM's threshold).
+MAX_LOGPROBS = 20   # as vLLM's default max_logprobs
 _SAMPLING_EPS = 1e-5
 
 
@@ -61,6 +63,16 @@ class SamplingParams:
             self.top_p, self.top_k, self.min_p = 1.0, 0, 0.0
 
     def _verify_args(self) -> None:
+        for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty",
+                     "repetition_penalty"):
+            if not math.isfinite(getattr(self, name)):
+                raise ValueError(f"{name} must be a finite number, got {getattr(self, name)}.")
+        if self.seed is not None and not -(2**63) <= self.seed < 2**63:
+            raise ValueError(f"seed must fit in a signed 64-bit integer, got {self.seed}.")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and value > MAX_LOGPROBS:
+                raise ValueError(f"{name} must be at most {MAX_LOGPROBS}, got {value}.")
         if self.n < 1:
             raise ValueError(f"n must be at least 1, got {self.n}.")
         if not -2.0 <= self.presence_penalty <= 2.0:

@@ -63,3 +63,12 @@ def test_invalid_values_name_the_field(kwargs, field):
 def test_temperature_message_gives_the_value():
     with pytest.raises(ValueError, match="temperature must be non-negative, got -1"):
         SamplingParams(temperature=-1)
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    (dict(temperature=float("nan")), "temperature"), (dict(top_p=float("inf")), "top_p"),
+    (dict(seed=2**64), "seed"), (dict(logprobs=21), "logprobs"), (dict(prompt_logprobs=100), "prompt_logprobs"),
+])
+def test_non_finite_and_out_of_range_values_name_the_field(kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        SamplingParams(**kwargs)

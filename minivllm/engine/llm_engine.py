@@ -57,6 +57,8 @@ class LLMEngine:
                  eos_token_id: int | None = None) -> None:
         sched, cache = vllm_config.scheduler_config, vllm_config.cache_config
         self.max_model_len: int = vllm_config.model_config.max_model_len
+        get_vocab_size = getattr(vllm_config.model_config, "get_vocab_size", None)
+        self.vocab_size: int | None = get_vocab_size() if get_vocab_size else None
         self.scheduler = Scheduler(
             max_num_seqs=sched.max_num_seqs,
             max_num_batched_tokens=sched.max_num_batched_tokens,
@@ -82,6 +84,8 @@ class LLMEngine:
         prompt_text, prompt_token_ids = self._tokenize(prompt)
         if not prompt_token_ids:
             raise ValueError("The prompt is empty; give at least one token.")
+        if self.vocab_size is not None and not all(0 <= t < self.vocab_size for t in prompt_token_ids):
+            raise ValueError(f"Prompt token ids must be in [0, {self.vocab_size}).")
         if len(prompt_token_ids) > self.max_model_len:
             raise ValueError(f"The prompt has {len(prompt_token_ids)} tokens, more than "
                              f"max_model_len={self.max_model_len}.")

@@ -1,0 +1,160 @@
+"""The FastAPI app (`build_app`) and `run_server`, which `minivllm serve` calls."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from contextlib import asynccontextmanager
+from http import HTTPStatus
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+import minivllm
+from minivllm.entrypoints.openai.async_engine import AsyncLLM
+from minivllm.entrypoints.openai.metrics import CONTENT_TYPE, ServerMetrics
+from minivllm.entrypoints.openai.protocol import (ChatCompletionRequest, CompletionRequest,
+                                                  DetokenizeRequest, DetokenizeResponse, ModelCard,
+                                                  ModelList, TokenizeRequest, TokenizeResponse)
+from minivllm.entrypoints.openai.serving_chat import OpenAIServingChat
+from minivllm.entrypoints.openai.serving_completions import OpenAIServingCompletion
+from minivllm.entrypoints.openai.serving_engine import OpenAIError, OpenAIServing, error_response
+from minivllm.logger import init_logger
+
+logger = init_logger(__name__)
+
+
+def _error_json(error: OpenAIError) -> JSONResponse:
+    return JSONResponse(error.to_response().model_dump(), status_code=int(error.status),
+                        headers=error.headers)
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(OpenAIError)
+    async def openai_error(_: Request, exc: OpenAIError) -> JSONResponse:
+        return _error_json(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+        # OpenAI answers malformed bodies with 400, not FastAPI's 422.
+        errors = exc.errors()
+        first = errors[0] if errors else {}
+        loc = [p for p in first.get("loc", ()) if p != "body"]
+        message = "; ".join(f"{'.'.join(str(p) for p in e.get('loc', ()) if p != 'body') or 'body'}: "
+                            f"{e.get('msg', '')}" for e in errors) or "Invalid request body."
+        param = loc[0] if loc and isinstance(loc[0], str) else None
+        if first.get("type") == "json_invalid":
+            message, param = f"The body is not valid JSON: {first.get('msg', '')}", None
+        return _error_json(OpenAIError(message, param=param))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return JSONResponse(error_response(str(exc.detail), HTTPStatus(exc.status_code)).model_dump(),
+                            status_code=exc.status_code, headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def internal_error(_: Request, exc: Exception) -> JSONResponse:
+        logger.exception("Unhandled error in a request handler")
+        return _error_json(OpenAIError(f"Internal error: {type(exc).__name__}: {exc}",
+                                       HTTPStatus.INTERNAL_SERVER_ERROR))
+
+
+def build_app(async_llm: AsyncLLM, served_model_name: str | None = None) -> FastAPI:
+    """The OpenAI-compatible app around a (started or not) AsyncLLM; starts its loop on startup."""
+    served_model_name = served_model_name or os.path.basename(
+        os.path.normpath(async_llm.model_path or "model"))
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI):
+        async_llm.start()
+        yield
+        async_llm.stop()
+
+    app = FastAPI(title="minivllm OpenAI-compatible server", version=minivllm.__version__,
+                  lifespan=lifespan)
+    app.state.async_llm = async_llm
+    app.state.served_model_name = served_model_name
+    app.state.metrics = metrics = ServerMetrics(async_llm, served_model_name)
+    completions = OpenAIServingCompletion(async_llm, served_model_name)
+    chat = OpenAIServingChat(async_llm, served_model_name)
+    base = OpenAIServing(async_llm, served_model_name)
+    _install_error_handlers(app)
+
+    @app.get("/health")
+    async def health() -> Response:
+        problem = async_llm.check_health()
+        if problem is not None:
+            return _error_json(OpenAIError(problem, HTTPStatus.SERVICE_UNAVAILABLE))
+        return Response(status_code=200)
+
+    @app.get("/version")
+    async def version() -> dict[str, str]:
+        return {"version": minivllm.__version__}
+
+    @app.get("/metrics")
+    async def get_metrics() -> Response:
+        return Response(metrics.render(), media_type=CONTENT_TYPE)
+
+    @app.get("/v1/models")
+    async def list_models() -> dict[str, Any]:
+        card = ModelCard(id=served_model_name, root=async_llm.model_path,
+                         max_model_len=async_llm.max_model_len)
+        return ModelList(data=[card]).model_dump()
+
+    @app.post("/v1/completions")
+    async def create_completion(request: CompletionRequest, raw_request: Request) -> Response:
+        return await completions.create_completion(request, raw_request)
+
+    @app.post("/v1/chat/completions")
+    async def create_chat_completion(request: ChatCompletionRequest, raw_request: Request) -> Response:
+        return await chat.create_chat_completion(request, raw_request)
+
+    @app.post("/tokenize")
+    async def tokenize(request: TokenizeRequest) -> dict[str, Any]:
+        base.check_model(request.model)
+        if (request.prompt is None) == (request.messages is None):
+            raise OpenAIError("Give exactly one of `prompt` and `messages`.", param="prompt")
+        if request.messages is not None:
+            ids = base.render_chat(request.messages, request.add_generation_prompt,
+                                   request.chat_template)
+        else:
+            ids = list(base.tokenizer.encode(request.prompt,
+                                             add_special_tokens=request.add_special_tokens))
+        strs = base.tokenizer.convert_ids_to_tokens(ids) if request.return_token_strs else None
+        return TokenizeResponse(count=len(ids), max_model_len=async_llm.max_model_len, tokens=ids,
+                                token_strs=strs).model_dump(exclude_none=True)
+
+    @app.post("/detokenize")
+    async def detokenize(request: DetokenizeRequest) -> dict[str, Any]:
+        base.check_model(request.model)
+        if request.tokens:
+            base.check_token_ids(request.tokens, param="tokens")
+        return DetokenizeResponse(prompt=base.tokenizer.decode(request.tokens)).model_dump()
+
+    return app
+
+
+def run_server(args: argparse.Namespace) -> int:
+    """Builds the engine from the CLI flags, then serves until interrupted."""
+    import uvicorn
+
+    from minivllm.engine.arg_utils import EngineArgs
+
+    engine_args = EngineArgs.from_cli_args(args)
+    async_llm = AsyncLLM.from_engine_args(engine_args, stall_timeout_s=args.health_stall_timeout)
+    served = args.served_model_name or (os.path.basename(os.path.normpath(engine_args.model))
+                                        if engine_args.model else None)
+    app = build_app(async_llm, served)
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.uvicorn_log_level,
+                            timeout_graceful_shutdown=5)
+    server = uvicorn.Server(config)
+    print(f"Serving {app.state.served_model_name} on http://{args.host}:{args.port} "
+          "(OpenAI API under /v1)", flush=True)
+    try:
+        server.run()
+    finally:
+        async_llm.shutdown()
+    return 0

@@ -1,0 +1,345 @@
+"""AsyncLLM: the synchronous LLMEngine driven by one background thread, fed by asyncio handlers.
+
+Every HTTP request becomes an engine request; the thread steps the engine while any request is
+unfinished, so concurrent requests share each forward pass (continuous batching). The engine is
+not thread-safe: only the loop thread touches it. Handlers talk to the thread through a command
+deque (add / abort) under a lock, and the thread hands outputs back through per-request asyncio
+queues with `loop.call_soon_threadsafe`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import threading
+import time
+from collections import defaultdict, deque
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from minivllm.logger import init_logger
+from minivllm.outputs import RequestOutput
+from minivllm.sampling_params import SamplingParams
+
+logger = init_logger(__name__)
+
+_IDLE_WAIT_S = 1.0   # how long the idle loop sleeps before re-checking the stop flag
+
+
+class EngineDeadError(RuntimeError):
+    """The engine loop stopped or crashed; in-flight and new requests fail with this."""
+
+
+class QueueFullError(RuntimeError):
+    """More requests wait than --max-num-queued-requests allows (HTTP 429)."""
+
+    def __init__(self, message: str, retry_after_s: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """A snapshot the loop thread publishes after each step (read by /metrics and admission)."""
+
+    num_running: int = 0
+    num_waiting: int = 0          # sequences waiting in the scheduler
+    kv_cache_usage: float = 0.0   # fraction of KV blocks held by requests
+
+
+class StatLogger(Protocol):
+    """Receives per-request timings from the loop thread (must be thread-safe)."""
+
+    def on_request_added(self, num_prompt_tokens: int) -> None: ...
+
+    def on_new_tokens(self, num_new_tokens: int, ttft_s: float | None, itl_s: float | None) -> None: ...
+
+    def on_request_finished(self, finish_reason: str, e2e_s: float) -> None: ...
+
+
+@dataclass
+class _Stream:
+    """The loop-side state of one request: where its outputs go, and its timings."""
+
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue
+    num_seqs: int
+    arrival_s: float                # time.monotonic() at submission
+    admitted: bool = False          # handed to the engine
+    num_tokens: int = 0
+    last_token_s: float | None = None
+
+
+@dataclass
+class RequestStream:
+    """What a handler iterates: the cumulative `RequestOutput`s of one request."""
+
+    request_id: str
+    _stream: _Stream
+    _abort: Callable[[str], None]
+    finished: bool = field(default=False, init=False)
+
+    async def outputs(self) -> AsyncIterator[RequestOutput]:
+        """Yields outputs until the request finishes; leaving early aborts the request.
+
+        Outputs are cumulative, so when the consumer lags, only the newest one is yielded.
+        """
+        try:
+            while not self.finished:
+                items = [await self._stream.queue.get()]
+                while not self._stream.queue.empty():
+                    items.append(self._stream.queue.get_nowait())
+                item = items[-1]
+                if isinstance(item, BaseException):
+                    self.finished = True
+                    raise item
+                self.finished = item.finished
+                yield item
+        finally:
+            if not self.finished:
+                self._abort(self.request_id)
+
+
+class AsyncLLM:
+    """Runs an `LLMEngine` in one thread; `add_request` and `abort` may be called from asyncio."""
+
+    def __init__(self, engine: Any, *, max_num_queued_requests: int = 1024,
+                 stall_timeout_s: float = 60.0, vocab_size: int | None = None,
+                 model_path: str | None = None) -> None:
+        if max_num_queued_requests < 1:
+            raise ValueError(f"max_num_queued_requests must be at least 1, got {max_num_queued_requests}.")
+        self.engine = engine
+        self.max_model_len: int = engine.max_model_len
+        self.max_num_queued_requests = max_num_queued_requests
+        self.stall_timeout_s = stall_timeout_s
+        self.vocab_size = vocab_size
+        self.model_path = model_path
+        # NOTE: a private copy for the handlers: HF fast tokenizers must not be used from two
+        # threads at once, and the loop thread detokenizes with the engine's.
+        self.tokenizer = copy.deepcopy(engine.tokenizer) if engine.tokenizer is not None else None
+        self.stat_loggers: list[StatLogger] = []
+        self.stats = EngineStats()
+        self.dead_error: BaseException | None = None
+        self.last_progress_s = time.monotonic()
+        self._lock = threading.Lock()
+        self._commands: deque[tuple] = deque()
+        self._streams: dict[str, _Stream] = {}
+        self._num_pending_seqs = 0
+        self._wakeup = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._owner: Any = None   # keeps the LLM (and its executor) alive
+
+    @classmethod
+    def from_engine_args(cls, engine_args: Any, **kwargs: Any) -> AsyncLLM:
+        from minivllm.entrypoints.llm import LLM
+
+        fields = dict(vars(engine_args))
+        llm = LLM(fields.pop("model"), tokenizer=fields.pop("tokenizer"), dtype=fields.pop("dtype"),
+                  seed=fields.pop("seed"), **fields)
+        model_config = llm.vllm_config.model_config
+        kwargs.setdefault("max_num_queued_requests", engine_args.max_num_queued_requests)
+        async_llm = cls(llm.llm_engine, vocab_size=model_config.get_vocab_size(),
+                        model_path=model_config.model, **kwargs)
+        async_llm._owner = llm
+        return async_llm
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        """Starts the loop thread (idempotent)."""
+        if self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._run_loop, name="minivllm-engine", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Stops the loop; in-flight requests fail with EngineDeadError and /health turns 503."""
+        self._stop.set()
+        self._wakeup.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout_s)
+
+    def shutdown(self) -> None:
+        self.stop()
+        if self._owner is not None:
+            self._owner.shutdown()
+
+    def check_health(self) -> str | None:
+        """None when healthy, else why not: the loop died, or made no progress with work waiting."""
+        if self.dead_error is not None:
+            return f"The engine loop is dead: {self.dead_error}"
+        if self._thread is None or not self._thread.is_alive():
+            return "The engine loop is not running."
+        stalled_s = time.monotonic() - self.last_progress_s
+        if self._streams and stalled_s > self.stall_timeout_s:
+            return (f"The engine made no progress for {stalled_s:.0f}s with "
+                    f"{len(self._streams)} requests in flight.")
+        return None
+
+    # ------------------------------------------------------------------ handler side
+
+    def add_request(self, request_id: str, prompt: str | list[int],
+                    params: SamplingParams) -> RequestStream:
+        """Submits a request; raises EngineDeadError, QueueFullError or ValueError (duplicate id).
+
+        Errors found by the engine itself (e.g. a bad prompt) arrive through the stream.
+        """
+        if self.dead_error is not None or self._stop.is_set():
+            raise EngineDeadError(f"The engine loop is not running: {self.dead_error or 'stopped'}")
+        stream = _Stream(asyncio.get_running_loop(), asyncio.Queue(), params.n, time.monotonic())
+        with self._lock:
+            if request_id in self._streams:
+                raise ValueError(f"Request id {request_id!r} is already in use.")
+            num_queued = self.num_queued
+            if num_queued + params.n > self.max_num_queued_requests:
+                raise QueueFullError(
+                    f"The server is busy: {num_queued} sequences are waiting "
+                    f"(--max-num-queued-requests={self.max_num_queued_requests}); retry later.")
+            self._streams[request_id] = stream
+            self._num_pending_seqs += params.n
+            self._commands.append(("add", request_id, prompt, params))
+        self._wakeup.set()
+        return RequestStream(request_id, stream, self.abort)
+
+    async def generate(self, prompt: str | list[int], params: SamplingParams,
+                       request_id: str) -> AsyncIterator[RequestOutput]:
+        async for output in self.add_request(request_id, prompt, params).outputs():
+            yield output
+
+    def abort(self, request_id: str) -> None:
+        """Aborts a request (no-op when unknown or finished); frees its KV blocks next step."""
+        with self._lock:
+            stream = self._streams.pop(request_id, None)
+            if stream is None:
+                return
+            if stream.admitted:
+                self._commands.append(("abort", request_id))
+            else:
+                self._num_pending_seqs -= stream.num_seqs   # its add command will be skipped
+        self._wakeup.set()
+
+    @property
+    def num_requests(self) -> int:
+        return len(self._streams)
+
+    @property
+    def num_queued(self) -> int:
+        """Sequences not running yet: submitted but not handed to the engine, or waiting in it."""
+        return self._num_pending_seqs + self.stats.num_waiting
+
+    # ------------------------------------------------------------------ loop thread
+
+    def _run_loop(self) -> None:
+        try:
+            while not self._stop.is_set():
+                self._apply_commands()
+                if not self.engine.has_unfinished_requests():
+                    self.last_progress_s = time.monotonic()   # idle is not a stall
+                    self._wakeup.wait(_IDLE_WAIT_S)
+                    self._wakeup.clear()
+                    self.last_progress_s = time.monotonic()
+                    continue
+                outputs = self.engine.step()
+                now = time.monotonic()
+                self.last_progress_s = now
+                self._publish_stats()
+                self._dispatch(outputs, now)
+            error: BaseException = EngineDeadError("The engine loop was stopped.")
+        except BaseException as exc:   # noqa: BLE001 - any crash must fail the requests, not hang them
+            logger.exception("The engine loop crashed; failing all in-flight requests.")
+            error = EngineDeadError(f"{type(exc).__name__}: {exc}")
+        self.dead_error = error
+        self._fail_all(error)
+
+    def _apply_commands(self) -> None:
+        with self._lock:
+            commands = list(self._commands)
+            self._commands.clear()
+            # NOTE: adds happen under the lock, so an abort racing with an add sees either a
+            # pending request (and cancels the add) or an admitted one (and aborts it).
+            for command in commands:
+                if command[0] == "abort":
+                    self.engine.abort_request(command[1])
+                else:
+                    self._add_to_engine(*command[1:])
+            if commands:
+                self._publish_stats()
+
+    def _add_to_engine(self, request_id: str, prompt: str | list[int], params: SamplingParams) -> None:
+        stream = self._streams.get(request_id)
+        if stream is None:
+            return   # aborted before it reached the engine
+        self._num_pending_seqs -= stream.num_seqs
+        try:
+            self.engine.add_request(request_id, prompt, params, arrival_time=time.time())
+        except ValueError as exc:
+            del self._streams[request_id]
+            stream.loop.call_soon_threadsafe(stream.queue.put_nowait, exc)
+            return
+        stream.admitted = True
+        num_prompt_tokens = len(prompt) if isinstance(prompt, list) else 0
+        for stat_logger in self.stat_loggers:
+            stat_logger.on_request_added(num_prompt_tokens)
+
+    def _publish_stats(self) -> None:
+        scheduler = self.engine.scheduler
+        self.stats = EngineStats(num_running=scheduler.num_running,
+                                 num_waiting=scheduler.num_waiting,
+                                 kv_cache_usage=scheduler.kv_cache_usage)
+
+    def _dispatch(self, outputs: list[RequestOutput], now: float) -> None:
+        """Hands each output to its request's queue: one thread-safe call per event loop."""
+        batches: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, Any]]] = defaultdict(list)
+        with self._lock:
+            for output in outputs:
+                stream = self._streams.get(output.request_id)
+                if stream is None:
+                    continue   # aborted meanwhile
+                if output.finished:
+                    del self._streams[output.request_id]
+                self._record_timings(stream, output, now)
+                batches[stream.loop].append((stream.queue, output))
+        for loop, items in batches.items():
+            _call_soon(loop, items)
+
+    def _record_timings(self, stream: _Stream, output: RequestOutput, now: float) -> None:
+        num_tokens = sum(len(o.token_ids) for o in output.outputs)
+        num_new = num_tokens - stream.num_tokens
+        if num_new > 0 and self.stat_loggers:
+            ttft = now - stream.arrival_s if stream.last_token_s is None else None
+            itl = now - stream.last_token_s if stream.last_token_s is not None else None
+            for stat_logger in self.stat_loggers:
+                stat_logger.on_new_tokens(num_new, ttft, itl)
+        if num_new > 0:
+            stream.num_tokens, stream.last_token_s = num_tokens, now
+        if output.finished:
+            reason = output.outputs[0].finish_reason or "abort"
+            for stat_logger in self.stat_loggers:
+                stat_logger.on_request_finished(reason, now - stream.arrival_s)
+
+    def _fail_all(self, error: BaseException) -> None:
+        with self._lock:
+            streams = list(self._streams.values())
+            self._streams.clear()
+            self._commands.clear()
+            self._num_pending_seqs = 0
+            self.stats = EngineStats()
+        batches: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, Any]]] = defaultdict(list)
+        for stream in streams:
+            batches[stream.loop].append((stream.queue, error))
+        for loop, items in batches.items():
+            _call_soon(loop, items)
+
+
+def _put_all(items: list[tuple[asyncio.Queue, Any]]) -> None:
+    for queue, item in items:
+        queue.put_nowait(item)
+
+
+def _call_soon(loop: asyncio.AbstractEventLoop, items: list[tuple[asyncio.Queue, Any]]) -> None:
+    try:
+        loop.call_soon_threadsafe(_put_all, items)
+    except RuntimeError:
+        pass   # the event loop is closed: nobody is listening any more

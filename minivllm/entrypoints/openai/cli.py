@@ -1,0 +1,39 @@
+"""`minivllm serve`: the OpenAI-compatible HTTP server."""
+
+from __future__ import annotations
+
+import argparse
+
+from minivllm.engine.arg_utils import EngineArgs
+
+
+def add_serve_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "serve", help="serve the model over an OpenAI-compatible HTTP API",
+        description="Start an OpenAI-compatible server (/v1/completions, /v1/chat/completions, "
+                    "/v1/models, /tokenize, /detokenize, /health, /metrics, /version).")
+    parser.add_argument("model_tag", nargs="?", default=None,
+                        help="the model, as a positional alternative to --model")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--served-model-name", default=None,
+                        help="the name clients use in `model` (default: the checkpoint's name)")
+    parser.add_argument("--health-stall-timeout", type=float, default=60.0,
+                        help="/health answers 503 when the engine made no progress for this many "
+                             "seconds with requests in flight")
+    parser.add_argument("--uvicorn-log-level", default="info",
+                        choices=["critical", "error", "warning", "info", "debug", "trace"])
+    EngineArgs.add_cli_args(parser)
+    parser.set_defaults(func=cmd_serve)
+    return parser
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from minivllm.entrypoints.openai.api_server import run_server
+
+    if args.model_tag is not None:
+        if args.model is not None and args.model != args.model_tag:
+            raise ValueError(f"Two models given: {args.model_tag!r} and --model {args.model!r}; "
+                             "give one.")
+        args.model = args.model_tag
+    return run_server(args)

@@ -1,0 +1,208 @@
+"""POST /v1/completions: one engine request per prompt, n choices each, JSON or SSE."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from dataclasses import dataclass, field
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from minivllm.entrypoints.openai.async_engine import RequestStream
+from minivllm.entrypoints.openai.protocol import (CompletionLogProbs, CompletionRequest,
+                                                  CompletionResponse, CompletionResponseChoice,
+                                                  CompletionStreamResponse, UsageInfo, random_uuid)
+from minivllm.entrypoints.openai.serving_engine import (OpenAIError, OpenAIServing, clamp_logprob,
+                                                        engine_error, merge_streams,
+                                                        run_until_disconnect, sse, sse_error)
+from minivllm.outputs import CompletionOutput, Logprob, RequestOutput
+
+
+@dataclass
+class _Prompt:
+    text: str           # for echo
+    token_ids: list[int]
+
+
+@dataclass
+class _ChoiceState:
+    """What one streamed choice has sent so far."""
+
+    num_chars: int = 0       # of the completion text (without echo)
+    num_tokens: int = 0      # tokens whose logprobs were sent
+    text_offset: int = 0     # characters sent, echo included
+    echoed: bool = False
+    finished: bool = False
+    num_completion_tokens: int = 0
+
+
+@dataclass
+class _Job:
+    request: CompletionRequest
+    request_id: str
+    created: int
+    prompts: list[_Prompt]
+    streams: list[RequestStream] = field(default_factory=list)
+
+
+class OpenAIServingCompletion(OpenAIServing):
+
+    async def create_completion(self, request: CompletionRequest, raw_request: Request) -> Response:
+        self.check_model(request.model)
+        job = _Job(request, f"cmpl-{random_uuid()}", int(time.time()), self._prompts(request.prompt))
+        engine_requests = []
+        for i, prompt in enumerate(job.prompts):
+            max_tokens = self.resolve_max_tokens(len(prompt.token_ids), request.max_tokens)
+            params = self.sampling_params(request, max_tokens)
+            engine_requests.append((f"{job.request_id}-{i}", prompt.token_ids, params))
+        job.streams = self.add_requests(engine_requests)
+        if request.stream:
+            return StreamingResponse(self._stream(job), media_type="text/event-stream")
+        try:
+            finals = await run_until_disconnect(raw_request, self._collect(job.streams))
+        except Exception as exc:
+            raise engine_error(exc) from exc
+        if finals is None:
+            return Response(status_code=499)   # the client is gone; nobody reads this
+        return JSONResponse(self._response(job, finals).model_dump(mode="json"))
+
+    def _prompts(self, prompt: str | list[str] | list[int] | list[list[int]]) -> list[_Prompt]:
+        items = [prompt] if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)) \
+            else list(prompt)
+        if not items:
+            raise OpenAIError("The prompt is empty.", param="prompt")
+        prompts = []
+        for item in items:
+            if isinstance(item, str):
+                ids = list(self.tokenizer.encode(item))
+                self.check_token_ids(ids)
+                prompts.append(_Prompt(item, ids))
+            else:
+                self.check_token_ids(item)
+                text = self.async_llm.tokenizer.decode(item) if self.async_llm.tokenizer else ""
+                prompts.append(_Prompt(text, list(item)))
+        return prompts
+
+    @staticmethod
+    async def _collect(streams: list[RequestStream]) -> list[RequestOutput]:
+        finals: list[RequestOutput | None] = [None] * len(streams)
+        async with aclosing(merge_streams(streams)) as merged:
+            async for i, output in merged:
+                finals[i] = output
+        return finals   # type: ignore[return-value]
+
+    def _response(self, job: _Job, finals: list[RequestOutput]) -> CompletionResponse:
+        request = job.request
+        choices = []
+        num_prompt_tokens = num_completion_tokens = 0
+        for i, (prompt, final) in enumerate(zip(job.prompts, finals)):
+            num_prompt_tokens += len(prompt.token_ids)
+            for out in final.outputs:
+                num_completion_tokens += len(out.token_ids)
+                text, logprobs = out.text, None
+                if request.echo:
+                    text = prompt.text + text
+                if request.logprobs is not None:
+                    ids, steps = self._logprob_inputs(prompt, final, out, echo=request.echo)
+                    logprobs = self._logprobs(ids, steps, 0)
+                choices.append(CompletionResponseChoice(
+                    index=i * request.n + out.index, text=text, logprobs=logprobs,
+                    finish_reason=out.finish_reason, stop_reason=out.stop_reason))
+        return CompletionResponse(
+            id=job.request_id, created=job.created, model=self.served_model_name, choices=choices,
+            usage=UsageInfo(prompt_tokens=num_prompt_tokens, completion_tokens=num_completion_tokens,
+                            total_tokens=num_prompt_tokens + num_completion_tokens))
+
+    async def _stream(self, job: _Job) -> AsyncIterator[str]:
+        request, n = job.request, job.request.n
+        states = [_ChoiceState(echoed=not request.echo) for _ in range(len(job.prompts) * n)]
+        try:
+            async with aclosing(merge_streams(job.streams)) as merged:
+                async for i, output in merged:
+                    for out in output.outputs:
+                        choice = self._stream_choice(job, i, output, out, states[i * n + out.index])
+                        if choice is not None:
+                            yield sse(CompletionStreamResponse(
+                                id=job.request_id, created=job.created,
+                                model=self.served_model_name, choices=[choice]).model_dump_json())
+            if request.include_usage:
+                num_prompt = sum(len(p.token_ids) for p in job.prompts)
+                num_completion = sum(s.num_completion_tokens for s in states)
+                usage = UsageInfo(prompt_tokens=num_prompt, completion_tokens=num_completion,
+                                  total_tokens=num_prompt + num_completion)
+                yield sse(CompletionStreamResponse(id=job.request_id, created=job.created,
+                                                   model=self.served_model_name, choices=[],
+                                                   usage=usage).model_dump_json())
+        except Exception as exc:   # noqa: BLE001 - the status line is sent; report in-band
+            yield sse_error(exc)
+        yield "data: [DONE]\n\n"
+
+    def _stream_choice(self, job: _Job, i: int, final: RequestOutput, out: CompletionOutput,
+                       state: _ChoiceState) -> CompletionResponseChoice | None:
+        """The new part of one choice since the last chunk, or None when nothing changed."""
+        if state.finished:
+            return None
+        prompt, request = job.prompts[i], job.request
+        state.num_completion_tokens = len(out.token_ids)
+        echo_now = not state.echoed
+        delta = out.text[state.num_chars:]
+        state.num_chars = max(state.num_chars, len(out.text))
+        text = (prompt.text if echo_now else "") + delta
+        logprobs = None
+        if request.logprobs is not None:
+            ids, steps = self._logprob_inputs(prompt, final, out, echo=echo_now)
+            skip = 0 if echo_now else state.num_tokens
+            if ids[skip:]:
+                logprobs = self._logprobs(ids[skip:], steps[skip:], state.text_offset)
+            state.num_tokens = len(out.token_ids)
+        state.echoed = True
+        state.finished = out.finish_reason is not None
+        if not text and logprobs is None and not state.finished:
+            return None
+        state.text_offset += len(text)
+        return CompletionResponseChoice(index=i * request.n + out.index, text=text,
+                                        logprobs=logprobs, finish_reason=out.finish_reason,
+                                        stop_reason=out.stop_reason)
+
+    @staticmethod
+    def _logprob_inputs(prompt: _Prompt, final: RequestOutput, out: CompletionOutput,
+                        echo: bool) -> tuple[list[int], list[dict[int, Logprob] | None]]:
+        """Token ids and their per-position logprob dicts, the prompt's first when echoed."""
+        ids, steps = list(out.token_ids), list(out.logprobs or [])
+        steps += [None] * (len(ids) - len(steps))
+        if echo:
+            prompt_steps = list(final.prompt_logprobs or [])
+            prompt_steps += [None] * (len(prompt.token_ids) - len(prompt_steps))
+            ids = prompt.token_ids + ids
+            steps = prompt_steps[:len(prompt.token_ids)] + steps
+        return ids, steps
+
+    def _logprobs(self, token_ids: list[int], steps: list[dict[int, Logprob] | None],
+                  text_offset: int) -> CompletionLogProbs:
+        """OpenAI's completions shape: parallel lists of tokens, logprobs, top-k and offsets."""
+        result = CompletionLogProbs()
+        for token_id, step in zip(token_ids, steps):
+            entry = step.get(token_id) if step else None
+            token = entry.decoded_token if entry and entry.decoded_token is not None \
+                else self._token_str(token_id)
+            result.tokens.append(token)
+            result.text_offset.append(text_offset)
+            text_offset += len(token)
+            if entry is None:   # the first prompt token: nothing predicts it
+                result.token_logprobs.append(None)
+                result.top_logprobs.append(None)
+                continue
+            result.token_logprobs.append(clamp_logprob(entry.logprob))
+            result.top_logprobs.append({
+                (lp.decoded_token if lp.decoded_token is not None else self._token_str(tid)):
+                    clamp_logprob(lp.logprob) for tid, lp in step.items()})
+        return result
+
+    def _token_str(self, token_id: int) -> str:
+        tokenizer = self.async_llm.tokenizer
+        if tokenizer is None:
+            return f"token_id:{token_id}"
+        token = tokenizer.convert_ids_to_tokens(token_id)
+        return tokenizer.convert_tokens_to_string([token]) if token is not None else ""

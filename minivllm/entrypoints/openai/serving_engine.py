@@ -1,0 +1,245 @@
+"""What completions, chat and tokenize share: errors, model check, prompt checks, admission."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+from collections.abc import AsyncIterator, Awaitable
+from contextlib import aclosing
+from http import HTTPStatus
+from typing import Any, TypeVar
+
+from fastapi import Request
+
+from minivllm.entrypoints.openai.async_engine import (AsyncLLM, EngineDeadError, QueueFullError,
+                                                      RequestStream)
+from minivllm.entrypoints.openai.protocol import ErrorInfo, ErrorResponse
+from minivllm.outputs import RequestOutput
+from minivllm.sampling_params import SamplingParams
+
+T = TypeVar("T")
+# Logprobs of -inf are not valid JSON; vLLM clamps them the same way.
+MIN_LOGPROB = -9999.0
+_SAMPLING_FIELDS = {f.name for f in dataclasses.fields(SamplingParams)}
+
+
+class OpenAIError(Exception):
+    """Becomes an OpenAI-shaped JSON error with this HTTP status."""
+
+    def __init__(self, message: str, status: HTTPStatus = HTTPStatus.BAD_REQUEST,
+                 param: str | None = None, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.message, self.status, self.param, self.headers = message, status, param, headers
+
+    def to_response(self) -> ErrorResponse:
+        return error_response(self.message, self.status, self.param)
+
+
+def error_response(message: str, status: HTTPStatus, param: str | None = None) -> ErrorResponse:
+    # vLLM's type names: "BadRequestError", "NotFoundError", ...
+    kind = "".join(w.capitalize() for w in status.phrase.split()) + "Error"
+    return ErrorResponse(error=ErrorInfo(message=message, type=kind.replace("ErrorError", "Error"),
+                                         param=param, code=int(status)))
+
+
+def engine_error(exc: BaseException) -> OpenAIError:
+    """Maps what AsyncLLM raises to the HTTP error a client should see."""
+    if isinstance(exc, OpenAIError):
+        return exc
+    if isinstance(exc, QueueFullError):
+        return OpenAIError(str(exc), HTTPStatus.TOO_MANY_REQUESTS,
+                           headers={"Retry-After": str(exc.retry_after_s)})
+    if isinstance(exc, EngineDeadError):
+        return OpenAIError(str(exc), HTTPStatus.SERVICE_UNAVAILABLE)
+    if isinstance(exc, ValueError):
+        return OpenAIError(str(exc), HTTPStatus.BAD_REQUEST)
+    return OpenAIError(f"Internal error: {type(exc).__name__}: {exc}",
+                       HTTPStatus.INTERNAL_SERVER_ERROR)
+
+
+def sse_error(exc: BaseException) -> str:
+    """An error inside an already-started stream: one event with the error object."""
+    return f"data: {engine_error(exc).to_response().model_dump_json()}\n\n"
+
+
+class OpenAIServing:
+    def __init__(self, async_llm: AsyncLLM, served_model_name: str) -> None:
+        self.async_llm = async_llm
+        self.served_model_name = served_model_name
+        self.max_model_len = async_llm.max_model_len
+
+    @property
+    def tokenizer(self) -> Any:
+        if self.async_llm.tokenizer is None:
+            raise OpenAIError("This model has no tokenizer; only token-id prompts work.")
+        return self.async_llm.tokenizer
+
+    def check_model(self, model: str | None) -> None:
+        if model is not None and model not in (self.served_model_name, self.async_llm.model_path):
+            raise OpenAIError(f"The model `{model}` does not exist; this server serves "
+                              f"`{self.served_model_name}`.", HTTPStatus.NOT_FOUND, "model")
+
+    def check_token_ids(self, token_ids: list[int], param: str = "prompt") -> None:
+        vocab_size = self.async_llm.vocab_size
+        if not token_ids:
+            raise OpenAIError("The prompt is empty; give at least one token.", param=param)
+        bad = [t for t in token_ids if t < 0 or (vocab_size is not None and t >= vocab_size)]
+        if bad:
+            raise OpenAIError(f"Token id {bad[0]} is out of range: ids must be in [0, "
+                              f"{vocab_size}).", param=param)
+
+    def render_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                    chat_template: str | None = None) -> list[int]:
+        """Token ids of a conversation through the model's (or the given) chat template."""
+        tokenizer = self.tokenizer
+        if chat_template is None and not getattr(tokenizer, "chat_template", None):
+            raise OpenAIError("This model has no chat template; pass `chat_template` or use "
+                              "/v1/completions.", param="chat_template")
+        conversation = [_normalize_message(i, m) for i, m in enumerate(messages)]
+        try:
+            ids = tokenizer.apply_chat_template(conversation, add_generation_prompt=add_generation_prompt,
+                                                chat_template=chat_template, tokenize=True)
+        except Exception as exc:   # jinja2 errors, raise_exception() in templates, ...
+            raise OpenAIError(f"The chat template failed on these messages: {exc}",
+                              param="messages") from exc
+        if hasattr(ids, "keys"):   # transformers v5 returns a BatchEncoding
+            ids = ids["input_ids"]
+        return list(ids)
+
+    def resolve_max_tokens(self, num_prompt_tokens: int, max_tokens: int | None,
+                           param: str = "max_tokens") -> int:
+        """Checks prompt + completion against max_model_len, with the real token counts."""
+        if num_prompt_tokens >= self.max_model_len:
+            raise OpenAIError(f"This model's maximum context length is {self.max_model_len} "
+                              f"tokens. However, your prompt has {num_prompt_tokens} tokens. "
+                              "Please reduce the length of the prompt.", param="prompt")
+        if max_tokens is None:
+            return self.max_model_len - num_prompt_tokens
+        if max_tokens >= 1 and num_prompt_tokens + max_tokens > self.max_model_len:
+            raise OpenAIError(
+                f"This model's maximum context length is {self.max_model_len} tokens. However, "
+                f"you requested {num_prompt_tokens + max_tokens} tokens ({num_prompt_tokens} in "
+                f"the prompt, {max_tokens} for the completion). Please reduce the length of the "
+                "prompt or the completion.", param=param)
+        return max_tokens
+
+    @staticmethod
+    def sampling_params(request: Any, max_tokens: int,
+                        aliases: dict[str, str] | None = None) -> SamplingParams:
+        """`request.to_sampling_params`; a ValueError becomes a 400 naming the field if it can
+        (the messages start with the field's name)."""
+        try:
+            return request.to_sampling_params(max_tokens)
+        except ValueError as exc:
+            first_word = str(exc).split(" ", 1)[0]
+            known = first_word in _SAMPLING_FIELDS or first_word in type(request).model_fields
+            param = (aliases or {}).get(first_word, first_word) if known else None
+            raise OpenAIError(str(exc), param=param) from exc
+
+    def add_requests(self, requests: list[tuple[str, list[int], SamplingParams]]) -> list[RequestStream]:
+        """Admits all requests or none (a batch that hits a full queue gets one 429)."""
+        num_seqs = sum(params.n for _, _, params in requests)
+        limit = self.async_llm.max_num_queued_requests
+        if num_seqs > limit:
+            raise OpenAIError(f"This request asks for {num_seqs} sequences (prompts x n), more "
+                              f"than the server queues at once (--max-num-queued-requests={limit}).",
+                              param="n")
+        streams: list[RequestStream] = []
+        try:
+            for request_id, prompt_ids, params in requests:
+                streams.append(self.async_llm.add_request(request_id, prompt_ids, params))
+        except Exception as exc:
+            for stream in streams:
+                self.async_llm.abort(stream.request_id)
+            raise engine_error(exc) from exc
+        return streams
+
+
+async def merge_streams(streams: list[RequestStream]) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """Outputs of several requests as they come, tagged with the request's position."""
+    if len(streams) == 1:
+        # NOTE: aclosing, so that a consumer that stops early aborts the request right away
+        # instead of whenever the generator is garbage collected.
+        async with aclosing(streams[0].outputs()) as outputs:
+            async for output in outputs:
+                yield 0, output
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+    done = object()
+
+    async def pump(i: int, stream: RequestStream) -> None:
+        try:
+            async with aclosing(stream.outputs()) as outputs:
+                async for output in outputs:
+                    await queue.put((i, output))
+            await queue.put(done)
+        except BaseException as exc:   # noqa: BLE001 - forwarded to the consumer
+            await queue.put(exc)
+
+    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        num_done = 0
+        while num_done < len(streams):
+            item = await queue.get()
+            if item is done:
+                num_done += 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield item
+    finally:
+        for task in tasks:
+            task.cancel()   # their streams abort the unfinished requests
+
+
+async def run_until_disconnect(raw_request: Request, work: Awaitable[T]) -> T | None:
+    """Runs `work`, cancelling it (which aborts its requests) when the client goes away."""
+    work_task = asyncio.ensure_future(work)
+
+    async def wait_for_disconnect() -> None:
+        while True:
+            message = await raw_request.receive()
+            if message["type"] == "http.disconnect":
+                return
+
+    listener = asyncio.create_task(wait_for_disconnect())
+    disconnected = True
+    try:
+        await asyncio.wait({work_task, listener}, return_when=asyncio.FIRST_COMPLETED)
+        disconnected = not work_task.done()
+    finally:
+        listener.cancel()
+        if not work_task.done():
+            work_task.cancel()
+    return None if disconnected else work_task.result()
+
+
+def _normalize_message(index: int, message: dict[str, Any]) -> dict[str, Any]:
+    """OpenAI messages -> template input: content parts are joined into one string."""
+    role = message.get("role")
+    if not isinstance(role, str):
+        raise OpenAIError(f"messages[{index}] needs a string `role`.", param="messages")
+    content = message.get("content")
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            if not isinstance(part, dict) or part.get("type") != "text" or \
+                    not isinstance(part.get("text"), str):
+                raise OpenAIError(f"messages[{index}]: only text content parts are supported.",
+                                  param="messages")
+            texts.append(part["text"])
+        content = "\n".join(texts)
+    elif content is not None and not isinstance(content, str):
+        raise OpenAIError(f"messages[{index}].content must be a string or a list of text parts.",
+                          param="messages")
+    return {**message, "content": content or ""}
+
+
+def clamp_logprob(logprob: float) -> float:
+    return max(logprob, MIN_LOGPROB)
+
+
+def sse(payload: dict[str, Any] | str) -> str:
+    data = payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False)
+    return f"data: {data}\n\n"
