@@ -1,4 +1,4 @@
-"""`Attention`: the layer model files call as `attn(q, k, v)`; cache and metadata come from the context.
+"""`Attention`, called by model files as `attn(q, k, v)`; cache and metadata come from the context.
 
 The layer registers itself under its prefix in `static_forward_context`. At run time it finds its
 metadata and slot mapping in the forward context (set by the model runner), writes this step's K/V

@@ -21,6 +21,15 @@ HEAD = 8
 _ids = itertools.count()
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny tensors: a second intra-op thread only adds barrier waits (slow on a busy host)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def make_config() -> VllmConfig:
     ensure_model_parallel_initialized(1, 1)
     hf = LlamaConfig(hidden_size=64, intermediate_size=128, num_attention_heads=4,
@@ -67,7 +76,9 @@ class Batch:
         blocks = [-(-s // BLOCK_SIZE) for s in seq_lens]
         num_blocks = sum(blocks) + 3
         shape_blocks = num_blocks + 1
-        perm = torch.randperm(num_blocks, generator=gen) if shuffle else torch.arange(num_blocks) + 1
+        # block 0 stays unused; unshuffled ids are consecutive from 1
+        perm = (torch.randperm(num_blocks, generator=gen) if shuffle
+                else torch.arange(1, num_blocks + 1))
         table = torch.zeros(len(seq_lens), max(blocks), dtype=torch.int32)
         used = 0
         for i, nb in enumerate(blocks):
@@ -88,16 +99,18 @@ class Batch:
         self.slot_mapping = torch.cat([sl[s - ql:] for sl, ql, s
                                        in zip(self.slots_all, q_lens, seq_lens)])
         self.common = CommonAttentionMetadata(
-            query_start_loc=torch.tensor([0] + list(itertools.accumulate(q_lens)), dtype=torch.int32),
+            query_start_loc=torch.tensor([0, *itertools.accumulate(q_lens)], dtype=torch.int32),
             seq_lens=torch.tensor(seq_lens, dtype=torch.int32), block_table=table,
             slot_mapping=self.slot_mapping, num_actual_tokens=sum(q_lens),
             max_query_len=max(q_lens), max_seq_len=max(seq_lens))
 
     def inputs(self):
+        """q, k, v as column slices of one qkv tensor, like a model's qkv_proj output."""
         q = torch.cat(self.q).flatten(1)
         k = torch.cat([k[s - ql:] for k, ql, s in zip(self.k, self.q_lens, self.seq_lens)])
         v = torch.cat([v[s - ql:] for v, ql, s in zip(self.v, self.q_lens, self.seq_lens)])
-        return q, k.flatten(1), v.flatten(1)
+        qkv = torch.cat([q, k.flatten(1), v.flatten(1)], dim=1)
+        return qkv.split([q.shape[1], k[0].numel(), v[0].numel()], dim=1)
 
     def run(self, cfg, layer, metadata=None, wrap=lambda md, name: {name: md}):
         if metadata is None:
@@ -115,12 +128,15 @@ class Batch:
 MIXED = ([7, 5, 1, 1, 1, 1, 3], [7, 14, 1, 13, 17, 30, 3])
 # 40 decodes of very different lengths around a chunked prefill.
 SPREAD = ([1] * 20 + [5] + [1] * 20, list(range(3, 803, 40)) + [9] + list(range(790, 2, -40)))
+EQUAL = ([1] * 70, [120] * 70)
+# Prefills longer than _MAX_PADDED_PREFILL get a group each: fresh, chunked, fresh, plus a short one.
+LONG = ([20, 1, 33, 1, 18, 3], [20, 9, 50, 30, 18, 10])
 
 
 @pytest.mark.parametrize("nH,nKV", [(4, 4), (6, 2)])
 @pytest.mark.parametrize("window", [None, 5])
 @pytest.mark.parametrize("lens", [MIXED, ([6], [6]), ([6], [11]), ([6, 3, 9], [6, 3, 9]),
-                                  SPREAD])
+                                  SPREAD, EQUAL, LONG])
 def test_matches_reference(nH, nKV, window, lens):
     cfg = make_config()
     batch = Batch(*lens, nH=nH, nKV=nKV)
@@ -129,6 +145,10 @@ def test_matches_reference(nH, nKV, window, lens):
     md = TorchAttentionMetadataBuilder(BLOCK_SIZE).build(batch.common)
     if lens is SPREAD:      # decode rows are bucketed by length (sorted, so gathered by index)
         assert len(md.groups) >= 3 and md.groups[0].row_start is None
+    if lens is EQUAL:       # many keys: cut into buckets that stay slices of the rows
+        assert len(md.groups) == 2 and md.groups[1].row_start == 35
+    if lens is LONG:        # 1 decode bucket, 1 padded short group, 3 single prefills
+        assert [g.num_seqs for g in md.groups] == [2, 1, 1, 1, 1]
     out = batch.run(cfg, layer, md)
     torch.testing.assert_close(out.double(), batch.expected(0.3, window=window),
                                atol=1e-5, rtol=1e-5)
@@ -227,7 +247,7 @@ def test_encoder_only_matches_reference():
     layer = make_layer(cfg, EncoderOnlyAttention, num_heads=6, head_size=HEAD, scale=0.3,
                        num_kv_heads=2, attn_type=AttentionType.ENCODER_ONLY)
     assert layer.attn_type == AttentionType.ENCODER_ONLY
-    for lens in ([5, 9, 1], [6]):
+    for lens in ([5, 9, 1], [6], [5, 20, 1, 17]):
         batch = Batch(lens, lens, nH=6, nKV=2)
         batch.common.causal = False
         md = TorchAttentionMetadataBuilder(BLOCK_SIZE).build(batch.common)
