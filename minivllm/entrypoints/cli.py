@@ -70,24 +70,31 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_optional_commands(sub) -> None:
-    """Commands whose modules may pull heavier dependencies register themselves here."""
-    try:
-        from minivllm.benchmarks.cli import add_bench_parser
-    except ImportError:
-        pass
-    else:
-        add_bench_parser(sub)
-    try:
-        from minivllm.entrypoints.openai.cli import add_serve_parser
-    except ImportError:
-        pass
-    else:
-        add_serve_parser(sub)
+    """`bench` and `serve` live in their own packages."""
+    from minivllm.benchmarks.cli import add_bench_parser
+    from minivllm.entrypoints.openai.cli import add_serve_parser
+
+    add_bench_parser(sub)
+    add_serve_parser(sub)
+
+
+def _headless_node(args: argparse.Namespace) -> bool:
+    """Multi-node runs: nodes other than 0 (flags or torchrun's env) only host worker ranks."""
+    from minivllm.worker.launcher import apply_torchrun_env
+
+    if not hasattr(args, "nnodes") or args.command == "bench":
+        return False
+    engine_args = apply_torchrun_env(EngineArgs.from_cli_args(args))
+    return engine_args.nnodes > 1 and engine_args.node_rank > 0
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        if _headless_node(args):
+            from minivllm.worker.launcher import run_headless_from_args
+
+            return run_headless_from_args(EngineArgs.from_cli_args(args))
         return args.func(args)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)

@@ -29,6 +29,7 @@ logger = init_logger(__name__)
 DEFAULT_MASTER_PORT = 29501            # vLLM's default when several nodes meet
 _POLL_S = 0.5
 
+
 @dataclass
 class WorkerProcHandle:
     """The launcher's view of one worker process."""
@@ -74,6 +75,8 @@ def launch_worker_procs(vllm_config: VllmConfig, ranks: range,
     package_root = os.path.dirname(os.path.dirname(os.path.abspath(minivllm.__file__)))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
     env.setdefault("OMP_NUM_THREADS", str(threads))
+    # Under torchrun this would make rank 0 join the agent's store instead of hosting ours.
+    env.pop("TORCHELASTIC_USE_AGENT_STORE", None)
     handles: list[WorkerProcHandle] = []
     try:
         for rank in ranks:

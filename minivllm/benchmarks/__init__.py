@@ -1,0 +1,1 @@
+"""minivllm.benchmarks."""

@@ -1,0 +1,57 @@
+"""`minivllm bench {throughput,latency,serve}`: the parsers, registered under the `minivllm` command."""
+
+import argparse
+import sys
+
+from minivllm.benchmarks.latency import add_latency_args, run_latency
+from minivllm.benchmarks.throughput import add_throughput_args, run_throughput
+
+
+def _cmd_throughput(args: argparse.Namespace) -> int:
+    run_throughput(args)
+    return 0
+
+
+def _cmd_latency(args: argparse.Namespace) -> int:
+    run_latency(args)
+    return 0
+
+
+def add_bench_parser(subparsers) -> argparse.ArgumentParser:
+    """Adds `bench` and its sub-commands to the `minivllm` sub-parsers; returns the `bench` parser."""
+    bench = subparsers.add_parser("bench", help="benchmark throughput, latency or a running server")
+    sub = bench.add_subparsers(dest="bench_command", required=True)
+    throughput = sub.add_parser("throughput", help="offline throughput on a random dataset "
+                                "(as `vllm bench throughput`); --backend hf runs transformers")
+    add_throughput_args(throughput)
+    throughput.set_defaults(func=_cmd_throughput)
+    latency = sub.add_parser("latency", help="one batch end to end: prompt and decode tokens/s")
+    add_latency_args(latency)
+    latency.set_defaults(func=_cmd_latency)
+    _add_serve(sub)
+    return bench
+
+
+def _add_serve(sub) -> None:
+    # NOTE: the serving benchmark lives in its own module (HTTP client dependencies); a missing
+    # module keeps the other sub-commands working and says so only when `serve` is asked for.
+    try:
+        from minivllm.benchmarks.serve import add_serve_bench_args, run_serve_bench
+    except ImportError as err:
+        reason = str(err)
+        serve = sub.add_parser("serve", help="benchmark a running server (unavailable)")
+
+        def unavailable(args: argparse.Namespace) -> int:
+            print(f"error: `minivllm bench serve` is unavailable: {reason}", file=sys.stderr)
+            return 1
+
+        serve.set_defaults(func=unavailable)
+        return
+    serve = sub.add_parser("serve", help="benchmark a running OpenAI-compatible server")
+    add_serve_bench_args(serve)
+
+    def run(args: argparse.Namespace) -> int:
+        run_serve_bench(args)
+        return 0
+
+    serve.set_defaults(func=run)

@@ -1,0 +1,104 @@
+"""`minivllm bench`: argument parsing, the random dataset, and tiny end-to-end runs of both backends."""
+
+import json
+
+import pytest
+import torch
+
+from minivllm.benchmarks.backends import left_pad
+from minivllm.benchmarks.datasets import length_range, sample_random_requests, token_pool
+from minivllm.entrypoints.cli import build_parser, main
+from tests.benchmarks._helpers import write_tiny_checkpoint
+
+
+@pytest.fixture(scope="module")
+def tiny_checkpoint(tmp_path_factory) -> str:
+    return write_tiny_checkpoint(str(tmp_path_factory.mktemp("bench_ckpt")))
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_checkpoint):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_checkpoint)
+
+
+def test_throughput_args_defaults_and_engine_flags():
+    args = build_parser().parse_args(["bench", "throughput", "--dtype", "bfloat16", "--input-len", "100",
+                                      "--max-num-seqs", "32", "--compare", "--hf-max-batch-size", "8"])
+    assert (args.input_len, args.output_len, args.num_prompts) == (100, 128, 64)
+    assert args.random_range_ratio == 0.88
+    assert (args.dtype, args.max_num_seqs, args.compare, args.hf_max_batch_size) == ("bfloat16", 32, True, 8)
+    assert args.backend == "minivllm" and args.dataset_name == "random" and args.output_json is None
+    alias = build_parser().parse_args(["bench", "throughput", "--random-input-len", "7"])
+    assert alias.input_len == 7 and alias.hf_max_batch_size is None
+
+
+def test_latency_args_and_bad_choices():
+    args = build_parser().parse_args(["bench", "latency", "--backend", "hf", "--num-iters", "5"])
+    assert (args.backend, args.num_iters, args.batch_size) == ("hf", 5, 1)
+    assert (args.input_len, args.output_len) == (32, 128)
+    for argv in (["bench", "latency", "--backend", "vllm"],
+                 ["bench", "throughput", "--dataset-name", "sharegpt"], ["bench"]):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(argv)
+
+
+def test_length_range():
+    assert length_range(136, 0.88) == (16, 256)
+    assert length_range(10, 0.0) == (10, 10)
+    assert length_range(1, 0.99) == (1, 2)
+    with pytest.raises(ValueError, match="random_range_ratio"):
+        length_range(10, 1.0)
+
+
+def test_random_dataset_lengths_vocab_and_seed(tokenizer):
+    reqs = sample_random_requests(tokenizer, 200, 20, 5, range_ratio=0.5, seed=3)
+    lengths = [r.prompt_len for r in reqs]
+    assert min(lengths) >= 10 and max(lengths) <= 30 and len(set(lengths)) > 5
+    assert all(r.expected_output_len == 5 for r in reqs)
+    ids = {t for r in reqs for t in r.prompt_token_ids}
+    assert not ids & set(tokenizer.all_special_ids) and max(ids) < len(tokenizer)
+    again = sample_random_requests(tokenizer, 200, 20, 5, range_ratio=0.5, seed=3)
+    assert [r.prompt_token_ids for r in again] == [r.prompt_token_ids for r in reqs]
+    other = sample_random_requests(tokenizer, 200, 20, 5, range_ratio=0.5, seed=4)
+    assert [r.prompt_token_ids for r in other] != [r.prompt_token_ids for r in reqs]
+
+
+def test_token_pool_drops_added_special_tokens(tokenizer):
+    tokenizer = type(tokenizer).from_pretrained(tokenizer.name_or_path)
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<|im_start|>"]})
+    marker = tokenizer.convert_tokens_to_ids("<|im_start|>")
+    pool = set(token_pool(tokenizer).tolist())
+    assert marker not in pool and 0 not in pool and 5 in pool
+
+
+def test_left_pad():
+    input_ids, mask = left_pad([[5, 6, 7], [8]], pad_token_id=0)
+    assert input_ids.tolist() == [[5, 6, 7], [0, 0, 8]]
+    assert mask.tolist() == [[1, 1, 1], [0, 0, 1]]
+
+
+def test_throughput_compare_end_to_end(tiny_checkpoint, tmp_path, capsys):
+    out = tmp_path / "throughput.json"
+    rc = main(["bench", "throughput", "--model", tiny_checkpoint, "--compare", "--num-prompts", "4",
+               "--input-len", "8", "--output-len", "4", "--hf-max-batch-size", "2", "--disable-tqdm",
+               "--output-json", str(out)])
+    assert rc == 0
+    result = json.loads(out.read_text())
+    for backend in ("minivllm", "hf"):
+        r = result[backend]
+        assert r["num_requests"] == 4 and r["num_output_tokens"] == 16
+        assert r["requests_per_second"] > 0 and r["tokens_per_second"] > 0
+        assert r["output_tokens_per_second"] > 0
+    assert result["output_throughput_ratio"] > 0
+    assert "output tokens/s" in capsys.readouterr().out
+
+
+def test_latency_hf_end_to_end(tiny_checkpoint, tmp_path):
+    out = tmp_path / "latency.json"
+    assert main(["bench", "latency", "--model", tiny_checkpoint, "--backend", "hf", "--input-len", "6",
+                 "--output-len", "3", "--num-iters", "1", "--num-iters-warmup", "0",
+                 "--output-json", str(out)]) == 0
+    r = json.loads(out.read_text())
+    assert r["prompt_tokens_per_second"] > 0 and r["decode_tokens_per_second"] > 0
