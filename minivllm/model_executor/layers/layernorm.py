@@ -71,14 +71,15 @@ class RMSNorm(CustomOp):
 
     def forward_cpu(self, x: torch.Tensor, residual: torch.Tensor | None = None
                     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        # torch.rms_norm is one fused kernel (~2x faster for decode-sized inputs) and equals the
-        # native maths when everything is fp32; other dtypes keep the exact native casts.
+        # torch.rms_norm is one fused kernel (~2x faster for decode-sized inputs; 2 ops instead of
+        # 12 per call). It equals the native maths in fp32; in bf16/fp16 it accumulates in fp32
+        # and rounds once instead of twice (a last-bit difference, as transformers' own norm).
         weight = self.weight
-        if (x.dtype != torch.float32 or self.variance_size_override is not None
-                or (weight is not None and weight.dtype != torch.float32)):
+        if (self.variance_size_override is not None
+                or (weight is not None and weight.dtype != x.dtype)):
             return self.forward_native(x, residual)
         if residual is not None:
-            x = x + residual.to(torch.float32)
+            x = x + residual.to(x.dtype)
             return torch.rms_norm(x, [x.shape[-1]], weight, self.variance_epsilon), x
         return torch.rms_norm(x, [x.shape[-1]], weight, self.variance_epsilon)
 

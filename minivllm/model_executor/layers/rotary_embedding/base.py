@@ -42,6 +42,7 @@ class RotaryEmbedding(CustomOp):
         self.base = base
         self.is_neox_style = is_neox_style
         self.dtype = dtype
+        self._step_cos_sin: tuple | None = None
         if init_cache:
             cache = self._compute_cos_sin_cache().to(dtype)
             # Non-persistent: rebuilt from the config, never read from a checkpoint.
@@ -81,12 +82,35 @@ class RotaryEmbedding(CustomOp):
                        ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """positions `[T]`, query `[T, nH * d]`, key `[T, nKV * d]` -> rotated (query, key)."""
         positions = positions.flatten()
+        cos, sin = self._cos_sin_for(positions, query)          # [T, rotary_dim / 2] each
+        num_tokens = positions.shape[0]
+        if key is not None and self._can_rotate_together(query, key):
+            # q and k are adjacent column slices of one qkv output: rotate both in one pass.
+            both = query.as_strided((num_tokens, query.shape[-1] + key.shape[-1]), query.stride())
+            both = self._rotate(both, cos, sin, num_tokens)
+            return both[:, :query.shape[-1]], both[:, query.shape[-1]:]
+        query = self._rotate(query, cos, sin, num_tokens)
+        if key is not None:
+            key = self._rotate(key, cos, sin, num_tokens)
+        return query, key
+
+    def _cos_sin_for(self, positions: torch.Tensor, query: torch.Tensor
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+        # NOTE: get_rope shares one module across all layers, and the runner passes the same
+        # positions tensor to every layer of a step: select cos/sin once per step, not per layer.
+        cached = self._step_cos_sin
+        if cached is not None and cached[0] is positions and cached[1].dtype == query.dtype:
+            return cached[1], cached[2]
         cos_sin = self._match_cos_sin_cache(query).index_select(0, positions)  # [T, rotary_dim]
         cos, sin = cos_sin.chunk(2, dim=-1)
-        query = self._rotate(query, cos, sin, positions.shape[0])
-        if key is not None:
-            key = self._rotate(key, cos, sin, positions.shape[0])
-        return query, key
+        self._step_cos_sin = (positions, cos, sin)
+        return cos, sin
+
+    def _can_rotate_together(self, query: torch.Tensor, key: torch.Tensor) -> bool:
+        return (self.rotary_dim == self.head_size and query.dim() == 2 and key.dim() == 2
+                and query.stride() == key.stride() and query.stride(-1) == 1
+                and key.data_ptr() == query.data_ptr() + query.shape[-1] * query.element_size()
+                and query.dtype == key.dtype)
 
     def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 num_tokens: int) -> torch.Tensor:
