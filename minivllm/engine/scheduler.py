@@ -42,6 +42,7 @@ class Scheduler:
         self.requests: dict[str, Request] = {}
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
+        self.num_preemptions_total = 0          # counter for metrics and tests
         # Finished since the last schedule(): sent once so the runner drops their state.
         self.finished_req_ids: set[str] = set()
 
@@ -206,6 +207,7 @@ class Scheduler:
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
         request.num_preemptions += 1
+        self.num_preemptions_total += 1
         self.waiting.appendleft(request)
 
     def _new_request_data(self, request: Request) -> NewRequestData:

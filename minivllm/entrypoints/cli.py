@@ -33,8 +33,8 @@ def _make_llm(args: argparse.Namespace):
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
+    params = _sampling_params(args)     # bad sampling flags fail before the model loads
     llm = _make_llm(args)
-    params = _sampling_params(args)
     use_chat = not args.no_chat_template and getattr(llm.get_tokenizer(), "chat_template", None)
     if use_chat:
         outputs = llm.chat([{"role": "user", "content": args.prompt}], params, use_tqdm=False)
@@ -47,7 +47,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
 def cmd_chat(args: argparse.Namespace) -> int:
     from minivllm.entrypoints.chat import run_chat
 
-    return run_chat(_make_llm(args), _sampling_params(args), system=args.system)
+    params = _sampling_params(args)
+    return run_chat(_make_llm(args), params, system=args.system)
 
 
 def build_parser() -> argparse.ArgumentParser:
