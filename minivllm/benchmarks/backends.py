@@ -158,3 +158,16 @@ def maybe_profile(args: argparse.Namespace, label: str, enabled: bool = True) ->
         trace = os.path.join(args.profile_result_dir, f"{label}-{int(time.time())}.json")
         prof.export_chrome_trace(trace)
         print(f"Chrome trace: {trace}")
+
+
+def write_summary(results: dict, backends: list[str], load_at_start: float,
+                  output_json: str | None) -> dict:
+    """The per-backend results (or the one backend's), the host load, optionally saved as JSON."""
+    import json
+
+    summary = results if len(backends) > 1 else results[backends[0]]
+    summary["host"] = check_cpu_load(load_at_start)
+    if output_json:
+        with open(output_json, "w") as f:
+            json.dump(summary, f, indent=4)
+    return summary

@@ -6,13 +6,12 @@ the prefix cache never serves a prompt.
 """
 
 import argparse
-import json
 import os
 import statistics
 import time
 from dataclasses import dataclass
 
-from minivllm.benchmarks.backends import (Checkpoint, add_backend_args, backends_to_run, check_cpu_load,
+from minivllm.benchmarks.backends import (Checkpoint, add_backend_args, backends_to_run, write_summary,
                                           hf_generate, hf_pad_token_id, load_hf_model, load_tokenizer,
                                           make_llm, maybe_profile, release, resolve_checkpoint)
 from minivllm.benchmarks.datasets import SampleRequest, sample_random_requests
@@ -134,12 +133,7 @@ def run_latency(args: argparse.Namespace) -> dict:
         results["prompt_ratio"] = mini["prompt_tokens_per_second"] / hf["prompt_tokens_per_second"]
         print(f"minivllm / transformers: decode {results['decode_ratio']:.2f}x, "
               f"prompt {results['prompt_ratio']:.2f}x")
-    summary = results if len(backends) > 1 else results[backends[0]]
-    summary["host"] = check_cpu_load(load_at_start)
-    if args.output_json:
-        with open(args.output_json, "w") as f:
-            json.dump(summary, f, indent=4)
-    return summary
+    return write_summary(results, backends, load_at_start, args.output_json)
 
 
 def _print_result(r: dict, label: str) -> None:

@@ -6,12 +6,11 @@ are outside it. `--compare` runs both backends in one process and prints minivll
 """
 
 import argparse
-import json
 import os
 import time
 from dataclasses import dataclass, field
 
-from minivllm.benchmarks.backends import (Checkpoint, add_backend_args, backends_to_run, check_cpu_load,
+from minivllm.benchmarks.backends import (Checkpoint, add_backend_args, backends_to_run, write_summary,
                                           hf_generate, hf_pad_token_id, load_hf_model, load_tokenizer,
                                           make_llm, maybe_profile, release, resolve_checkpoint)
 from minivllm.benchmarks.datasets import SampleRequest, add_dataset_args, get_requests, sample_random_requests
@@ -141,12 +140,7 @@ def run_throughput(args: argparse.Namespace) -> dict:
         results["output_throughput_ratio"] = ratio
         print(f"minivllm / transformers (batch {results['hf']['hf_batch_size']}): "
               f"{ratio:.2f}x output tokens/s")
-    summary = results if len(backends) > 1 else results[backends[0]]
-    summary["host"] = check_cpu_load(load_at_start)
-    if args.output_json:
-        with open(args.output_json, "w") as f:
-            json.dump(summary, f, indent=4)
-    return summary
+    return write_summary(results, backends, load_at_start, args.output_json)
 
 
 def _print_result(r: dict, label: str) -> None:

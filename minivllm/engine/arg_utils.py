@@ -2,7 +2,7 @@
 
 import argparse
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from minivllm.config import (CacheConfig, CompilationConfig, DeviceConfig, LoadConfig, ModelConfig,
