@@ -15,6 +15,7 @@ class UniProcExecutor:
         self.worker.load_model()
         self.num_blocks = self.worker.determine_num_blocks()
         self.worker.initialize_cache(self.num_blocks)
+        self.worker.compile_or_warm_up_model()
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         return self.worker.execute_model(scheduler_output)

@@ -2,7 +2,7 @@
 
 import torch
 
-from minivllm.config import VllmConfig
+from minivllm.config import CompilationMode, VllmConfig
 from minivllm.engine.scheduler_output import ModelRunnerOutput, SchedulerOutput
 from minivllm.forward_context import set_forward_context
 from minivllm.logger import init_logger
@@ -62,6 +62,24 @@ class ModelRunner:
         self.num_blocks = num_blocks
 
     @torch.inference_mode()
+    def compile_or_warm_up_model(self) -> None:
+        """With torch.compile on, compile now so that no request waits for it.
+
+        Two dummy forwards: one token (dynamo specialises size 1: the batch-1 decode graph) and
+        several (the graph with a dynamic token count that serves every other step).
+        """
+        config = self.vllm_config
+        if (config.compilation_config.mode == CompilationMode.NONE
+                or config.parallel_config.world_size > 1):
+            return        # eager; or several ranks, which compile on their first step together
+        max_tokens = config.scheduler_config.max_num_batched_tokens
+        for num_tokens in sorted({1, min(16, max_tokens)}):
+            with set_forward_context(None, config, slot_mapping={}):
+                self.model(input_ids=torch.zeros(num_tokens, dtype=torch.long, device=self.device),
+                           positions=torch.arange(num_tokens, device=self.device),
+                           intermediate_tensors=None)
+
+    @torch.inference_mode()
     def execute_model(self, so: SchedulerOutput, intermediate_tensors: IntermediateTensors | None = None
                       ) -> ModelRunnerOutput | IntermediateTensors:
         self._update_states(so)
@@ -102,7 +120,7 @@ class ModelRunner:
         sampled_lists: dict[str, list[int]] = {}
         logprob_lists: dict[str, list | None] = {}
         if sample_ids:
-            logits = self.model.compute_logits(hidden[inputs.logits_indices]).float()  # [S, V]
+            logits = self.model.compute_logits(hidden[inputs.logits_indices])  # [S, V]
             metadata = self.sampling_states.make_metadata(sample_ids, logits.shape[-1])
             out = self.sampler(logits, metadata)
             tokens = out.sampled_token_ids.tolist()

@@ -237,9 +237,16 @@ class RequestSamplingStates:
 
 
 class Sampler(nn.Module):
-    """logits [B, V] fp32 -> one token per row (vLLM's v1 order of operations)."""
+    """logits [B, V] (any float dtype) -> one token per row (vLLM's v1 order of operations)."""
 
     def forward(self, logits: torch.Tensor, metadata: SamplingMetadata) -> SamplerOutput:
+        if (metadata.all_greedy and metadata.max_num_logprobs is None and metadata.no_penalties
+                and metadata.min_tokens_mask_index is None):
+            # Plain greedy: argmax of the logits as they are. Widening bf16 to fp32 is exact,
+            # so this is the fp32 argmax (first index on ties) without a [B, V] fp32 copy; and
+            # `max` is ~2x faster than `argmax` on CPU.
+            return SamplerOutput(sampled_token_ids=logits.max(dim=-1).indices,
+                                 logprobs_tensors=None)
         # Logprobs are reported from the raw logits, before any processing (vLLM's default).
         raw_logprobs = None
         if metadata.max_num_logprobs is not None:

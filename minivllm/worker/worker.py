@@ -40,6 +40,9 @@ class Worker:
     def initialize_cache(self, num_blocks: int) -> None:
         self.model_runner.initialize_kv_cache(num_blocks)
 
+    def compile_or_warm_up_model(self) -> None:
+        self.model_runner.compile_or_warm_up_model()
+
     def apply_sampled_tokens(self, sampled: dict[str, list[int]]) -> None:
         """Learn the tokens the last PP stage sampled in the previous step.
 

@@ -24,6 +24,19 @@ def test_greedy_is_argmax():
     assert out.logprobs_tensors is None
 
 
+def test_greedy_on_bf16_logits_equals_fp32_argmax_with_ties():
+    """The plain-greedy path reads bf16 logits as they are: same token as the fp32 argmax,
+    the first index on ties (frequent in bf16); with logprobs it still takes the full path."""
+    logits = torch.randint(0, 4, (6, V), generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
+    logits[0, [3, 9, 20]] = 7.0                                  # a three-way tie in row 0
+    out, _ = sample([SamplingParams(temperature=0)] * 6, logits)
+    assert out.sampled_token_ids[0].item() == 3
+    assert torch.equal(out.sampled_token_ids, logits.float().argmax(-1))
+    out, _ = sample([SamplingParams(temperature=0, logprobs=1)] * 6, logits)
+    assert torch.equal(out.sampled_token_ids, logits.float().argmax(-1))
+    assert out.logprobs_tensors is not None
+
+
 def test_mixed_greedy_and_random_rows():
     logits = torch.randn(4, V, generator=torch.Generator().manual_seed(1))
     params = [SamplingParams(temperature=0), SamplingParams(top_k=1), SamplingParams(temperature=0),

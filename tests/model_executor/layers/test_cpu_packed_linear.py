@@ -26,7 +26,7 @@ def _layer(dtype: torch.dtype) -> QKVParallelLinear:
 @pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="needs oneDNN (x86 CPU wheel)")
 def test_bf16_packed_matches_plain_linear():
     layer = _layer(torch.bfloat16)
-    assert layer._mkldnn_weight is not None
+    assert layer.weight._mkldnn_packed is not None
     x = torch.randn(5, 64, dtype=torch.bfloat16)
     out, _ = layer(x)
     ref = F.linear(x.float(), layer.weight.float(), layer.bias.float())
@@ -35,7 +35,17 @@ def test_bf16_packed_matches_plain_linear():
 
 def test_fp32_keeps_plain_linear_exactly():
     layer = _layer(torch.float32)
-    assert layer._mkldnn_weight is None
+    assert layer.weight._mkldnn_packed is None
     x = torch.randn(5, 64)
     out, _ = layer(x)
     assert torch.equal(out, F.linear(x, layer.weight, layer.bias))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_cpu_linear_op_matches_the_layer(dtype):
+    """`minivllm::cpu_linear`, the op compiled graphs call with the plain weight, finds the
+    packed copy hanging on it: same output as the eager layer, bit for bit."""
+    layer = _layer(dtype)
+    x = torch.randn(5, 64, dtype=dtype)
+    out, _ = layer(x)
+    assert torch.equal(torch.ops.minivllm.cpu_linear(x, layer.weight, layer.bias), out)

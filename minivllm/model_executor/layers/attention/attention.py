@@ -99,6 +99,15 @@ class Attention(nn.Module):
                 output_shape: torch.Size | tuple[int, ...] | None = None,
                 output_dtype: torch.dtype | None = None) -> torch.Tensor:
         """q [T, nH*d], k/v [T, nKV*d] (or None) -> [T, nH*d_v]."""
+        if torch.compiler.is_compiling():
+            # Opaque to the compiler: one graph for the whole model, whatever the step's plan.
+            return torch.ops.minivllm.unified_attention(query, key, value, self.layer_name)
+        return self._forward_eager(query, key, value, output_shape, output_dtype)
+
+    def _forward_eager(self, query: torch.Tensor, key: torch.Tensor | None,
+                       value: torch.Tensor | None,
+                       output_shape: torch.Size | tuple[int, ...] | None = None,
+                       output_dtype: torch.dtype | None = None) -> torch.Tensor:
         ctx = get_forward_context()
         metadata = ctx.attn_metadata
         if isinstance(metadata, dict):
@@ -156,3 +165,22 @@ def _kv_cache_torch_dtype(cache_dtype: str) -> torch.dtype:
         raise ValueError(f"KV cache dtype {cache_dtype!r} is not supported on CPU; choose one of "
                          f"auto, {', '.join(_KV_CACHE_DTYPES)}")
     return _KV_CACHE_DTYPES[cache_dtype]
+
+
+@torch.library.custom_op("minivllm::unified_attention", mutates_args=())
+def unified_attention(query: torch.Tensor, key: torch.Tensor | None, value: torch.Tensor | None,
+                      layer_name: str) -> torch.Tensor:
+    """The layer named `layer_name` (from the forward context) on q/k/v; what compiled graphs call.
+
+    NOTE: it writes the layer's KV cache, which the compiler never sees: the cache is not an
+    argument, and the write is read back only by this same op in later steps.
+    """
+    layer = get_forward_context().no_compile_layers[layer_name]
+    return layer._forward_eager(query, key, value)
+
+
+@unified_attention.register_fake
+def _(query: torch.Tensor, key: torch.Tensor | None, value: torch.Tensor | None,
+      layer_name: str) -> torch.Tensor:
+    layer = get_forward_context().no_compile_layers[layer_name]
+    return query.new_empty(query.shape[0], layer.num_heads * layer.head_size_v)

@@ -84,7 +84,8 @@ class RotaryEmbedding(CustomOp):
         positions = positions.flatten()
         cos, sin = self._cos_sin_for(positions, query)          # [T, rotary_dim / 2] each
         num_tokens = positions.shape[0]
-        if key is not None and self._can_rotate_together(query, key):
+        if (key is not None and not torch.compiler.is_compiling()
+                and self._can_rotate_together(query, key)):
             # q and k are adjacent column slices of one qkv output: rotate both in one pass.
             both = query.as_strided((num_tokens, query.shape[-1] + key.shape[-1]), query.stride())
             both = self._rotate(both, cos, sin, num_tokens)
@@ -98,6 +99,8 @@ class RotaryEmbedding(CustomOp):
                      ) -> tuple[torch.Tensor, torch.Tensor]:
         # NOTE: get_rope shares one module across all layers, and the runner passes the same
         # positions tensor to every layer of a step: select cos/sin once per step, not per layer.
+        if torch.compiler.is_compiling():                       # the compiler fuses the gather
+            return self._match_cos_sin_cache(query).index_select(0, positions).chunk(2, dim=-1)
         cached = self._step_cos_sin
         if cached is not None and cached[0] is positions and cached[1].dtype == query.dtype:
             return cached[1], cached[2]

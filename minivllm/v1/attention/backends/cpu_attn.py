@@ -77,6 +77,7 @@ class TorchAttentionImpl:
         self.logits_soft_cap = logits_soft_cap or None
         self.attn_type = attn_type
         self.kv_sharing_target_layer_name = kv_sharing_target_layer_name
+        self._sdpa_ok = self.logits_soft_cap is None and self.alibi_slopes is None
         self._views: tuple[torch.Tensor, tuple[torch.Tensor, ...]] | None = None
 
     def process_weights_after_loading(self, act_dtype: torch.dtype) -> None:
@@ -142,6 +143,9 @@ class TorchAttentionImpl:
         # NOTE: a loop over groups: a few decode buckets, plus one group per prefill (see
         # `_prefill_groups` for why prefills are not padded together).
         for g in groups:
+            if g.q_len == 1 and not g.kv_from_input and self._sdpa_ok:
+                self._attend_decode(g, q, kv_cache, attn_metadata, out)
+                continue
             o = self._attend_group(g, q, key, value, kv_cache, attn_metadata)  # [Bg, Lq, nH, d_v]
             if g.row_start is not None:
                 out[g.row_start:g.row_start + g.num_seqs * g.q_len].copy_(o.flatten(0, 1))
@@ -151,6 +155,26 @@ class TorchAttentionImpl:
                 o = o.index_select(0, g.out_pos)
             out.index_copy_(0, g.out_rows, o.to(out.dtype))
         return output
+
+    def _attend_decode(self, g: AttnGroup, q: torch.Tensor, kv_cache: torch.Tensor,
+                       md: TorchAttentionMetadata, out: torch.Tensor) -> None:
+        """One query per sequence: the fewest ops (each costs ~10 us when caches are cold
+        after a GEMM, which is what bounds batch-1 decode)."""
+        n = g.num_seqs
+        # [n, nH*d] rows viewed as [n, nH, 1, d]: with one query per sequence this is already
+        # the [B, heads, Lq, d] layout SDPA wants, without a transpose.
+        qg = self._rows(q, g).view(n, self.num_heads, 1, self.head_size)
+        k, v = self._gather_kv(g, kv_cache, md)                 # [n, nKV, Lk, d]
+        if k.dtype != qg.dtype:
+            k, v = k.to(qg.dtype), v.to(qg.dtype)
+        mask = g.mask(self.sliding_window, qg.dtype)
+        o = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask, scale=self.scale,
+                                           enable_gqa=self.num_queries_per_kv > 1)
+        o = o.view(n, self.num_heads, self.head_size_v)         # Lq = 1: [n, nH, 1, d_v] rows
+        if g.row_start is not None:
+            out[g.row_start:g.row_start + n].copy_(o)
+        else:
+            out.index_copy_(0, g.out_rows, o.to(out.dtype))
 
     def _attend_group(self, g: AttnGroup, q: torch.Tensor, key: torch.Tensor | None,
                       value: torch.Tensor | None, kv_cache: torch.Tensor,
@@ -169,7 +193,7 @@ class TorchAttentionImpl:
         if self.logits_soft_cap is not None or self.alibi_slopes is not None:
             o = self._attend_eager(g, qg, k, v)
         else:
-            mask = g.mask(self.sliding_window)
+            mask = g.mask(self.sliding_window, qg.dtype)
             o = F.scaled_dot_product_attention(
                 qg, k, v, attn_mask=mask, is_causal=g.use_is_causal and mask is None,
                 scale=self.scale, enable_gqa=self.num_queries_per_kv > 1)

@@ -67,7 +67,7 @@ class AttnGroup:
     block_start: int | None          # one sequence on consecutive blocks: view them, no gather
     causal: bool
     needs_mask: bool                 # False: every key is visible (or is_causal covers it)
-    masks: dict[int, torch.Tensor | None] = field(default_factory=dict)   # window -> mask
+    masks: dict[tuple, torch.Tensor | None] = field(default_factory=dict)  # (window, dtype) -> mask
     gather_views: dict[tuple, tuple] = field(default_factory=dict)       # cache geometry -> views
 
     @property
@@ -75,11 +75,22 @@ class AttnGroup:
         """SDPA's own causal mask is right only for square, unpadded, prefix-free groups."""
         return self.causal and not self.needs_mask and self.q_len == self.k_len_max > 1
 
-    def mask(self, window: int | None) -> torch.Tensor | None:
-        """`build_mask(window)` cached per window; None when nothing needs masking."""
-        key = 0 if window is None or window >= self.k_len_max else window
+    def mask(self, window: int | None, dtype: torch.dtype) -> torch.Tensor | None:
+        """`build_mask(window)` as an additive mask (0 / -inf) in `dtype`, cached per step;
+        None when nothing needs masking.
+
+        NOTE: additive and in the query dtype because SDPA would otherwise convert a bool mask
+        on every call, i.e. once per layer (two extra ops over [Bg, 1, Lq, Lk] each time).
+        """
+        window = 0 if window is None or window >= self.k_len_max else window
+        key = (window, dtype)
         if key not in self.masks:
-            self.masks[key] = self.build_mask(key) if key or self.needs_mask else None
+            mask = None
+            if window or self.needs_mask:
+                allowed = self.build_mask(window)
+                mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed,
+                                                                           float("-inf"))
+            self.masks[key] = mask
         return self.masks[key]
 
     def build_mask(self, window: int | None) -> torch.Tensor:
