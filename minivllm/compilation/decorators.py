@@ -98,11 +98,18 @@ def _decorate_class(cls: _T, dims: dict[str, DimSpec], unbacked: dict[str, DimSp
         if self.do_not_compile or torch.compiler.is_compiling() or _skip_compiled():
             return self.forward(*args, **kwargs)
         bound = self._forward_signature.bind(*args, **kwargs).arguments
+        if _num_tokens(bound, dims) <= self.compilation_config.eager_max_tokens:
+            return self.forward(*args, **kwargs)
         _mark_dims(bound, dims, torch._dynamo.maybe_mark_dynamic)
         _mark_dims(bound, unbacked, torch._dynamo.decorators.mark_unbacked)
         if self._compiled_forward is None:
             # One torch.compile for the module's lifetime; dynamo re-traces only for dims that
             # could not stay dynamic (size 0/1, or tied to an unmarked argument).
+            # Round fused intermediates to their dtype as eager does (bf16 sums, norms): compiled
+            # and eager runs then pick the same tokens where bf16 leaves near-ties.
+            import torch._inductor.config as inductor_config
+
+            inductor_config.emulate_precision_casts = True
             self._compiled_forward = torch.compile(self.forward, dynamic=False, fullgraph=False,
                                                    backend=self.compilation_config.backend)
         return self._compiled_forward(*args, **kwargs)
@@ -110,6 +117,18 @@ def _decorate_class(cls: _T, dims: dict[str, DimSpec], unbacked: dict[str, DimSp
     cls.__init__ = __init__
     cls.__call__ = __call__
     return cls
+
+
+def _num_tokens(bound: dict[str, Any], spec: dict[str, DimSpec]) -> int:
+    """The size of the first dynamic dim among the arguments given (the step's token count)."""
+    for name, dim_spec in spec.items():
+        value = bound.get(name)
+        if isinstance(value, IntermediateTensors):
+            value = next(iter(value.tensors.values()), None)
+        if isinstance(value, torch.Tensor):
+            dims = list(dim_spec) if isinstance(dim_spec, (list, dict)) else [dim_spec]
+            return value.shape[dims[0] % value.ndim]
+    return 1 << 62
 
 
 def _mark_dims(bound: dict[str, Any], spec: dict[str, DimSpec], mark: Callable[..., None]) -> None:

@@ -28,7 +28,7 @@ class VllmConfig:
     kernel_config: Any = None
 
     def __post_init__(self) -> None:
-        self.compilation_config.set_default_custom_ops()
+        self.compilation_config.set_default_custom_ops(self.device_config.device)
         verify_parallel_config(self.model_config, self.parallel_config)
         if self.cache_config.sliding_window is None:
             window = getattr(self.model_config.hf_text_config, "sliding_window", None)

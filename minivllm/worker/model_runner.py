@@ -65,19 +65,23 @@ class ModelRunner:
     def compile_or_warm_up_model(self) -> None:
         """With torch.compile on, compile now so that no request waits for it.
 
-        Two dummy forwards: one token (dynamo specialises size 1: the batch-1 decode graph) and
-        several (the graph with a dynamic token count that serves every other step).
+        One dummy forward with more than `eager_max_tokens` tokens builds the graph with a
+        dynamic token count that serves every larger step (smaller ones run eagerly).
         """
         config = self.vllm_config
         if (config.compilation_config.mode == CompilationMode.NONE
                 or config.parallel_config.world_size > 1):
             return        # eager; or several ranks, which compile on their first step together
+        eager_max = config.compilation_config.eager_max_tokens
         max_tokens = config.scheduler_config.max_num_batched_tokens
-        for num_tokens in sorted({1, min(16, max_tokens)}):
-            with set_forward_context(None, config, slot_mapping={}):
-                self.model(input_ids=torch.zeros(num_tokens, dtype=torch.long, device=self.device),
-                           positions=torch.arange(num_tokens, device=self.device),
-                           intermediate_tensors=None)
+        if max_tokens <= eager_max:
+            return
+        # 2 at least: dynamo specialises a size of 1, so that graph would serve nothing else.
+        num_tokens = max(eager_max + 1, min(16, max_tokens), 2)
+        with set_forward_context(None, config, slot_mapping={}):
+            self.model(input_ids=torch.zeros(num_tokens, dtype=torch.long, device=self.device),
+                       positions=torch.arange(num_tokens, device=self.device),
+                       intermediate_tensors=None)
 
     @torch.inference_mode()
     def execute_model(self, so: SchedulerOutput, intermediate_tensors: IntermediateTensors | None = None

@@ -132,6 +132,20 @@ def test_compiled_mode_matches_eager_and_compiles_once():
     assert model._compiled_forward is compiled
 
 
+def test_steps_up_to_eager_max_tokens_stay_eager():
+    """One-token steps (batch-1 decode) run eagerly by default; larger ones compile."""
+    cfg = _config(CompilationMode.VLLM_COMPILE, backend="eager")
+    model = Bare(vllm_config=cfg)
+    model(torch.randn(1, 4))
+    assert model._compiled_forward is None and model.calls == 1
+    model(torch.randn(3, 4))
+    assert model._compiled_forward is not None
+    cfg.compilation_config.eager_max_tokens = 3
+    model = Bare(vllm_config=cfg)
+    model(torch.randn(3, 4))
+    assert model._compiled_forward is None
+
+
 def test_skip_compiled_runs_eagerly():
     cfg = _config(CompilationMode.VLLM_COMPILE, backend="eager")
     model = Bare(vllm_config=cfg)

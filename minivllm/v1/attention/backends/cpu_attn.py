@@ -213,12 +213,15 @@ class TorchAttentionImpl:
             raise ValueError(f"layer needs a bound KV cache and a block table (attn_type="
                              f"{self.attn_type}); bind one with `bind_kv_cache` first")
         if g.block_start is not None:
-            # [2, nb, bs, nKV, hd] slice of consecutive blocks -> [2, 1, nb*bs, nKV, hd] view
-            nb = g.block_ids.numel()
-            kv = kv_cache[:, g.block_start:g.block_start + nb].flatten(1, 2)[:, None]
-            kv = kv[:, :, :g.k_len_max]
-            return (kv[0, ..., :self.head_size].transpose(1, 2),
-                    kv[1, ..., :self.head_size_v].transpose(1, 2))
+            # One sequence on consecutive blocks: its first k_len_max slots of K and of V,
+            # viewed straight out of the contiguous cache as [1, nKV, Lk, d] (one op each).
+            _, num_blocks, block_size, num_kv_heads, head_dim = kv_cache.shape
+            size = (1, num_kv_heads, g.k_len_max)
+            stride = (0, head_dim, num_kv_heads * head_dim, 1)
+            start = kv_cache.storage_offset() + g.block_start * block_size * num_kv_heads * head_dim
+            v_start = start + num_blocks * block_size * num_kv_heads * head_dim
+            return (kv_cache.as_strided(size + (self.head_size,), stride, start),
+                    kv_cache.as_strided(size + (self.head_size_v,), stride, v_start))
         _, _, k_blocks, v_blocks = self._cache_views(kv_cache)
         k_rows, v_rows, k, v = g.gather_targets(md.workspace, kv_cache, self.head_size,
                                                 self.head_size_v)
