@@ -88,7 +88,10 @@ class RotaryEmbedding(CustomOp):
                 and self._can_rotate_together(query, key)):
             # q and k are adjacent column slices of one qkv output: rotate both in one pass.
             both = query.as_strided((num_tokens, query.shape[-1] + key.shape[-1]), query.stride())
-            both = self._rotate(both, cos, sin, num_tokens)
+            if self.is_neox_style:                              # rotary_dim == head_size here
+                both = self._rotate_neox_full(both, positions, num_tokens)
+            else:
+                both = self._rotate(both, cos, sin, num_tokens)
             return both[:, :query.shape[-1]], both[:, query.shape[-1]:]
         query = self._rotate(query, cos, sin, num_tokens)
         if key is not None:
@@ -108,6 +111,25 @@ class RotaryEmbedding(CustomOp):
         cos, sin = cos_sin.chunk(2, dim=-1)
         self._step_cos_sin = (positions, cos, sin)
         return cos, sin
+
+    def _rotate_neox_full(self, x: torch.Tensor, positions: torch.Tensor,
+                          num_tokens: int) -> torch.Tensor:
+        """NeoX rotation of whole heads as `x * cos + roll(x, d/2) * sin_signed` (4 ops).
+
+        `roll` gives [x2, x1]; with sin_signed = [-sin, sin] the two halves are
+        x1*cos - x2*sin and x2*cos + x1*sin, each product rounded as transformers' own
+        `q * cos + rotate_half(q) * sin` rounds it. x [T, heads*d] -> [T, heads*d].
+        """
+        cached = self._step_cos_sin
+        if len(cached) < 5:                                     # full-width pair, once per step
+            cos, sin = cached[1], cached[2]
+            full = (torch.cat((cos, cos), dim=-1).unsqueeze(1),
+                    torch.cat((-sin, sin), dim=-1).unsqueeze(1))   # [T, 1, d] each
+            cached = self._step_cos_sin = cached[:3] + full
+        cos_full, sin_signed = cached[3], cached[4]
+        x = x.view(num_tokens, -1, self.head_size)              # [T, heads, d]
+        rotated = x * cos_full + x.roll(self.head_size // 2, dims=-1) * sin_signed
+        return rotated.view(num_tokens, -1)
 
     def _can_rotate_together(self, query: torch.Tensor, key: torch.Tensor) -> bool:
         return (self.rotary_dim == self.head_size and query.dim() == 2 and key.dim() == 2
