@@ -9,7 +9,9 @@ import torch
 import torch.nn.functional as F
 
 from minivllm.v1.attention.backend import AttentionType
-from minivllm.v1.attention.backends.cpu_attn_metadata import (AttnGroup, TorchAttentionMetadata,
+from minivllm.v1.attention.backends import cpu_kernels
+from minivllm.v1.attention.backends.cpu_attn_metadata import (AttnGroup, DecodeBatch,
+                                                              TorchAttentionMetadata,
                                                               TorchAttentionMetadataBuilder)
 
 _SUPPORTED_ATTN_TYPES = (AttentionType.DECODER, AttentionType.ENCODER_ONLY)
@@ -78,6 +80,10 @@ class TorchAttentionImpl:
         self.attn_type = attn_type
         self.kv_sharing_target_layer_name = kv_sharing_target_layer_name
         self._sdpa_ok = self.logits_soft_cap is None and self.alibi_slopes is None
+        # The native decode kernel covers plain softmax attention with one head size.
+        self._kernel_ok = (self._sdpa_ok and attn_type == AttentionType.DECODER
+                           and self.head_size == self.head_size_v
+                           and num_heads % num_kv_heads == 0 and num_heads // num_kv_heads <= 64)
         self._views: tuple[torch.Tensor, tuple[torch.Tensor, ...]] | None = None
 
     def process_weights_after_loading(self, act_dtype: torch.dtype) -> None:
@@ -138,6 +144,9 @@ class TorchAttentionImpl:
             out[attn_metadata.num_actual_tokens:].zero_()       # padding rows
         if self.attn_type == AttentionType.ENCODER_ONLY:
             groups = attn_metadata.encoder_groups
+        elif attn_metadata.decode is not None and self._use_kernel(q, kv_cache, out):
+            self._attend_decode_kernel(attn_metadata.decode, q, kv_cache, out)
+            groups = attn_metadata.prefill_groups
         else:
             groups = attn_metadata.groups
         # NOTE: a loop over groups: a few decode buckets, plus one group per prefill (see
@@ -155,6 +164,23 @@ class TorchAttentionImpl:
                 o = o.index_select(0, g.out_pos)
             out.index_copy_(0, g.out_rows, o.to(out.dtype))
         return output
+
+    def _use_kernel(self, q: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor) -> bool:
+        """Decode rows go to the native kernel when it is built and supports these tensors
+        (q [T, nH, d] and out [T, nH, d] with contiguous rows)."""
+        return (self._kernel_ok and kv_cache.dtype == q.dtype == out.dtype
+                and cpu_kernels.kernel_supports(kv_cache.dtype) and kv_cache.is_contiguous()
+                and kv_cache.shape[-1] == self.head_size and q.stride(2) == 1
+                and q.stride(1) == self.head_size and out.is_contiguous()
+                and cpu_kernels.decode_kernel_available())
+
+    def _attend_decode_kernel(self, decode: DecodeBatch, q: torch.Tensor, kv_cache: torch.Tensor,
+                              out: torch.Tensor) -> None:
+        """All decode rows in one call: keys/values read in place from the paged cache."""
+        cpu_kernels.paged_decode_attention(
+            q.flatten(1), kv_cache, decode.block_table, decode.seq_lens, decode.rows,
+            out.flatten(1), self.num_heads, self.num_kv_heads, self.head_size,
+            self.sliding_window or 0, self.scale)
 
     def _attend_decode(self, g: AttnGroup, q: torch.Tensor, kv_cache: torch.Tensor,
                        md: TorchAttentionMetadata, out: torch.Tensor) -> None:

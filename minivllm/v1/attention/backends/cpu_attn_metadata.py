@@ -147,16 +147,42 @@ class Workspace:
 
 
 @dataclass
+class DecodeBatch:
+    """The step's one-token (decode) rows, as the native paged decode kernel reads them."""
+
+    rows: torch.Tensor               # int64 [Bd], query/output row of each decoding sequence
+    seq_lens: torch.Tensor           # int32 [Bd], keys per sequence (cached + this token)
+    block_table: torch.Tensor        # int32 [Bd, max_blocks], contiguous
+
+
+@dataclass
 class TorchAttentionMetadata:
     """One step's attention plan, shared by all layers (they differ only in window and cache)."""
 
     num_actual_tokens: int
     block_size: int
     causal: bool
-    groups: list[AttnGroup]          # decoder layers: decode buckets + prefill groups
+    decode: DecodeBatch | None       # decode rows (kernel path), or None when there are none
+    prefill_groups: list[AttnGroup]  # decoder layers: one group per prefill / padded chunks
     query_start_loc: torch.Tensor    # int32 [B+1]
     workspace: Workspace
+    _decode_groups: list[AttnGroup] | None = None
     _encoder_groups: list[AttnGroup] | None = None
+
+    @property
+    def decode_groups(self) -> list[AttnGroup]:
+        """The decode rows as length buckets for gather + SDPA (built only if a layer asks)."""
+        if self._decode_groups is None:
+            d = self.decode
+            self._decode_groups = ([] if d is None else
+                                   _decode_groups(d.rows, d.seq_lens.long(), d.block_table,
+                                                  self.block_size))
+        return self._decode_groups
+
+    @property
+    def groups(self) -> list[AttnGroup]:
+        """Every group of the SDPA path: decode buckets, then prefill groups."""
+        return self.decode_groups + self.prefill_groups
 
     @property
     def encoder_groups(self) -> list[AttnGroup]:
@@ -182,63 +208,70 @@ class TorchAttentionMetadataBuilder:
         qsl = common.query_start_loc.long()
         q_lens = qsl[1:] - qsl[:-1]                                 # [B]
         seq_lens = common.seq_lens.long()                           # [B]
-        groups: list[AttnGroup] = []
+        decode = None
         if common.causal:
             dec = torch.nonzero(q_lens == 1).flatten()
             pre = torch.nonzero(q_lens > 1).flatten()
             if dec.numel():
-                groups += self._decode_groups(qsl[dec], seq_lens[dec], common.block_table[dec])
+                decode = DecodeBatch(rows=qsl[dec], seq_lens=common.seq_lens[dec].to(torch.int32),
+                                     block_table=common.block_table[dec].to(torch.int32)
+                                     .contiguous())
         else:
             pre = torch.nonzero(q_lens > 0).flatten()
+        groups: list[AttnGroup] = []
         if pre.numel():
             ctx_lens = seq_lens[pre] - q_lens[pre]                  # tokens cached before this step
-            groups += _prefill_groups(qsl[pre], q_lens[pre], ctx_lens, common.block_table[pre],
-                                      self.block_size, causal=common.causal)
+            groups = _prefill_groups(qsl[pre], q_lens[pre], ctx_lens, common.block_table[pre],
+                                     self.block_size, causal=common.causal)
         return TorchAttentionMetadata(num_actual_tokens=common.num_actual_tokens,
                                       block_size=self.block_size, causal=common.causal,
-                                      groups=groups, query_start_loc=common.query_start_loc,
+                                      decode=decode, prefill_groups=groups,
+                                      query_start_loc=common.query_start_loc,
                                       workspace=self.workspace)
 
-    def _decode_groups(self, rows: torch.Tensor, seq_lens: torch.Tensor,
-                       block_table: torch.Tensor) -> list[AttnGroup]:
-        """Decode rows, cut into buckets of similar length (longest first)."""
-        # stable: equal lengths keep their order, so a bucket's rows may stay one slice
-        sorted_lens, order = torch.sort(seq_lens, descending=True, stable=True)
-        bounds = self._bucket_bounds(sorted_lens)
-        if len(bounds) > 2:
-            seq_lens, rows, block_table = sorted_lens, rows[order], block_table[order]
-        # NOTE: a loop over at most _MAX_DECODE_BUCKETS buckets, not over sequences.
-        return [self._decode_group(rows[a:b], seq_lens[a:b], block_table[a:b])
-                for a, b in zip(bounds[:-1], bounds[1:])]
 
-    def _bucket_bounds(self, sorted_lens: torch.Tensor) -> list[int]:
-        """Split points of the length-sorted rows: equal-count buckets, the count chosen by cost."""
-        n, bs = sorted_lens.numel(), self.block_size
-        padded = ((sorted_lens + bs - 1) // bs * bs).tolist()    # keys gathered per sequence
-        k_min = min(-(-sum(padded) // _MAX_BUCKET_KEYS), _MAX_DECODE_BUCKETS, n)
-        best, best_cost = [0, n], None
-        for k in range(k_min, min(_MAX_DECODE_BUCKETS, n) + 1):
-            bounds = [n * i // k for i in range(k + 1)]
-            cost = sum((b - a) * padded[a] for a, b in zip(bounds[:-1], bounds[1:]))
-            cost += k * _BUCKET_OVERHEAD_KEYS
-            if best_cost is None or cost < best_cost:
-                best, best_cost = bounds, cost
-        return best
+def _decode_groups(rows: torch.Tensor, seq_lens: torch.Tensor, block_table: torch.Tensor,
+                   block_size: int) -> list[AttnGroup]:
+    """Decode rows, cut into buckets of similar length (longest first)."""
+    # stable: equal lengths keep their order, so a bucket's rows may stay one slice
+    sorted_lens, order = torch.sort(seq_lens, descending=True, stable=True)
+    bounds = _bucket_bounds(sorted_lens, block_size)
+    if len(bounds) > 2:
+        seq_lens, rows, block_table = sorted_lens, rows[order], block_table[order]
+    # NOTE: a loop over at most _MAX_DECODE_BUCKETS buckets, not over sequences.
+    return [_decode_group(rows[a:b], seq_lens[a:b], block_table[a:b], block_size)
+            for a, b in zip(bounds[:-1], bounds[1:])]
 
-    def _decode_group(self, rows: torch.Tensor, seq_lens: torch.Tensor,
-                      block_table: torch.Tensor) -> AttnGroup:
-        n = rows.numel()
-        longest, shortest = int(seq_lens.max()), int(seq_lens.min())
-        num_blocks = -(-longest // self.block_size)
-        # One sequence: slice its keys to the exact length instead of masking the last block.
-        k_len_max = longest if n == 1 else num_blocks * self.block_size
-        block_ids = block_table[:, :num_blocks].reshape(-1).long()
-        return AttnGroup(q_index=rows, row_start=_contiguous_start(rows), out_rows=rows,
-                         out_pos=None, q_pos=(seq_lens - 1)[:, None], k_len=seq_lens,
-                         num_seqs=n, q_len=1, k_len_max=k_len_max,
-                         block_ids=block_ids, kv_from_input=False,
-                         block_start=_single_run_start(block_ids, n),
-                         causal=True, needs_mask=shortest != k_len_max)
+
+def _bucket_bounds(sorted_lens: torch.Tensor, bs: int) -> list[int]:
+    """Split points of the length-sorted rows: equal-count buckets, the count chosen by cost."""
+    n = sorted_lens.numel()
+    padded = ((sorted_lens + bs - 1) // bs * bs).tolist()        # keys gathered per sequence
+    k_min = min(-(-sum(padded) // _MAX_BUCKET_KEYS), _MAX_DECODE_BUCKETS, n)
+    best, best_cost = [0, n], None
+    for k in range(k_min, min(_MAX_DECODE_BUCKETS, n) + 1):
+        bounds = [n * i // k for i in range(k + 1)]
+        cost = sum((b - a) * padded[a] for a, b in zip(bounds[:-1], bounds[1:]))
+        cost += k * _BUCKET_OVERHEAD_KEYS
+        if best_cost is None or cost < best_cost:
+            best, best_cost = bounds, cost
+    return best
+
+
+def _decode_group(rows: torch.Tensor, seq_lens: torch.Tensor, block_table: torch.Tensor,
+                  block_size: int) -> AttnGroup:
+    n = rows.numel()
+    longest, shortest = int(seq_lens.max()), int(seq_lens.min())
+    num_blocks = -(-longest // block_size)
+    # One sequence: slice its keys to the exact length instead of masking the last block.
+    k_len_max = longest if n == 1 else num_blocks * block_size
+    block_ids = block_table[:, :num_blocks].reshape(-1).long()
+    return AttnGroup(q_index=rows, row_start=_contiguous_start(rows), out_rows=rows,
+                     out_pos=None, q_pos=(seq_lens - 1)[:, None], k_len=seq_lens,
+                     num_seqs=n, q_len=1, k_len_max=k_len_max,
+                     block_ids=block_ids, kv_from_input=False,
+                     block_start=_single_run_start(block_ids, n),
+                     causal=True, needs_mask=shortest != k_len_max)
 
 
 def _single_run_start(block_ids: torch.Tensor | None, num_seqs: int) -> int | None:

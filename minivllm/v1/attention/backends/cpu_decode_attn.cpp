@@ -1,0 +1,317 @@
+// Paged decode attention for CPU: one query token per sequence, keys and values read straight
+// out of the paged KV cache through the block table (no gather into a workspace, no padding).
+//
+// Built on first use by cpu_kernels.py (g++ -O3 -march=native -fopenmp) and called through
+// ctypes with raw pointers; the OpenMP runtime is the one torch already loaded (same soname).
+//
+// Layout (elements, not bytes):
+//   q / out   row r of a [T, num_heads * head_size] matrix starts at r * row_stride;
+//             query head h of that row at + h * head_size
+//   caches    slot s (= block_id * block_size + offset) of KV head kh starts at
+//             s * slot_stride + kh * head_size  (the [num_blocks, block_size, nKV, d] cache)
+//   table     block_table[i * table_stride + j] is the j-th block of sequence i
+//
+// Work is split over (sequence, KV head) pairs: the num_heads / num_kv_heads query heads that
+// share a KV head (GQA) read each key and value row once. Scores, softmax and the weighted sum
+// of values are computed in fp32.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+inline float to_float(float x) { return x; }
+
+inline float to_float(uint16_t x) {  // bfloat16 bits -> float: the high half of an fp32
+  uint32_t u = static_cast<uint32_t>(x) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof(f));
+  return f;
+}
+
+inline void store(float x, float* p) { *p = x; }
+
+inline void store(float x, uint16_t* p) {  // float -> bfloat16, round to nearest even
+  uint32_t u;
+  std::memcpy(&u, &x, sizeof(u));
+  if ((u & 0x7fffffffu) > 0x7f800000u) {  // NaN stays NaN
+    *p = 0x7fc0;
+    return;
+  }
+  u += 0x7fffu + ((u >> 16) & 1u);
+  *p = static_cast<uint16_t>(u >> 16);
+}
+
+// exp(x) for x <= 0 in a form the compiler vectorizes (std::exp is a scalar libm call, which
+// cost as much as the whole dot-product pass): 2^(x*log2 e) = 2^k * 2^f with k = round(.) and
+// f in [-0.5, 0.5], 2^f by its degree-6 Taylor polynomial (relative error < 2e-7).
+inline float exp_nonpositive(float x) {
+  x = x < -87.0f ? -87.0f : x;                   // exp(-87) ~ 1.6e-38: still a normal float
+  const float t = x * 1.44269504089f;
+  const float k = (t + 12582912.0f) - 12582912.0f;  // round to nearest (1.5 * 2^23 trick)
+  const float f = (t - k) * 0.69314718056f;         // 2^(t-k) = e^f, |f| <= 0.347
+  const float p =
+      1.0f + f * (1.0f + f * (0.5f + f * (1.0f / 6 + f * (1.0f / 24 + f * (1.0f / 120 + f * (1.0f / 720))))));
+  const int32_t bits = (static_cast<int32_t>(k) + 127) << 23;  // 2^k as a float
+  float scale2;
+  std::memcpy(&scale2, &bits, sizeof(scale2));
+  return p * scale2;
+}
+
+// scores [group, n] -> unnormalized exp(s - max) in place; inv_sum[g] = 1 / row sum.
+inline void softmax_rows(float* scores, int32_t group, int32_t n, float* inv_sum) {
+  for (int32_t g = 0; g < group; ++g) {
+    float* sg = scores + g * n;
+    float m = sg[0];
+    for (int32_t j = 1; j < n; ++j) m = sg[j] > m ? sg[j] : m;
+    float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+    for (int32_t j = 0; j < n; ++j) {
+      sg[j] = exp_nonpositive(sg[j] - m);
+      sum += sg[j];
+    }
+    inv_sum[g] = 1.0f / sum;
+  }
+}
+
+// D > 0: the head size as a compile-time constant (fully unrolled dot products); 0: head_size.
+template <typename T, int D>
+void attend_one(const T* q, const T* k_cache, const T* v_cache, int64_t slot_stride,
+                const int32_t* table, int32_t seq_len, int32_t window, int32_t kv_head,
+                int32_t group, int32_t head_size_rt, int32_t block_size, float scale, T* out,
+                std::vector<float>& buf) {
+  const int32_t d = D > 0 ? D : head_size_rt;
+  const int32_t start = (window > 0 && seq_len > window) ? seq_len - window : 0;
+  const int32_t n = seq_len - start;
+  if (n <= 0) {  // nothing visible (cannot happen for a real decode row): zeros, not NaN
+    for (int32_t i = 0; i < group * d; ++i) store(0.0f, out + i);
+    return;
+  }
+  // buf: q [group, d] | acc [group, d] | scores [group, n]
+  buf.resize(static_cast<size_t>(group) * (2 * d + n));
+  float* qf = buf.data();
+  float* acc = qf + group * d;
+  float* scores = acc + group * d;
+  for (int32_t i = 0; i < group * d; ++i) {
+    qf[i] = to_float(q[i]) * scale;
+    acc[i] = 0.0f;
+  }
+  const T* k_head = k_cache + static_cast<int64_t>(kv_head) * d;
+  const T* v_head = v_cache + static_cast<int64_t>(kv_head) * d;
+  // Positions [start, seq_len) walked block by block: no division per key.
+  for (int32_t b = start / block_size, p = start; p < seq_len; ++b) {  // scores
+    const T* k = k_head + static_cast<int64_t>(table[b]) * block_size * slot_stride;
+    const int32_t stop = std::min(seq_len, (b + 1) * block_size);
+    for (int32_t j = p - b * block_size; p < stop; ++p, ++j) {
+      const T* kr = k + j * slot_stride;
+      for (int32_t g = 0; g < group; ++g) {
+        const float* qg = qf + g * d;
+        float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+        for (int32_t i = 0; i < d; ++i) s += qg[i] * to_float(kr[i]);
+        scores[g * n + (p - start)] = s;
+      }
+    }
+  }
+  float inv_sum[64];  // group <= 64 is checked by the caller
+  softmax_rows(scores, group, n, inv_sum);
+  for (int32_t b = start / block_size, p = start; p < seq_len; ++b) {  // weighted sum of values
+    const T* v = v_head + static_cast<int64_t>(table[b]) * block_size * slot_stride;
+    const int32_t stop = std::min(seq_len, (b + 1) * block_size);
+    for (int32_t j = p - b * block_size; p < stop; ++p, ++j) {
+      const T* vr = v + j * slot_stride;
+      for (int32_t g = 0; g < group; ++g) {
+        const float w = scores[g * n + (p - start)];
+        float* ag = acc + g * d;
+#pragma omp simd
+        for (int32_t i = 0; i < d; ++i) ag[i] += w * to_float(vr[i]);
+      }
+    }
+  }
+  for (int32_t g = 0; g < group; ++g)
+    for (int32_t i = 0; i < d; ++i) store(acc[g * d + i] * inv_sum[g], out + g * d + i);
+}
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+
+// 16 elements as fp32 lanes.
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const uint16_t* p) {  // bf16: zero-extend to 32 bits, shift into the high half
+  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+}
+
+// Software prefetch of one block's rows of this head (the hardware prefetcher cannot guess the
+// next block: the block table scatters a sequence over the cache).
+template <typename T, int D>
+inline void prefetch_block(const T* base, int32_t block_size, int64_t slot_stride) {
+  constexpr int kLines = static_cast<int>((D * sizeof(T) + 63) / 64);
+  for (int32_t j = 0; j < block_size; ++j)
+    for (int l = 0; l < kLines; ++l)
+      _mm_prefetch(reinterpret_cast<const char*>(base + j * slot_stride) + 64 * l, _MM_HINT_T0);
+}
+
+// The same computation as attend_one with G query heads per KV head and head size D known at
+// compile time, so the queries (G x D/16 vectors) and the output accumulators stay in registers
+// for the whole pass over the keys / values.
+template <typename T, int G, int D>
+void attend_one_avx512(const T* q, const T* k_cache, const T* v_cache, int64_t slot_stride,
+                       const int32_t* table, int32_t seq_len, int32_t window, int32_t kv_head,
+                       int32_t block_size, float scale, T* out, std::vector<float>& buf) {
+  constexpr int V = D / 16;
+  const int32_t start = (window > 0 && seq_len > window) ? seq_len - window : 0;
+  const int32_t n = seq_len - start;
+  if (n <= 0) {
+    for (int32_t i = 0; i < G * D; ++i) store(0.0f, out + i);
+    return;
+  }
+  buf.resize(static_cast<size_t>(G) * n);
+  float* scores = buf.data();  // [G, n]
+  __m512 qv[G][V];
+  for (int g = 0; g < G; ++g)
+    for (int c = 0; c < V; ++c) qv[g][c] = _mm512_mul_ps(load16(q + g * D + c * 16), _mm512_set1_ps(scale));
+  const T* k_head = k_cache + static_cast<int64_t>(kv_head) * D;
+  const T* v_head = v_cache + static_cast<int64_t>(kv_head) * D;
+  const int32_t last_block = (seq_len - 1) / block_size;
+  const int64_t block_stride = static_cast<int64_t>(block_size) * slot_stride;
+  prefetch_block<T, D>(k_head + table[start / block_size] * block_stride, block_size, slot_stride);
+  for (int32_t b = start / block_size, p = start; p < seq_len; ++b) {  // scores
+    const T* k = k_head + static_cast<int64_t>(table[b]) * block_stride;
+    if (b < last_block)
+      prefetch_block<T, D>(k_head + table[b + 1] * block_stride, block_size, slot_stride);
+    else  // the values are read next
+      prefetch_block<T, D>(v_head + table[start / block_size] * block_stride, block_size,
+                           slot_stride);
+    const int32_t stop = std::min(seq_len, (b + 1) * block_size);
+    for (int32_t j = p - b * block_size; p < stop; ++p, ++j) {
+      const T* kr = k + j * slot_stride;
+      __m512 kv[V];
+      for (int c = 0; c < V; ++c) kv[c] = load16(kr + c * 16);
+      for (int g = 0; g < G; ++g) {
+        __m512 a = _mm512_mul_ps(qv[g][0], kv[0]);
+        for (int c = 1; c < V; ++c) a = _mm512_fmadd_ps(qv[g][c], kv[c], a);
+        scores[g * n + (p - start)] = _mm512_reduce_add_ps(a);
+      }
+    }
+  }
+  float inv_sum[G];
+  softmax_rows(scores, G, n, inv_sum);
+  __m512 acc[G][V];
+  for (int g = 0; g < G; ++g)
+    for (int c = 0; c < V; ++c) acc[g][c] = _mm512_setzero_ps();
+  for (int32_t b = start / block_size, p = start; p < seq_len; ++b) {  // weighted sum of values
+    const T* v = v_head + static_cast<int64_t>(table[b]) * block_stride;
+    if (b < last_block)
+      prefetch_block<T, D>(v_head + table[b + 1] * block_stride, block_size, slot_stride);
+    const int32_t stop = std::min(seq_len, (b + 1) * block_size);
+    for (int32_t j = p - b * block_size; p < stop; ++p, ++j) {
+      const T* vr = v + j * slot_stride;
+      __m512 vv[V];
+      for (int c = 0; c < V; ++c) vv[c] = load16(vr + c * 16);
+      for (int g = 0; g < G; ++g) {
+        const __m512 w = _mm512_set1_ps(scores[g * n + (p - start)]);
+        for (int c = 0; c < V; ++c) acc[g][c] = _mm512_fmadd_ps(w, vv[c], acc[g][c]);
+      }
+    }
+  }
+  for (int g = 0; g < G; ++g) {
+    alignas(64) float tmp[D];
+    for (int c = 0; c < V; ++c)
+      _mm512_store_ps(tmp + c * 16, _mm512_mul_ps(acc[g][c], _mm512_set1_ps(inv_sum[g])));
+    for (int i = 0; i < D; ++i) store(tmp[i], out + g * D + i);
+  }
+}
+
+// Dispatch to a compile-time (G, D); false when there is no specialization for them.
+template <typename T, int D>
+bool attend_fixed_d(int32_t group, const T* q, const T* kc, const T* vc, int64_t ss,
+                    const int32_t* t, int32_t len, int32_t w, int32_t kh, int32_t bs, float sc,
+                    T* o, std::vector<float>& buf) {
+  switch (group) {
+#define MINIVLLM_CASE(G) \
+    case G: attend_one_avx512<T, G, D>(q, kc, vc, ss, t, len, w, kh, bs, sc, o, buf); return true;
+    MINIVLLM_CASE(1) MINIVLLM_CASE(2) MINIVLLM_CASE(3) MINIVLLM_CASE(4)
+    MINIVLLM_CASE(5) MINIVLLM_CASE(6) MINIVLLM_CASE(7) MINIVLLM_CASE(8)
+#undef MINIVLLM_CASE
+    default: return false;
+  }
+}
+
+template <typename T>
+bool attend_fast(int32_t head_size, int32_t group, const T* q, const T* kc, const T* vc,
+                 int64_t ss, const int32_t* t, int32_t len, int32_t w, int32_t kh, int32_t bs,
+                 float sc, T* o, std::vector<float>& buf) {
+  if (head_size == 64) return attend_fixed_d<T, 64>(group, q, kc, vc, ss, t, len, w, kh, bs, sc, o, buf);
+  if (head_size == 128) return attend_fixed_d<T, 128>(group, q, kc, vc, ss, t, len, w, kh, bs, sc, o, buf);
+  return false;
+}
+#else
+template <typename T>
+bool attend_fast(int32_t, int32_t, const T*, const T*, const T*, int64_t, const int32_t*, int32_t,
+                 int32_t, int32_t, int32_t, float, T*, std::vector<float>&) {
+  return false;  // no AVX-512: the portable loops below
+}
+#endif
+
+template <typename T>
+int paged_decode(const T* q, int64_t q_row_stride, const T* k_cache, const T* v_cache,
+                 int64_t slot_stride, const int32_t* block_table, int64_t table_stride,
+                 const int32_t* seq_lens, const int64_t* rows, T* out, int64_t out_row_stride,
+                 int32_t num_seqs, int32_t num_heads, int32_t num_kv_heads, int32_t head_size,
+                 int32_t block_size, int32_t window, float scale, int32_t num_threads) {
+  if (num_kv_heads <= 0 || num_heads % num_kv_heads != 0 || num_heads / num_kv_heads > 64)
+    return 1;
+  const int32_t group = num_heads / num_kv_heads;
+  const int64_t tasks = static_cast<int64_t>(num_seqs) * num_kv_heads;
+#pragma omp parallel num_threads(num_threads)
+  {
+    std::vector<float> buf;
+    // dynamic: sequence lengths differ, so equal-count static chunks would be unbalanced
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t t = 0; t < tasks; ++t) {
+      const int64_t i = t / num_kv_heads;
+      const int32_t kh = static_cast<int32_t>(t % num_kv_heads);
+      const int64_t col = static_cast<int64_t>(kh) * group * head_size;
+      const T* qi = q + rows[i] * q_row_stride + col;
+      T* oi = out + rows[i] * out_row_stride + col;
+      const int32_t* ti = block_table + i * table_stride;
+      if (attend_fast<T>(head_size, group, qi, k_cache, v_cache, slot_stride, ti, seq_lens[i],
+                         window, kh, block_size, scale, oi, buf))
+        continue;
+      if (head_size == 64)
+        attend_one<T, 64>(qi, k_cache, v_cache, slot_stride, ti, seq_lens[i], window, kh, group,
+                          head_size, block_size, scale, oi, buf);
+      else if (head_size == 128)
+        attend_one<T, 128>(qi, k_cache, v_cache, slot_stride, ti, seq_lens[i], window, kh, group,
+                           head_size, block_size, scale, oi, buf);
+      else
+        attend_one<T, 0>(qi, k_cache, v_cache, slot_stride, ti, seq_lens[i], window, kh, group,
+                         head_size, block_size, scale, oi, buf);
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+// The C entry points, one per storage type (bf16 travels as its raw 16 bits).
+#define MINIVLLM_PAGED_DECODE(NAME, T)                                                        \
+  int NAME(const T* q, int64_t q_row_stride, const T* k_cache, const T* v_cache,              \
+           int64_t slot_stride, const int32_t* block_table, int64_t table_stride,             \
+           const int32_t* seq_lens, const int64_t* rows, T* out, int64_t out_row_stride,      \
+           int32_t num_seqs, int32_t num_heads, int32_t num_kv_heads, int32_t head_size,      \
+           int32_t block_size, int32_t window, float scale, int32_t num_threads) {            \
+    return paged_decode<T>(q, q_row_stride, k_cache, v_cache, slot_stride, block_table,       \
+                           table_stride, seq_lens, rows, out, out_row_stride, num_seqs,       \
+                           num_heads, num_kv_heads, head_size, block_size, window, scale,     \
+                           num_threads);                                                      \
+  }
+
+extern "C" {
+MINIVLLM_PAGED_DECODE(minivllm_paged_decode_bf16, uint16_t)
+MINIVLLM_PAGED_DECODE(minivllm_paged_decode_f32, float)
+}  // extern "C"

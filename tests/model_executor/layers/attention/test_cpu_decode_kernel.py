@@ -1,0 +1,97 @@
+"""The native paged decode-attention kernel: correctness against the fp64 reference, that the
+layer really routes decode rows through it, and the pure-PyTorch fallback when it cannot build."""
+
+import pytest
+import torch
+
+from minivllm.v1.attention.backends import cpu_kernels
+from minivllm.v1.attention.backends.cpu_attn_metadata import TorchAttentionMetadataBuilder
+from tests.model_executor.layers.attention.test_attention import (BLOCK_SIZE, Batch, make_config,
+                                                                   make_layer)
+
+# Decodes of lengths 1..~300 (many blocks, shuffled) around a chunked prefill and a fresh one.
+LENS = ([1] * 9 + [7] + [1] * 9 + [12],
+        [1, 2, 17, 64, 65, 130, 211, 299, 5, 20, 300, 3, 4, 250, 48, 49, 96, 97, 180, 12])
+
+
+@pytest.fixture()
+def calls(monkeypatch):
+    """Counts kernel calls (and asserts the kernel is built: the test machine has g++)."""
+    assert cpu_kernels.decode_kernel_available(), "g++ is installed here: the kernel must build"
+    seen = []
+    real = cpu_kernels.paged_decode_attention
+
+    def counting(*args, **kwargs):
+        seen.append(args[4].numel())                       # decode rows in this call
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(cpu_kernels, "paged_decode_attention", counting)
+    return seen
+
+
+# d=64/128 hit the AVX-512 specializations (G = 1, 3, 8 query heads per KV head), d=24 the
+# portable loops.
+@pytest.mark.parametrize("d,nH,nKV", [(64, 9, 3), (64, 4, 4), (128, 8, 1), (24, 6, 2)])
+@pytest.mark.parametrize("window", [None, 37])
+def test_kernel_matches_reference_fp32(calls, d, nH, nKV, window):
+    cfg = make_config()
+    batch = Batch(*LENS, nH=nH, nKV=nKV, d=d, seed=d + nH)
+    layer = make_layer(cfg, num_heads=nH, head_size=d, scale=d ** -0.5, num_kv_heads=nKV,
+                       per_layer_sliding_window=window)
+    out = batch.run(cfg, layer)
+    assert calls == [18]                                     # one call for all 18 decode rows
+    torch.testing.assert_close(out.double(), batch.expected(d ** -0.5, window=window),
+                               atol=2e-5, rtol=2e-5)
+
+
+def test_kernel_bf16_close_to_reference_and_to_sdpa_path(calls, monkeypatch):
+    cfg = make_config()
+    batch = Batch(*LENS, nH=9, nKV=3, d=64, dtype=torch.bfloat16, seed=3)
+    layer = make_layer(cfg, num_heads=9, head_size=64, scale=0.125, num_kv_heads=3)
+    out = batch.run(cfg, layer)
+    assert out.dtype == torch.bfloat16 and calls == [18]
+    torch.testing.assert_close(out.double(), batch.expected(0.125), atol=2e-2, rtol=2e-2)
+    monkeypatch.setattr(layer.impl, "_kernel_ok", False)     # the gather + SDPA path
+    sdpa = batch.run(cfg, layer)
+    assert calls == [18]
+    torch.testing.assert_close(out.float(), sdpa.float(), atol=1.6e-2, rtol=1.6e-2)
+
+
+def test_unsupported_layers_keep_the_sdpa_path(calls):
+    cfg = make_config()
+    batch = Batch(*LENS, nH=6, nKV=2, d=16)
+    capped = make_layer(cfg, num_heads=6, head_size=16, scale=0.25, num_kv_heads=2,
+                        logits_soft_cap=3.0)
+    out = batch.run(cfg, capped)
+    assert calls == []
+    torch.testing.assert_close(out.double(), batch.expected(0.25, soft_cap=3.0),
+                               atol=1e-5, rtol=1e-5)
+
+
+def test_no_compiler_falls_back_with_a_warning(monkeypatch, tmp_path, caplog):
+    monkeypatch.setattr(cpu_kernels, "_lib", None)
+    monkeypatch.setattr(cpu_kernels, "_tried", False)
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
+    monkeypatch.setenv("MINIVLLM_CACHE_DIR", str(tmp_path / "cache"))
+    assert not cpu_kernels.decode_kernel_available()
+    assert "gather + SDPA" in caplog.text
+    cfg = make_config()
+    batch = Batch(*LENS, nH=6, nKV=2, d=64)
+    layer = make_layer(cfg, num_heads=6, head_size=64, scale=0.125, num_kv_heads=2)
+    torch.testing.assert_close(batch.run(cfg, layer).double(), batch.expected(0.125),
+                               atol=1e-5, rtol=1e-5)
+    md = TorchAttentionMetadataBuilder(BLOCK_SIZE).build(batch.common)
+    assert md.decode is not None and md.decode.rows.numel() == 18 and len(md.decode_groups) >= 1
+
+
+def test_kernel_builds_into_the_cache_dir(monkeypatch, tmp_path):
+    monkeypatch.setattr(cpu_kernels, "_lib", None)
+    monkeypatch.setattr(cpu_kernels, "_tried", False)
+    monkeypatch.setenv("MINIVLLM_CACHE_DIR", str(tmp_path))
+    assert cpu_kernels.decode_kernel_available()
+    built = list(tmp_path.glob("cpu_decode_attn-*.so"))
+    assert len(built) == 1 and not list(tmp_path.glob("tmp*"))
+    monkeypatch.setenv("MINIVLLM_CPU_KERNEL", "0")
+    monkeypatch.setattr(cpu_kernels, "_tried", False)
+    monkeypatch.setattr(cpu_kernels, "_lib", None)
+    assert not cpu_kernels.decode_kernel_available()
