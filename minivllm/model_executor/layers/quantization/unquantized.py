@@ -6,6 +6,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from minivllm import _custom_ops as ops
 from minivllm.config import get_current_vllm_config_or_none
 from minivllm.model_executor.layers.quantization.base_config import QuantizeMethodBase
 from minivllm.model_executor.parameter import set_weight_attrs
@@ -43,9 +44,12 @@ def _pack_for_cpu(layer: nn.Module) -> None:
 
 def _cpu_linear(x: torch.Tensor, weight: torch.Tensor,
                 bias: torch.Tensor | None) -> torch.Tensor:
-    """`F.linear`, through the packed copy of `weight` when there is one (x [T, in] bf16)."""
+    """`F.linear`, through the packed copy of `weight` when there is one (x [T, in] bf16), or
+    the native GEMV for one bf16 row (batch-1 decode is bound by streaming the weight)."""
     packed = getattr(weight, "_mkldnn_packed", None)
     if packed is not None and x.dtype == torch.bfloat16 and x.dim() == 2:
+        if x.shape[0] == 1 and ops.gemv_supported(x, weight):
+            return ops.gemv_bf16(x, weight, bias)
         return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
     return F.linear(x, weight, bias)
 

@@ -8,8 +8,9 @@ dim 1 yields `[Bg, Lk, nKV, d]`, whose `transpose(1, 2)` is already the layout S
 import torch
 import torch.nn.functional as F
 
+from minivllm import _custom_ops as ops
+
 from minivllm.v1.attention.backend import AttentionType
-from minivllm.v1.attention.backends import cpu_kernels
 from minivllm.v1.attention.backends.cpu_attn_metadata import (AttnGroup, DecodeBatch,
                                                               TorchAttentionMetadata,
                                                               TorchAttentionMetadataBuilder)
@@ -169,15 +170,15 @@ class TorchAttentionImpl:
         """Decode rows go to the native kernel when it is built and supports these tensors
         (q [T, nH, d] and out [T, nH, d] with contiguous rows)."""
         return (self._kernel_ok and kv_cache.dtype == q.dtype == out.dtype
-                and cpu_kernels.kernel_supports(kv_cache.dtype) and kv_cache.is_contiguous()
+                and ops.attention_supports(kv_cache.dtype) and kv_cache.is_contiguous()
                 and kv_cache.shape[-1] == self.head_size and q.stride(2) == 1
                 and q.stride(1) == self.head_size and out.is_contiguous()
-                and cpu_kernels.decode_kernel_available())
+                and ops.native_available())
 
     def _attend_decode_kernel(self, decode: DecodeBatch, q: torch.Tensor, kv_cache: torch.Tensor,
                               out: torch.Tensor) -> None:
         """All decode rows in one call: keys/values read in place from the paged cache."""
-        cpu_kernels.paged_decode_attention(
+        ops.paged_decode_attention(
             q.flatten(1), kv_cache, decode.block_table, decode.seq_lens, decode.rows,
             out.flatten(1), self.num_heads, self.num_kv_heads, self.head_size,
             self.sliding_window or 0, self.scale)

@@ -4,7 +4,7 @@ layer really routes decode rows through it, and the pure-PyTorch fallback when i
 import pytest
 import torch
 
-from minivllm.v1.attention.backends import cpu_kernels
+from minivllm import _custom_ops as ops
 from minivllm.v1.attention.backends.cpu_attn_metadata import TorchAttentionMetadataBuilder
 from tests.model_executor.layers.attention.test_attention import (BLOCK_SIZE, Batch, make_config,
                                                                    make_layer)
@@ -17,15 +17,15 @@ LENS = ([1] * 9 + [7] + [1] * 9 + [12],
 @pytest.fixture()
 def calls(monkeypatch):
     """Counts kernel calls (and asserts the kernel is built: the test machine has g++)."""
-    assert cpu_kernels.decode_kernel_available(), "g++ is installed here: the kernel must build"
+    assert ops.native_available(), "g++ is installed here: the kernel must build"
     seen = []
-    real = cpu_kernels.paged_decode_attention
+    real = ops.paged_decode_attention
 
     def counting(*args, **kwargs):
         seen.append(args[4].numel())                       # decode rows in this call
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(cpu_kernels, "paged_decode_attention", counting)
+    monkeypatch.setattr(ops, "paged_decode_attention", counting)
     return seen
 
 
@@ -69,11 +69,11 @@ def test_unsupported_layers_keep_the_sdpa_path(calls):
 
 
 def test_no_compiler_falls_back_with_a_warning(monkeypatch, tmp_path, caplog):
-    monkeypatch.setattr(cpu_kernels, "_lib", None)
-    monkeypatch.setattr(cpu_kernels, "_tried", False)
+    monkeypatch.setattr(ops, "_lib", None)
+    monkeypatch.setattr(ops, "_tried", False)
     monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
     monkeypatch.setenv("MINIVLLM_CACHE_DIR", str(tmp_path / "cache"))
-    assert not cpu_kernels.decode_kernel_available()
+    assert not ops.native_available()
     assert "gather + SDPA" in caplog.text
     cfg = make_config()
     batch = Batch(*LENS, nH=6, nKV=2, d=64)
@@ -85,13 +85,13 @@ def test_no_compiler_falls_back_with_a_warning(monkeypatch, tmp_path, caplog):
 
 
 def test_kernel_builds_into_the_cache_dir(monkeypatch, tmp_path):
-    monkeypatch.setattr(cpu_kernels, "_lib", None)
-    monkeypatch.setattr(cpu_kernels, "_tried", False)
+    monkeypatch.setattr(ops, "_lib", None)
+    monkeypatch.setattr(ops, "_tried", False)
     monkeypatch.setenv("MINIVLLM_CACHE_DIR", str(tmp_path))
-    assert cpu_kernels.decode_kernel_available()
-    built = list(tmp_path.glob("cpu_decode_attn-*.so"))
+    assert ops.native_available()
+    built = list(tmp_path.glob("minivllm_kernels-*.so"))
     assert len(built) == 1 and not list(tmp_path.glob("tmp*"))
     monkeypatch.setenv("MINIVLLM_CPU_KERNEL", "0")
-    monkeypatch.setattr(cpu_kernels, "_tried", False)
-    monkeypatch.setattr(cpu_kernels, "_lib", None)
-    assert not cpu_kernels.decode_kernel_available()
+    monkeypatch.setattr(ops, "_tried", False)
+    monkeypatch.setattr(ops, "_lib", None)
+    assert not ops.native_available()

@@ -1,7 +1,7 @@
 // Paged decode attention for CPU: one query token per sequence, keys and values read straight
 // out of the paged KV cache through the block table (no gather into a workspace, no padding).
 //
-// Built on first use by cpu_kernels.py (g++ -O3 -march=native -fopenmp) and called through
+// Built on first use by minivllm/_custom_ops.py (g++ -O3 -march=native -fopenmp) and called through
 // ctypes with raw pointers; the OpenMP runtime is the one torch already loaded (same soname).
 //
 // Layout (elements, not bytes):

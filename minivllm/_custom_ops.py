@@ -1,0 +1,151 @@
+"""Native CPU kernels (`minivllm/csrc/*.cpp`): built on first use, always optional.
+
+The sources are compiled together once per machine with the system C++ compiler (about 2 s) into
+`$MINIVLLM_CACHE_DIR` (default `~/.cache/minivllm`), keyed by the sources, the flags and the CPU's
+feature flags (the build uses `-march=native`), and loaded with ctypes; their OpenMP runtime is
+the one torch already loaded. Everything works without them: when there is no compiler, the build
+fails, or `MINIVLLM_CPU_KERNEL=0`, callers keep their pure-PyTorch paths.
+
+- `paged_decode_attention`: one query per sequence, K/V read in place through the block table.
+- `gemv_bf16`: one-token bf16 linear (batch-1 decode), faster than oneDNN at M = 1.
+"""
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+from minivllm.logger import init_logger
+
+logger = init_logger(__name__)
+
+_CSRC = Path(__file__).with_name("csrc")
+_FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17"]
+_I32, _I64, _PTR = ctypes.c_int32, ctypes.c_int64, ctypes.c_void_p
+_SIGNATURES = {
+    # q, q_row_stride, k_cache, v_cache, slot_stride, block_table, table_stride, seq_lens, rows,
+    # out, out_row_stride, num_seqs, num_heads, num_kv_heads, head_size, block_size, window,
+    # scale, num_threads
+    "minivllm_paged_decode_bf16": [_PTR, _I64, _PTR, _PTR, _I64, _PTR, _I64, _PTR, _PTR, _PTR,
+                                   _I64, _I32, _I32, _I32, _I32, _I32, _I32, ctypes.c_float, _I32],
+    "minivllm_gemv_bf16": [_PTR, _PTR, _I64, _PTR, _PTR, _I64, _I64, _I32],
+    "minivllm_has_gemv_bf16": [],
+}
+_SIGNATURES["minivllm_paged_decode_f32"] = _SIGNATURES["minivllm_paged_decode_bf16"]
+_ATTN_FUNCS = {torch.bfloat16: "minivllm_paged_decode_bf16",
+               torch.float32: "minivllm_paged_decode_f32"}
+_lib: ctypes.CDLL | None = None
+_tried = False
+_has_gemv = False
+
+
+def _cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return line
+    except OSError:
+        pass
+    return os.uname().machine
+
+
+def _build() -> ctypes.CDLL:
+    compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+    if compiler is None:
+        raise RuntimeError("no C++ compiler (g++/c++) on PATH")
+    sources = sorted(_CSRC.glob("*.cpp"))
+    digest = hashlib.sha256(" ".join([compiler] + _FLAGS).encode() + _cpu_flags().encode())
+    for src in sources:
+        digest.update(src.name.encode() + src.read_bytes())
+    cache = Path(os.environ.get("MINIVLLM_CACHE_DIR", Path.home() / ".cache" / "minivllm"))
+    target = cache / f"minivllm_kernels-{digest.hexdigest()[:16]}.so"
+    if not target.exists():
+        cache.mkdir(parents=True, exist_ok=True)
+        # Build beside the target and rename: concurrent workers (TP ranks) never load a
+        # half-written library.
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=cache)
+        os.close(fd)
+        try:
+            subprocess.run([compiler, *_FLAGS, *map(str, sources), "-o", tmp], check=True,
+                           capture_output=True, text=True, timeout=300)
+            os.replace(tmp, target)
+        except subprocess.CalledProcessError as e:
+            raise RuntimeError(f"{compiler} failed: {e.stderr.strip()[-2000:]}") from e
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    lib = ctypes.CDLL(str(target))
+    for name, argtypes in _SIGNATURES.items():
+        fn = getattr(lib, name)
+        fn.argtypes, fn.restype = argtypes, ctypes.c_int
+    return lib
+
+
+def native_available() -> bool:
+    """Builds/loads the kernels once per process; False (with one warning) when it cannot."""
+    global _lib, _tried, _has_gemv
+    if not _tried:
+        _tried = True
+        if os.environ.get("MINIVLLM_CPU_KERNEL", "1") == "0":
+            return False
+        try:
+            _lib = _build()
+            _has_gemv = bool(_lib.minivllm_has_gemv_bf16())
+        except Exception as e:  # any failure: fall back to the PyTorch paths, never crash
+            logger.warning("Native CPU kernels unavailable (%s); attention uses gather + SDPA "
+                           "and linears oneDNN.", e)
+    return _lib is not None
+
+
+def attention_supports(dtype: torch.dtype) -> bool:
+    return dtype in _ATTN_FUNCS
+
+
+def paged_decode_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
+                           seq_lens: torch.Tensor, rows: torch.Tensor, out: torch.Tensor,
+                           num_heads: int, num_kv_heads: int, head_size: int, window: int,
+                           scale: float) -> None:
+    """out[rows] = attention of query[rows] over each sequence's cached keys, in place.
+
+    query/out: [T, >= nH*d] with unit stride inside a row; kv_cache: contiguous
+    [2, num_blocks, block_size, nKV, d]; block_table: int32 [B, max_blocks] (contiguous rows);
+    seq_lens: int32 [B]; rows: int64 [B] (query row of each sequence); window: 0 = unlimited.
+    """
+    assert _lib is not None, "call native_available() first"
+    _, num_blocks, block_size, _, head_dim = kv_cache.shape
+    v_offset = num_blocks * block_size * num_kv_heads * head_dim * kv_cache.element_size()
+    rc = getattr(_lib, _ATTN_FUNCS[kv_cache.dtype])(
+        query.data_ptr(), query.stride(0), kv_cache.data_ptr(), kv_cache.data_ptr() + v_offset,
+        num_kv_heads * head_dim, block_table.data_ptr(), block_table.stride(0),
+        seq_lens.data_ptr(), rows.data_ptr(), out.data_ptr(), out.stride(0), rows.shape[0],
+        num_heads, num_kv_heads, head_size, block_size, window, scale, torch.get_num_threads())
+    if rc != 0:
+        raise ValueError(f"paged decode kernel rejected num_heads={num_heads}, "
+                         f"num_kv_heads={num_kv_heads}: heads per KV head must divide and be <= 64")
+
+
+def gemv_supported(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """True when `gemv_bf16` can compute `F.linear(x, weight)`: one bf16 row, K % 32 == 0."""
+    return (x.dtype == weight.dtype == torch.bfloat16 and x.dim() == 2 and x.shape[0] == 1
+            and x.device.type == "cpu" and weight.dim() == 2 and weight.stride(1) == 1
+            and weight.shape[1] % 32 == 0 and native_available() and _has_gemv)
+
+
+def gemv_bf16(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """`F.linear(x, weight, bias)` for x [1, K] (see `gemv_supported`); returns [1, N]."""
+    x = x.contiguous()
+    if bias is not None:
+        bias = bias.to(torch.bfloat16).contiguous()
+    n, k = weight.shape
+    y = x.new_empty(1, n)
+    rc = _lib.minivllm_gemv_bf16(x.data_ptr(), weight.data_ptr(), weight.stride(0),
+                                 None if bias is None else bias.data_ptr(), y.data_ptr(), n, k,
+                                 torch.get_num_threads())
+    if rc != 0:
+        raise ValueError(f"gemv_bf16 needs K % 32 == 0 and AVX-512 BF16, got K={k}")
+    return y
