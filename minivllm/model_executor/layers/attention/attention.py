@@ -11,6 +11,7 @@ import torch
 import torch.nn as nn
 
 from minivllm.config import CacheConfig, get_current_vllm_config
+from minivllm.compilation.ops import register_op
 from minivllm.forward_context import get_forward_context
 from minivllm.v1.attention.backend import AttentionType
 from minivllm.v1.attention.backends.cpu_attn import TorchAttentionBackend
@@ -167,10 +168,10 @@ def _kv_cache_torch_dtype(cache_dtype: str) -> torch.dtype:
     return _KV_CACHE_DTYPES[cache_dtype]
 
 
-@torch.library.custom_op("minivllm::unified_attention", mutates_args=())
 def unified_attention(query: torch.Tensor, key: torch.Tensor | None, value: torch.Tensor | None,
                       layer_name: str) -> torch.Tensor:
-    """The layer named `layer_name` (from the forward context) on q/k/v; what compiled graphs call.
+    """The layer named `layer_name` (from the forward context) on q/k/v; what compiled graphs call
+    (as `torch.ops.minivllm.unified_attention`).
 
     NOTE: it writes the layer's KV cache, which the compiler never sees: the cache is not an
     argument, and the write is read back only by this same op in later steps.
@@ -179,8 +180,11 @@ def unified_attention(query: torch.Tensor, key: torch.Tensor | None, value: torc
     return layer._forward_eager(query, key, value)
 
 
-@unified_attention.register_fake
-def _(query: torch.Tensor, key: torch.Tensor | None, value: torch.Tensor | None,
-      layer_name: str) -> torch.Tensor:
+def _unified_attention_fake(query: torch.Tensor, key: torch.Tensor | None,
+                            value: torch.Tensor | None, layer_name: str) -> torch.Tensor:
     layer = get_forward_context().no_compile_layers[layer_name]
     return query.new_empty(query.shape[0], layer.num_heads * layer.head_size_v)
+
+
+register_op("unified_attention(Tensor query, Tensor? key, Tensor? value, str layer_name) -> Tensor",
+            unified_attention, _unified_attention_fake)

@@ -7,6 +7,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from minivllm import _custom_ops as ops
+from minivllm.compilation.ops import register_op
 from minivllm.config import get_current_vllm_config_or_none
 from minivllm.model_executor.layers.quantization.base_config import QuantizeMethodBase
 from minivllm.model_executor.parameter import set_weight_attrs
@@ -54,15 +55,15 @@ def _cpu_linear(x: torch.Tensor, weight: torch.Tensor,
     return F.linear(x, weight, bias)
 
 
-@torch.library.custom_op("minivllm::cpu_linear", mutates_args=())
-def cpu_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """`_cpu_linear` as an op compiled graphs call (they pass the plain weight parameter)."""
-    return _cpu_linear(x, weight, bias)
-
-
-@cpu_linear.register_fake
-def _(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+def _cpu_linear_fake(x: torch.Tensor, weight: torch.Tensor,
+                     bias: torch.Tensor | None) -> torch.Tensor:
     return x.new_empty(*x.shape[:-1], weight.shape[0])
+
+
+# `torch.ops.minivllm.cpu_linear`: `_cpu_linear` as an op compiled graphs call (they pass the
+# plain weight parameter).
+register_op("cpu_linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor", _cpu_linear,
+            _cpu_linear_fake)
 
 
 def _linear(layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
