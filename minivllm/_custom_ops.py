@@ -60,7 +60,7 @@ def _build() -> ctypes.CDLL:
         raise RuntimeError("no C++ compiler (g++/c++) on PATH")
     sources = sorted(_CSRC.glob("*.cpp"))
     digest = hashlib.sha256(" ".join([compiler] + _FLAGS).encode() + _cpu_flags().encode())
-    for src in sources:
+    for src in sorted(_CSRC.glob("*.[ch]*")):                   # sources and headers
         digest.update(src.name.encode() + src.read_bytes())
     cache = Path(os.environ.get("MINIVLLM_CACHE_DIR", Path.home() / ".cache" / "minivllm"))
     target = cache / f"minivllm_kernels-{digest.hexdigest()[:16]}.so"

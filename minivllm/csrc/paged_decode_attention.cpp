@@ -16,66 +16,17 @@
 // of values are computed in fp32.
 
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <vector>
+
+#include "cpu_math.h"
 
 namespace {
 
-inline float to_float(float x) { return x; }
-
-inline float to_float(uint16_t x) {  // bfloat16 bits -> float: the high half of an fp32
-  uint32_t u = static_cast<uint32_t>(x) << 16;
-  float f;
-  std::memcpy(&f, &u, sizeof(f));
-  return f;
-}
-
-inline void store(float x, float* p) { *p = x; }
-
-inline void store(float x, uint16_t* p) {  // float -> bfloat16, round to nearest even
-  uint32_t u;
-  std::memcpy(&u, &x, sizeof(u));
-  if ((u & 0x7fffffffu) > 0x7f800000u) {  // NaN stays NaN
-    *p = 0x7fc0;
-    return;
-  }
-  u += 0x7fffu + ((u >> 16) & 1u);
-  *p = static_cast<uint16_t>(u >> 16);
-}
-
-// exp(x) for x <= 0 in a form the compiler vectorizes (std::exp is a scalar libm call, which
-// cost as much as the whole dot-product pass): 2^(x*log2 e) = 2^k * 2^f with k = round(.) and
-// f in [-0.5, 0.5], 2^f by its degree-6 Taylor polynomial (relative error < 2e-7).
-inline float exp_nonpositive(float x) {
-  x = x < -87.0f ? -87.0f : x;                   // exp(-87) ~ 1.6e-38: still a normal float
-  const float t = x * 1.44269504089f;
-  const float k = (t + 12582912.0f) - 12582912.0f;  // round to nearest (1.5 * 2^23 trick)
-  const float f = (t - k) * 0.69314718056f;         // 2^(t-k) = e^f, |f| <= 0.347
-  const float p =
-      1.0f + f * (1.0f + f * (0.5f + f * (1.0f / 6 + f * (1.0f / 24 + f * (1.0f / 120 + f * (1.0f / 720))))));
-  const int32_t bits = (static_cast<int32_t>(k) + 127) << 23;  // 2^k as a float
-  float scale2;
-  std::memcpy(&scale2, &bits, sizeof(scale2));
-  return p * scale2;
-}
-
-// scores [group, n] -> unnormalized exp(s - max) in place; inv_sum[g] = 1 / row sum.
-inline void softmax_rows(float* scores, int32_t group, int32_t n, float* inv_sum) {
-  for (int32_t g = 0; g < group; ++g) {
-    float* sg = scores + g * n;
-    float m = sg[0];
-    for (int32_t j = 1; j < n; ++j) m = sg[j] > m ? sg[j] : m;
-    float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-    for (int32_t j = 0; j < n; ++j) {
-      sg[j] = exp_nonpositive(sg[j] - m);
-      sum += sg[j];
-    }
-    inv_sum[g] = 1.0f / sum;
-  }
-}
+using minivllm::exp_nonpositive;
+using minivllm::softmax_rows;
+using minivllm::store;
+using minivllm::to_float;
 
 // D > 0: the head size as a compile-time constant (fully unrolled dot products); 0: head_size.
 template <typename T, int D>
@@ -145,14 +96,15 @@ inline __m512 load16(const uint16_t* p) {  // bf16: zero-extend to 32 bits, shif
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
 }
 
-// Software prefetch of one block's rows of this head (the hardware prefetcher cannot guess the
-// next block: the block table scatters a sequence over the cache).
+// Software prefetch of one block (the hardware prefetcher cannot guess the next block: the block
+// table scatters a sequence over the cache). `base` is the block's first slot; the whole block,
+// every KV head, is contiguous (block_size * slot_stride elements), so the first head's pass
+// brings the other heads' rows into L2 too (a thread attends all heads of its sequence in turn).
 template <typename T, int D>
 inline void prefetch_block(const T* base, int32_t block_size, int64_t slot_stride) {
-  constexpr int kLines = static_cast<int>((D * sizeof(T) + 63) / 64);
-  for (int32_t j = 0; j < block_size; ++j)
-    for (int l = 0; l < kLines; ++l)
-      _mm_prefetch(reinterpret_cast<const char*>(base + j * slot_stride) + 64 * l, _MM_HINT_T0);
+  const int64_t lines = (block_size * slot_stride * static_cast<int64_t>(sizeof(T)) + 63) / 64;
+  for (int64_t l = 0; l < lines; ++l)
+    _mm_prefetch(reinterpret_cast<const char*>(base) + 64 * l, _MM_HINT_T1);
 }
 
 // The same computation as attend_one with G query heads per KV head and head size D known at
@@ -161,7 +113,8 @@ inline void prefetch_block(const T* base, int32_t block_size, int64_t slot_strid
 template <typename T, int G, int D>
 void attend_one_avx512(const T* q, const T* k_cache, const T* v_cache, int64_t slot_stride,
                        const int32_t* table, int32_t seq_len, int32_t window, int32_t kv_head,
-                       int32_t block_size, float scale, T* out, std::vector<float>& buf) {
+                       int32_t block_size, float scale, T* out, std::vector<float>& buf,
+                       bool fetch) {
   constexpr int V = D / 16;
   const int32_t start = (window > 0 && seq_len > window) ? seq_len - window : 0;
   const int32_t n = seq_len - start;
@@ -178,13 +131,14 @@ void attend_one_avx512(const T* q, const T* k_cache, const T* v_cache, int64_t s
   const T* v_head = v_cache + static_cast<int64_t>(kv_head) * D;
   const int32_t last_block = (seq_len - 1) / block_size;
   const int64_t block_stride = static_cast<int64_t>(block_size) * slot_stride;
-  prefetch_block<T, D>(k_head + table[start / block_size] * block_stride, block_size, slot_stride);
+  if (fetch)
+    prefetch_block<T, D>(k_cache + table[start / block_size] * block_stride, block_size, slot_stride);
   for (int32_t b = start / block_size, p = start; p < seq_len; ++b) {  // scores
     const T* k = k_head + static_cast<int64_t>(table[b]) * block_stride;
-    if (b < last_block)
-      prefetch_block<T, D>(k_head + table[b + 1] * block_stride, block_size, slot_stride);
-    else  // the values are read next
-      prefetch_block<T, D>(v_head + table[start / block_size] * block_stride, block_size,
+    if (fetch && b < last_block)
+      prefetch_block<T, D>(k_cache + table[b + 1] * block_stride, block_size, slot_stride);
+    else if (fetch)  // the values are read next
+      prefetch_block<T, D>(v_cache + table[start / block_size] * block_stride, block_size,
                            slot_stride);
     const int32_t stop = std::min(seq_len, (b + 1) * block_size);
     for (int32_t j = p - b * block_size; p < stop; ++p, ++j) {
@@ -205,8 +159,8 @@ void attend_one_avx512(const T* q, const T* k_cache, const T* v_cache, int64_t s
     for (int c = 0; c < V; ++c) acc[g][c] = _mm512_setzero_ps();
   for (int32_t b = start / block_size, p = start; p < seq_len; ++b) {  // weighted sum of values
     const T* v = v_head + static_cast<int64_t>(table[b]) * block_stride;
-    if (b < last_block)
-      prefetch_block<T, D>(v_head + table[b + 1] * block_stride, block_size, slot_stride);
+    if (fetch && b < last_block)
+      prefetch_block<T, D>(v_cache + table[b + 1] * block_stride, block_size, slot_stride);
     const int32_t stop = std::min(seq_len, (b + 1) * block_size);
     for (int32_t j = p - b * block_size; p < stop; ++p, ++j) {
       const T* vr = v + j * slot_stride;
@@ -230,10 +184,10 @@ void attend_one_avx512(const T* q, const T* k_cache, const T* v_cache, int64_t s
 template <typename T, int D>
 bool attend_fixed_d(int32_t group, const T* q, const T* kc, const T* vc, int64_t ss,
                     const int32_t* t, int32_t len, int32_t w, int32_t kh, int32_t bs, float sc,
-                    T* o, std::vector<float>& buf) {
+                    T* o, std::vector<float>& buf, bool fetch) {
   switch (group) {
 #define MINIVLLM_CASE(G) \
-    case G: attend_one_avx512<T, G, D>(q, kc, vc, ss, t, len, w, kh, bs, sc, o, buf); return true;
+    case G: attend_one_avx512<T, G, D>(q, kc, vc, ss, t, len, w, kh, bs, sc, o, buf, fetch); return true;
     MINIVLLM_CASE(1) MINIVLLM_CASE(2) MINIVLLM_CASE(3) MINIVLLM_CASE(4)
     MINIVLLM_CASE(5) MINIVLLM_CASE(6) MINIVLLM_CASE(7) MINIVLLM_CASE(8)
 #undef MINIVLLM_CASE
@@ -244,15 +198,15 @@ bool attend_fixed_d(int32_t group, const T* q, const T* kc, const T* vc, int64_t
 template <typename T>
 bool attend_fast(int32_t head_size, int32_t group, const T* q, const T* kc, const T* vc,
                  int64_t ss, const int32_t* t, int32_t len, int32_t w, int32_t kh, int32_t bs,
-                 float sc, T* o, std::vector<float>& buf) {
-  if (head_size == 64) return attend_fixed_d<T, 64>(group, q, kc, vc, ss, t, len, w, kh, bs, sc, o, buf);
-  if (head_size == 128) return attend_fixed_d<T, 128>(group, q, kc, vc, ss, t, len, w, kh, bs, sc, o, buf);
+                 float sc, T* o, std::vector<float>& buf, bool fetch) {
+  if (head_size == 64) return attend_fixed_d<T, 64>(group, q, kc, vc, ss, t, len, w, kh, bs, sc, o, buf, fetch);
+  if (head_size == 128) return attend_fixed_d<T, 128>(group, q, kc, vc, ss, t, len, w, kh, bs, sc, o, buf, fetch);
   return false;
 }
 #else
 template <typename T>
 bool attend_fast(int32_t, int32_t, const T*, const T*, const T*, int64_t, const int32_t*, int32_t,
-                 int32_t, int32_t, int32_t, float, T*, std::vector<float>&) {
+                 int32_t, int32_t, int32_t, float, T*, std::vector<float>&, bool) {
   return false;  // no AVX-512: the portable loops below
 }
 #endif
@@ -266,21 +220,27 @@ int paged_decode(const T* q, int64_t q_row_stride, const T* k_cache, const T* v_
   if (num_kv_heads <= 0 || num_heads % num_kv_heads != 0 || num_heads / num_kv_heads > 64)
     return 1;
   const int32_t group = num_heads / num_kv_heads;
-  const int64_t tasks = static_cast<int64_t>(num_seqs) * num_kv_heads;
+  // One sequence per task when there are enough of them (its KV heads in turn, so the blocks
+  // fetched for the first head serve the others from L2); else one (sequence, KV head) each.
+  const int32_t per_task = num_seqs >= 4 * num_threads ? num_kv_heads : 1;
+  const int64_t tasks = static_cast<int64_t>(num_seqs) * num_kv_heads / per_task;
 #pragma omp parallel num_threads(num_threads)
   {
     std::vector<float> buf;
     // dynamic: sequence lengths differ, so equal-count static chunks would be unbalanced
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t t = 0; t < tasks; ++t) {
-      const int64_t i = t / num_kv_heads;
-      const int32_t kh = static_cast<int32_t>(t % num_kv_heads);
+    for (int64_t t = 0; t < tasks; ++t)
+    for (int32_t h = 0; h < per_task; ++h) {
+      const int64_t pair = t * per_task + h;  // (sequence, KV head) pairs, sequence-major
+      const int64_t i = pair / num_kv_heads;
+      const int32_t kh = static_cast<int32_t>(pair % num_kv_heads);
+      const bool fetch = per_task == 1 || h == 0;
       const int64_t col = static_cast<int64_t>(kh) * group * head_size;
       const T* qi = q + rows[i] * q_row_stride + col;
       T* oi = out + rows[i] * out_row_stride + col;
       const int32_t* ti = block_table + i * table_stride;
       if (attend_fast<T>(head_size, group, qi, k_cache, v_cache, slot_stride, ti, seq_lens[i],
-                         window, kh, block_size, scale, oi, buf))
+                         window, kh, block_size, scale, oi, buf, fetch))
         continue;
       if (head_size == 64)
         attend_one<T, 64>(qi, k_cache, v_cache, slot_stride, ti, seq_lens[i], window, kh, group,

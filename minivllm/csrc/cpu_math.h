@@ -1,0 +1,106 @@
+// Small scalar/vector helpers shared by the native attention kernels (header-only, inline).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+namespace minivllm {
+
+inline float to_float(float x) { return x; }
+
+inline float to_float(uint16_t x) {  // bfloat16 bits -> float: the high half of an fp32
+  uint32_t u = static_cast<uint32_t>(x) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof(f));
+  return f;
+}
+
+inline void store(float x, float* p) { *p = x; }
+
+inline void store(float x, uint16_t* p) {  // float -> bfloat16, round to nearest even
+  uint32_t u;
+  std::memcpy(&u, &x, sizeof(u));
+  if ((u & 0x7fffffffu) > 0x7f800000u) {  // NaN stays NaN
+    *p = 0x7fc0;
+    return;
+  }
+  u += 0x7fffu + ((u >> 16) & 1u);
+  *p = static_cast<uint16_t>(u >> 16);
+}
+
+// exp(x) for x <= 0 in a form the compiler vectorizes (std::exp is a scalar libm call, which
+// cost as much as the whole dot-product pass): 2^(x*log2 e) = 2^k * 2^f with k = round(.) and
+// f in [-0.5, 0.5], 2^f by its degree-6 Taylor polynomial (relative error < 2e-7).
+inline float exp_nonpositive(float x) {
+  x = x < -87.0f ? -87.0f : x;                   // exp(-87) ~ 1.6e-38: still a normal float
+  const float t = x * 1.44269504089f;
+  const float k = (t + 12582912.0f) - 12582912.0f;  // round to nearest (1.5 * 2^23 trick)
+  const float f = (t - k) * 0.69314718056f;         // 2^(t-k) = e^f, |f| <= 0.347
+  const float p =
+      1.0f + f * (1.0f + f * (0.5f + f * (1.0f / 6 + f * (1.0f / 24 + f * (1.0f / 120 + f * (1.0f / 720))))));
+  const int32_t bits = (static_cast<int32_t>(k) + 127) << 23;  // 2^k as a float
+  float scale2;
+  std::memcpy(&scale2, &bits, sizeof(scale2));
+  return p * scale2;
+}
+
+#if defined(__AVX512F__)
+// exp_nonpositive on 16 lanes: 2^k by scalef (exact), 2^f by the same polynomial.
+inline __m512 exp_nonpositive16(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+  const __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.44269504089f));
+  const __m512 k = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_mul_ps(_mm512_sub_ps(t, k), _mm512_set1_ps(0.69314718056f));
+  __m512 p = _mm512_set1_ps(1.0f / 720);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f / 120));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f / 24));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f / 6));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, k);
+}
+#endif
+
+// scores [group, n] (rows `stride` floats apart; 0: stride = n) -> unnormalized exp(s - max) in
+// place; inv_sum[g] = 1 / row sum. NOTE: explicitly vectorized: the scalar loops cost as much
+// as the whole pass over the values.
+inline void softmax_rows(float* scores, int32_t group, int32_t n, float* inv_sum,
+                         int32_t stride = 0) {
+  for (int32_t g = 0; g < group; ++g) {
+    float* sg = scores + g * (stride > 0 ? stride : n);
+#if defined(__AVX512F__)
+    const __m512 neg_inf = _mm512_set1_ps(-INFINITY);
+    __m512 mv = neg_inf;
+    for (int32_t j = 0; j < n; j += 16) {
+      const __mmask16 live = n - j >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (n - j)) - 1);
+      mv = _mm512_max_ps(mv, _mm512_mask_loadu_ps(neg_inf, live, sg + j));
+    }
+    const __m512 m = _mm512_set1_ps(_mm512_reduce_max_ps(mv));
+    __m512 sum = _mm512_setzero_ps();
+    for (int32_t j = 0; j < n; j += 16) {
+      const __mmask16 live = n - j >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (n - j)) - 1);
+      const __m512 e = exp_nonpositive16(_mm512_sub_ps(_mm512_maskz_loadu_ps(live, sg + j), m));
+      _mm512_mask_storeu_ps(sg + j, live, e);
+      sum = _mm512_mask_add_ps(sum, live, sum, e);
+    }
+    inv_sum[g] = 1.0f / _mm512_reduce_add_ps(sum);
+#else
+    float m = sg[0];
+    for (int32_t j = 1; j < n; ++j) m = sg[j] > m ? sg[j] : m;
+    float sum = 0.0f;
+    for (int32_t j = 0; j < n; ++j) {
+      sg[j] = exp_nonpositive(sg[j] - m);
+      sum += sg[j];
+    }
+    inv_sum[g] = 1.0f / sum;
+#endif
+  }
+}
+
+}  // namespace minivllm
