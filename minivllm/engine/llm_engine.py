@@ -23,6 +23,9 @@ from minivllm.engine.scheduler_output import LogprobEntry, ModelRunnerOutput, Sc
 from minivllm.outputs import CompletionOutput, Logprob, RequestOutput
 from minivllm.sampling_params import SamplingParams
 
+# text, token ids, or a dict with 'prompt' / 'prompt_token_ids' (vLLM's TextPrompt / TokensPrompt)
+PromptType = str | list[int] | dict[str, Any]
+
 
 class Executor(Protocol):
     num_blocks: int
@@ -75,7 +78,7 @@ class LLMEngine:
         self._parents: dict[str, _ParentState] = {}
         self._children: dict[str, _ChildState] = {}
 
-    def add_request(self, request_id: str, prompt: str | list[int],
+    def add_request(self, request_id: str, prompt: PromptType,
                     params: SamplingParams | None = None, arrival_time: float | None = None) -> None:
         """Queues a prompt (text or token ids); n > 1 becomes n child requests."""
         if request_id in self._parents:
@@ -138,7 +141,8 @@ class LLMEngine:
     def get_num_unfinished_requests(self) -> int:
         return len(self._parents)
 
-    def _tokenize(self, prompt: str | list[int]) -> tuple[str | None, list[int]]:
+    def _tokenize(self, prompt: PromptType) -> tuple[str | None, list[int]]:
+        prompt = prompt_input(prompt)
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise ValueError("A text prompt needs a tokenizer; pass token ids instead.")
@@ -230,3 +234,20 @@ class LLMEngine:
             prompt_logprobs=list(parent.prompt_logprobs) if parent.prompt_logprobs else None,
             outputs=outputs, finished=finished,
             num_cached_tokens=max(parent.children[0].request.num_cached_tokens, 0))
+
+
+def prompt_input(prompt: PromptType) -> str | list[int]:
+    """A prompt as vLLM takes it (text, token ids, or a TextPrompt / TokensPrompt dict) as
+    text or token ids."""
+    if isinstance(prompt, dict):
+        if "prompt_token_ids" in prompt:
+            return list(prompt["prompt_token_ids"])
+        if "prompt" in prompt:
+            return prompt["prompt"]
+        raise ValueError("A prompt dict needs 'prompt' or 'prompt_token_ids'")
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, (list, tuple)) and all(isinstance(t, int) for t in prompt):
+        return list(prompt)
+    raise ValueError(f"Unsupported prompt type {type(prompt).__name__}: give a string, a list of "
+                     "token ids, or a dict with 'prompt' / 'prompt_token_ids'")

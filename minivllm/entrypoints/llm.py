@@ -8,12 +8,11 @@ from tqdm import tqdm
 
 from minivllm.engine.arg_utils import EngineArgs
 from minivllm.engine.executor import create_executor
-from minivllm.engine.llm_engine import LLMEngine
+from minivllm.engine.llm_engine import LLMEngine, PromptType
 from minivllm.outputs import RequestOutput
 from minivllm.sampling_params import SamplingParams
 from minivllm.transformers_utils.tokenizer import get_tokenizer
 
-PromptType = str | list[int] | dict[str, Any]
 _TQDM_MIN_REQUESTS = 8   # show a progress bar only for batches at least this long
 
 
@@ -47,7 +46,7 @@ class LLM:
         ids = []
         for prompt, params in zip(prompt_list, params_list):
             request_id = str(next(self._counter))
-            self.llm_engine.add_request(request_id, _prompt_input(prompt), params)
+            self.llm_engine.add_request(request_id, prompt, params)
             ids.append(request_id)
         return self._run_engine(ids, use_tqdm)
 
@@ -110,16 +109,3 @@ def _as_prompt_list(prompts: PromptType | Sequence[PromptType]) -> list[PromptTy
     if prompts and all(isinstance(p, int) for p in prompts):   # one token-id prompt
         return [prompts]
     return prompts
-
-
-def _prompt_input(prompt: PromptType) -> str | list[int]:
-    if isinstance(prompt, dict):
-        if "prompt_token_ids" in prompt:
-            return list(prompt["prompt_token_ids"])
-        if "prompt" in prompt:
-            return prompt["prompt"]
-        raise ValueError("A prompt dict needs 'prompt' or 'prompt_token_ids'")
-    if isinstance(prompt, str) or (isinstance(prompt, list) and all(isinstance(t, int) for t in prompt)):
-        return prompt
-    raise ValueError(f"Unsupported prompt type {type(prompt).__name__}: give a string, a list of "
-                     "token ids, or a dict with 'prompt' / 'prompt_token_ids'")

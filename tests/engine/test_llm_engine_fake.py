@@ -181,3 +181,17 @@ def test_invalid_requests(tokenizer):
         engine.add_request("x", [1])
     # max_tokens=None runs until max_model_len.
     assert len(run(engine)[0]["x"].outputs[0].token_ids) == 7
+
+
+def test_add_request_takes_vllm_prompt_dicts(tokenizer):
+    engine, _ = make_engine(tokenizer)
+    engine.add_request("text", {"prompt": "Hello world"}, SamplingParams(max_tokens=100))
+    engine.add_request("ids", {"prompt_token_ids": (5, 6, 7)}, SamplingParams(max_tokens=3))
+    final, _ = run(engine)
+    assert final["text"].prompt == "Hello world"
+    assert final["text"].prompt_token_ids == tokenizer.encode("Hello world")
+    assert final["ids"].prompt_token_ids == [5, 6, 7]
+    for bad, match in [({"text": "x"}, "'prompt' or 'prompt_token_ids'"), (3.5, "Unsupported")]:
+        with pytest.raises(ValueError, match=match):
+            engine.add_request("bad", bad, SamplingParams())
+    assert not engine.has_unfinished_requests()
