@@ -11,9 +11,10 @@
 //             s * slot_stride + kh * head_size  (the [num_blocks, block_size, nKV, d] cache)
 //   table     block_table[i * table_stride + j] is the j-th block of sequence i
 //
-// Work is split over (sequence, KV head) pairs: the num_heads / num_kv_heads query heads that
-// share a KV head (GQA) read each key and value row once. Scores, softmax and the weighted sum
-// of values are computed in fp32.
+// The unit of work is a (sequence, KV head) pair: the num_heads / num_kv_heads query heads that
+// share a KV head (GQA) read each key and value row once. A thread takes a whole sequence (its KV
+// heads in turn) when there are enough sequences for both threads, else single pairs. Scores,
+// softmax and the weighted sum of values are computed in fp32.
 
 #include <algorithm>
 #include <cstdint>
@@ -100,7 +101,7 @@ inline __m512 load16(const uint16_t* p) {  // bf16: zero-extend to 32 bits, shif
 // table scatters a sequence over the cache). `base` is the block's first slot; the whole block,
 // every KV head, is contiguous (block_size * slot_stride elements), so the first head's pass
 // brings the other heads' rows into L2 too (a thread attends all heads of its sequence in turn).
-template <typename T, int D>
+template <typename T>
 inline void prefetch_block(const T* base, int32_t block_size, int64_t slot_stride) {
   const int64_t lines = (block_size * slot_stride * static_cast<int64_t>(sizeof(T)) + 63) / 64;
   for (int64_t l = 0; l < lines; ++l)
@@ -132,13 +133,13 @@ void attend_one_avx512(const T* q, const T* k_cache, const T* v_cache, int64_t s
   const int32_t last_block = (seq_len - 1) / block_size;
   const int64_t block_stride = static_cast<int64_t>(block_size) * slot_stride;
   if (fetch)
-    prefetch_block<T, D>(k_cache + table[start / block_size] * block_stride, block_size, slot_stride);
+    prefetch_block<T>(k_cache + table[start / block_size] * block_stride, block_size, slot_stride);
   for (int32_t b = start / block_size, p = start; p < seq_len; ++b) {  // scores
     const T* k = k_head + static_cast<int64_t>(table[b]) * block_stride;
     if (fetch && b < last_block)
-      prefetch_block<T, D>(k_cache + table[b + 1] * block_stride, block_size, slot_stride);
+      prefetch_block<T>(k_cache + table[b + 1] * block_stride, block_size, slot_stride);
     else if (fetch)  // the values are read next
-      prefetch_block<T, D>(v_cache + table[start / block_size] * block_stride, block_size,
+      prefetch_block<T>(v_cache + table[start / block_size] * block_stride, block_size,
                            slot_stride);
     const int32_t stop = std::min(seq_len, (b + 1) * block_size);
     for (int32_t j = p - b * block_size; p < stop; ++p, ++j) {
@@ -160,7 +161,7 @@ void attend_one_avx512(const T* q, const T* k_cache, const T* v_cache, int64_t s
   for (int32_t b = start / block_size, p = start; p < seq_len; ++b) {  // weighted sum of values
     const T* v = v_head + static_cast<int64_t>(table[b]) * block_stride;
     if (fetch && b < last_block)
-      prefetch_block<T, D>(v_cache + table[b + 1] * block_stride, block_size, slot_stride);
+      prefetch_block<T>(v_cache + table[b + 1] * block_stride, block_size, slot_stride);
     const int32_t stop = std::min(seq_len, (b + 1) * block_size);
     for (int32_t j = p - b * block_size; p < stop; ++p, ++j) {
       const T* vr = v + j * slot_stride;
