@@ -8,6 +8,7 @@ fails, or `MINIVLLM_CPU_KERNEL=0`, callers keep their pure-PyTorch paths.
 
 - `paged_decode_attention`: one query per sequence, K/V read in place through the block table.
 - `gemv_bf16`: one-token bf16 linear (batch-1 decode), faster than oneDNN at M = 1.
+- `argmax_bf16`: row argmax of bf16 logits (plain-greedy sampling), ~10x faster than `max`.
 """
 
 import ctypes
@@ -35,6 +36,7 @@ _SIGNATURES = {
                                    _I64, _I32, _I32, _I32, _I32, _I32, _I32, ctypes.c_float, _I32],
     "minivllm_gemv_bf16": [_PTR, _PTR, _I64, _PTR, _PTR, _I64, _I64, _I32],
     "minivllm_has_gemv_bf16": [],
+    "minivllm_argmax_bf16": [_PTR, _I64, _I64, _I64, _PTR, _I32],
 }
 _SIGNATURES["minivllm_paged_decode_f32"] = _SIGNATURES["minivllm_paged_decode_bf16"]
 _ATTN_FUNCS = {torch.bfloat16: "minivllm_paged_decode_bf16",
@@ -149,3 +151,18 @@ def gemv_bf16(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) 
     if rc != 0:
         raise ValueError(f"gemv_bf16 needs K % 32 == 0 and AVX-512 BF16, got K={k}")
     return y
+
+
+def argmax_bf16(logits: torch.Tensor) -> torch.Tensor | None:
+    """int64 [B]: first index of each row's maximum of bf16 logits [B, V] (unit stride rows);
+    None when the kernel cannot take them (then use `logits.max(-1)`).
+
+    NOTE: a NaN never wins here, where torch's max would return it.
+    """
+    if (logits.dtype != torch.bfloat16 or logits.dim() != 2 or logits.stride(1) != 1
+            or logits.device.type != "cpu" or logits.shape[1] == 0 or not native_available()):
+        return None
+    out = torch.empty(logits.shape[0], dtype=torch.int64)
+    rc = _lib.minivllm_argmax_bf16(logits.data_ptr(), logits.shape[0], logits.shape[1],
+                                   logits.stride(0), out.data_ptr(), torch.get_num_threads())
+    return out if rc == 0 else None

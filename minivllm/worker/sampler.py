@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from minivllm import _custom_ops as ops
 from minivllm.sampling_params import SamplingParams, SamplingType
 
 _LogprobEntry = tuple[int, float, int]
@@ -243,10 +244,12 @@ class Sampler(nn.Module):
         if (metadata.all_greedy and metadata.max_num_logprobs is None and metadata.no_penalties
                 and metadata.min_tokens_mask_index is None):
             # Plain greedy: argmax of the logits as they are. Widening bf16 to fp32 is exact,
-            # so this is the fp32 argmax (first index on ties) without a [B, V] fp32 copy; and
-            # `max` is ~2x faster than `argmax` on CPU.
-            return SamplerOutput(sampled_token_ids=logits.max(dim=-1).indices,
-                                 logprobs_tensors=None)
+            # so this is the fp32 argmax (first index on ties) without a [B, V] fp32 copy; the
+            # native kernel for bf16 on CPU, else `max` (~2x faster than `argmax` on CPU).
+            tokens = ops.argmax_bf16(logits)
+            if tokens is None:
+                tokens = logits.max(dim=-1).indices
+            return SamplerOutput(sampled_token_ids=tokens, logprobs_tensors=None)
         # Logprobs are reported from the raw logits, before any processing (vLLM's default).
         raw_logprobs = None
         if metadata.max_num_logprobs is not None:
