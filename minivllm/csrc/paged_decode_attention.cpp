@@ -134,6 +134,7 @@ void attend_one_avx512(const T* q, const T* k_cache, const T* v_cache, int64_t s
   const int64_t block_stride = static_cast<int64_t>(block_size) * slot_stride;
   if (fetch)
     prefetch_block<T>(k_cache + table[start / block_size] * block_stride, block_size, slot_stride);
+  __m512 partial[G][16];
   for (int32_t b = start / block_size, p = start; p < seq_len; ++b) {  // scores
     const T* k = k_head + static_cast<int64_t>(table[b]) * block_stride;
     if (fetch && b < last_block)
@@ -146,10 +147,19 @@ void attend_one_avx512(const T* q, const T* k_cache, const T* v_cache, int64_t s
       const T* kr = k + j * slot_stride;
       __m512 kv[V];
       for (int c = 0; c < V; ++c) kv[c] = load16(kr + c * 16);
+      const int32_t r = (p - start) % 16;  // 16 keys' partial sums, reduced together
       for (int g = 0; g < G; ++g) {
         __m512 a = _mm512_mul_ps(qv[g][0], kv[0]);
         for (int c = 1; c < V; ++c) a = _mm512_fmadd_ps(qv[g][c], kv[c], a);
-        scores[g * n + (p - start)] = _mm512_reduce_add_ps(a);
+        partial[g][r] = a;
+      }
+      if (r == 15 || p + 1 == seq_len) {
+        const int32_t first = p - start - r;
+        for (int g = 0; g < G; ++g) {
+          for (int32_t z = r + 1; z < 16; ++z) partial[g][z] = _mm512_setzero_ps();
+          _mm512_mask_storeu_ps(scores + g * n + first, static_cast<__mmask16>((1u << (r + 1)) - 1),
+                                minivllm::sum_lanes16(partial[g]));
+        }
       }
     }
   }
