@@ -131,11 +131,18 @@ def paged_decode_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_ta
                          f"num_kv_heads={num_kv_heads}: heads per KV head must divide and be <= 64")
 
 
+def gemv_supports_weight(weight: torch.Tensor) -> bool:
+    """True when `gemv_bf16` can multiply by `weight`: bf16 [N, K] on CPU, unit-stride rows,
+    K % 32 == 0, and the kernel built with AVX-512 BF16. (Layers check once, after loading.)"""
+    return (weight.dtype == torch.bfloat16 and weight.device.type == "cpu" and weight.dim() == 2
+            and weight.stride(1) == 1 and weight.shape[1] % 32 == 0 and native_available()
+            and _has_gemv)
+
+
 def gemv_supported(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """True when `gemv_bf16` can compute `F.linear(x, weight)`: one bf16 row, K % 32 == 0."""
-    return (x.dtype == weight.dtype == torch.bfloat16 and x.dim() == 2 and x.shape[0] == 1
-            and x.device.type == "cpu" and weight.dim() == 2 and weight.stride(1) == 1
-            and weight.shape[1] % 32 == 0 and native_available() and _has_gemv)
+    """True when `gemv_bf16` can compute `F.linear(x, weight)`: one bf16 row on CPU."""
+    return (x.dtype == torch.bfloat16 and x.dim() == 2 and x.shape[0] == 1
+            and x.device.type == "cpu" and gemv_supports_weight(weight))
 
 
 def gemv_bf16(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

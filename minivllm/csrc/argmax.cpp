@@ -6,6 +6,8 @@
 #include <cmath>
 #include <cstdint>
 
+#include "cpu_math.h"
+
 #if defined(__AVX512F__)
 #include <immintrin.h>
 
@@ -39,9 +41,7 @@ extern "C" int minivllm_argmax_bf16(const uint16_t* x, int64_t rows, int64_t col
         arg = ids[l];
       }
     for (; c < cols; ++c) {  // tail: later indices win only when strictly larger
-      uint32_t u = static_cast<uint32_t>(row[c]) << 16;
-      float f;
-      __builtin_memcpy(&f, &u, sizeof(f));
+      const float f = minivllm::to_float(row[c]);
       if (f > m) {
         m = f;
         arg = c;

@@ -7,30 +7,13 @@
 // streams, one per thread.
 
 #include <cstdint>
-#include <cstring>
+
+#include "cpu_math.h"
 
 #if defined(__AVX512BF16__)
 #include <immintrin.h>
 
-namespace {
-
 constexpr int kRows = 4;  // rows per step: 4 independent accumulators hide the FMA latency
-
-inline uint16_t to_bf16(float x) {  // round to nearest even (finite inputs)
-  uint32_t u;
-  std::memcpy(&u, &x, sizeof(u));
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
-}
-
-inline float bf16_to_float(uint16_t x) {
-  const uint32_t u = static_cast<uint32_t>(x) << 16;
-  float f;
-  std::memcpy(&f, &u, sizeof(f));
-  return f;
-}
-
-}  // namespace
 
 extern "C" {
 
@@ -56,8 +39,8 @@ int minivllm_gemv_bf16(const uint16_t* x, const uint16_t* w, int64_t w_row_strid
     }
     for (int r = 0; r < rows; ++r) {
       float s = _mm512_reduce_add_ps(acc[r]);
-      if (bias != nullptr) s += bf16_to_float(bias[r0 + r]);
-      y[r0 + r] = to_bf16(s);
+      if (bias != nullptr) s += minivllm::to_float(bias[r0 + r]);
+      minivllm::store(s, y + r0 + r);
     }
   }
   return 0;

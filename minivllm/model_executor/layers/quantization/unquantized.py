@@ -37,10 +37,13 @@ def _pack_for_cpu(layer: nn.Module) -> None:
     if weight is None:
         return
     weight._mkldnn_packed = None
+    weight._gemv_ok = False
     if (weight.device.type != "cpu" or weight.dtype != torch.bfloat16
             or not torch.backends.mkldnn.is_available()):
         return
     weight._mkldnn_packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
+    # Checked once here rather than per call: one-token steps call ~120 linears each.
+    weight._gemv_ok = ops.gemv_supports_weight(weight)
 
 
 def _cpu_linear(x: torch.Tensor, weight: torch.Tensor,
@@ -49,7 +52,7 @@ def _cpu_linear(x: torch.Tensor, weight: torch.Tensor,
     the native GEMV for one bf16 row (batch-1 decode is bound by streaming the weight)."""
     packed = getattr(weight, "_mkldnn_packed", None)
     if packed is not None and x.dtype == torch.bfloat16 and x.dim() == 2:
-        if x.shape[0] == 1 and ops.gemv_supported(x, weight):
+        if x.shape[0] == 1 and weight._gemv_ok:
             return ops.gemv_bf16(x, weight, bias)
         return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
     return F.linear(x, weight, bias)

@@ -9,7 +9,6 @@ import torch
 import torch.nn.functional as F
 
 from minivllm import _custom_ops as ops
-
 from minivllm.v1.attention.backend import AttentionType
 from minivllm.v1.attention.backends.cpu_attn_metadata import (AttnGroup, DecodeBatch,
                                                               TorchAttentionMetadata,
