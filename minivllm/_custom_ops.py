@@ -8,6 +8,7 @@ fails, or `MINIVLLM_CPU_KERNEL=0`, callers keep their pure-PyTorch paths.
 
 - `paged_decode_attention`: one query per sequence, K/V read in place through the block table.
 - `gemv_bf16`: one-token bf16 linear (batch-1 decode), faster than oneDNN at M = 1.
+- `gemm_bf16`: bf16 linear for 2-64 rows (batched decode) with AMX tiles, faster than oneDNN there.
 - `argmax_bf16`: row argmax of bf16 logits (plain-greedy sampling), ~10x faster than `max`.
 """
 
@@ -36,6 +37,9 @@ _SIGNATURES = {
                                    _I64, _I32, _I32, _I32, _I32, _I32, _I32, ctypes.c_float, _I32],
     "minivllm_gemv_bf16": [_PTR, _PTR, _I64, _PTR, _PTR, _I64, _I64, _I32],
     "minivllm_has_gemv_bf16": [],
+    # x, x_row_stride, w, w_row_stride, bias, y, y_row_stride, m, n, k, num_threads
+    "minivllm_gemm_amx_bf16": [_PTR, _I64, _PTR, _I64, _PTR, _PTR, _I64, _I64, _I64, _I64, _I32],
+    "minivllm_has_gemm_amx": [],
     "minivllm_argmax_bf16": [_PTR, _I64, _I64, _I64, _PTR, _I32],
 }
 _SIGNATURES["minivllm_paged_decode_f32"] = _SIGNATURES["minivllm_paged_decode_bf16"]
@@ -44,6 +48,9 @@ _ATTN_FUNCS = {torch.bfloat16: "minivllm_paged_decode_bf16",
 _lib: ctypes.CDLL | None = None
 _tried = False
 _has_gemv = False
+_has_amx = False
+# Rows one AMX call takes (4 accumulator tiles of 16); more go to oneDNN.
+GEMM_MAX_ROWS = 64
 
 
 def _cpu_flags() -> str:
@@ -90,7 +97,7 @@ def _build() -> ctypes.CDLL:
 
 def native_available() -> bool:
     """Builds/loads the kernels once per process; False (with one warning) when it cannot."""
-    global _lib, _tried, _has_gemv
+    global _lib, _tried, _has_gemv, _has_amx
     if not _tried:
         _tried = True
         if os.environ.get("MINIVLLM_CPU_KERNEL", "1") == "0":
@@ -98,6 +105,7 @@ def native_available() -> bool:
         try:
             _lib = _build()
             _has_gemv = bool(_lib.minivllm_has_gemv_bf16())
+            _has_amx = bool(_lib.minivllm_has_gemm_amx())  # CPU has AMX and Linux granted it
         except Exception as e:  # any failure: fall back to the PyTorch paths, never crash
             logger.warning("Native CPU kernels unavailable (%s); attention uses gather + SDPA "
                            "and linears oneDNN.", e)
@@ -157,6 +165,32 @@ def gemv_bf16(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) 
                                  torch.get_num_threads())
     if rc != 0:
         raise ValueError(f"gemv_bf16 needs K % 32 == 0 and AVX-512 BF16, got K={k}")
+    return y
+
+
+def gemm_supports_weight(weight: torch.Tensor) -> bool:
+    """True when `gemm_bf16` can multiply by `weight`: bf16 [N, K] on CPU, unit-stride rows,
+    N % 16 == 0, K % 32 == 0, and AMX usable here. (Layers check once, after loading.)"""
+    return (weight.dtype == torch.bfloat16 and weight.device.type == "cpu" and weight.dim() == 2
+            and weight.stride(1) == 1 and weight.shape[0] % 16 == 0 and weight.shape[1] % 32 == 0
+            and native_available() and _has_amx)
+
+
+def gemm_bf16(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """`F.linear(x, weight, bias)` for bf16 x [M, K], 1 <= M <= GEMM_MAX_ROWS, and a weight
+    `gemm_supports_weight` accepted; returns [M, N] (fp32 accumulation, one bf16 rounding)."""
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    if bias is not None:
+        bias = bias.to(torch.bfloat16).contiguous()
+    (m, k), n = x.shape, weight.shape[0]
+    y = x.new_empty(m, n)
+    rc = _lib.minivllm_gemm_amx_bf16(x.data_ptr(), x.stride(0), weight.data_ptr(),
+                                     weight.stride(0), None if bias is None else bias.data_ptr(),
+                                     y.data_ptr(), n, m, n, k, torch.get_num_threads())
+    if rc != 0:
+        raise ValueError(f"gemm_bf16 needs 1 <= M <= {GEMM_MAX_ROWS}, N % 16 == 0, K % 32 == 0 "
+                         f"and AMX (rc={rc}); got M={m}, N={n}, K={k}")
     return y
 
 

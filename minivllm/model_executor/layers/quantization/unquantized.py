@@ -37,22 +37,27 @@ def _pack_for_cpu(layer: nn.Module) -> None:
     if weight is None:
         return
     weight._mkldnn_packed = None
-    weight._gemv_ok = False
+    weight._gemv_ok = weight._amx_ok = False
     if (weight.device.type != "cpu" or weight.dtype != torch.bfloat16
             or not torch.backends.mkldnn.is_available()):
         return
     weight._mkldnn_packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
     # Checked once here rather than per call: one-token steps call ~120 linears each.
     weight._gemv_ok = ops.gemv_supports_weight(weight)
+    weight._amx_ok = ops.gemm_supports_weight(weight)
 
 
 def _cpu_linear(x: torch.Tensor, weight: torch.Tensor,
                 bias: torch.Tensor | None) -> torch.Tensor:
-    """`F.linear`, through the packed copy of `weight` when there is one (x [T, in] bf16), or
-    the native GEMV for one bf16 row (batch-1 decode is bound by streaming the weight)."""
+    """`F.linear` for x [T, in]. bf16 on CPU: up to 64 rows (decode steps, bound by streaming
+    the weight once) through the native AMX GEMM, else one row through the native GEMV; more
+    rows (prefill) through oneDNN's packed copy of `weight`."""
     packed = getattr(weight, "_mkldnn_packed", None)
     if packed is not None and x.dtype == torch.bfloat16 and x.dim() == 2:
-        if x.shape[0] == 1 and weight._gemv_ok:
+        rows = x.shape[0]
+        if 0 < rows <= ops.GEMM_MAX_ROWS and weight._amx_ok:
+            return ops.gemm_bf16(x, weight, bias)
+        if rows == 1 and weight._gemv_ok:
             return ops.gemv_bf16(x, weight, bias)
         return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
     return F.linear(x, weight, bias)
