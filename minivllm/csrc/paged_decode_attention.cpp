@@ -87,6 +87,46 @@ void attend_one(const T* q, const T* k_cache, const T* v_cache, int64_t slot_str
     for (int32_t i = 0; i < d; ++i) store(acc[g * d + i] * inv_sum[g], out + g * d + i);
 }
 
+// Software prefetch of one block (the hardware prefetcher cannot guess the next block: the block
+// table scatters a sequence over the cache). `base` is the block's first slot; the whole block,
+// every KV head, is contiguous (block_size * slot_stride elements), so the first head's pass
+// brings the other heads' rows into L2 too (a thread attends all heads of its sequence in turn).
+template <typename T>
+inline void prefetch_block(const T* base, int32_t block_size, int64_t slot_stride) {
+  const int64_t lines = (block_size * slot_stride * static_cast<int64_t>(sizeof(T)) + 63) / 64;
+  for (int64_t l = 0; l < lines; ++l)
+    __builtin_prefetch(reinterpret_cast<const char*>(base) + 64 * l, 0, 2);  // to L2
+}
+
+// Prefetching for one (sequence, KV head) pass. `own`: fetch this sequence's blocks one ahead
+// (its first KV head: nothing of it is cached yet). The cursor walks another sequence's blocks,
+// keys then values: a sequence's later KV heads find their rows in L2 and leave memory idle, so
+// they pull in the sequence the thread takes next, one block per block they compute.
+template <typename T>
+struct Prefetch {
+  bool own = true;
+  const T* k_cache = nullptr;
+  const T* v_cache = nullptr;
+  int64_t block_stride = 0, slot_stride = 0;
+  int32_t block_size = 0;
+  const int32_t* table = nullptr;  // the other sequence's blocks [first, first + blocks)
+  int32_t first = 0, blocks = 0, done = 0;
+
+  void aim(const int32_t* seq_table, int32_t seq_len, int32_t window) {
+    const int32_t start = (window > 0 && seq_len > window) ? seq_len - window : 0;
+    table = seq_table;
+    first = start / block_size;
+    blocks = seq_len > 0 ? (seq_len - 1) / block_size - first + 1 : 0;
+    done = 0;
+  }
+  void step() {
+    if (done >= 2 * blocks) return;
+    const T* cache = done < blocks ? k_cache : v_cache;
+    prefetch_block<T>(cache + table[first + done % blocks] * block_stride, block_size, slot_stride);
+    ++done;
+  }
+};
+
 #if defined(__AVX512F__)
 #include <immintrin.h>
 
@@ -97,17 +137,6 @@ inline __m512 load16(const uint16_t* p) {  // bf16: zero-extend to 32 bits, shif
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
 }
 
-// Software prefetch of one block (the hardware prefetcher cannot guess the next block: the block
-// table scatters a sequence over the cache). `base` is the block's first slot; the whole block,
-// every KV head, is contiguous (block_size * slot_stride elements), so the first head's pass
-// brings the other heads' rows into L2 too (a thread attends all heads of its sequence in turn).
-template <typename T>
-inline void prefetch_block(const T* base, int32_t block_size, int64_t slot_stride) {
-  const int64_t lines = (block_size * slot_stride * static_cast<int64_t>(sizeof(T)) + 63) / 64;
-  for (int64_t l = 0; l < lines; ++l)
-    _mm_prefetch(reinterpret_cast<const char*>(base) + 64 * l, _MM_HINT_T1);
-}
-
 // The same computation as attend_one with G query heads per KV head and head size D known at
 // compile time, so the queries (G x D/16 vectors) and the output accumulators stay in registers
 // for the whole pass over the keys / values.
@@ -115,7 +144,8 @@ template <typename T, int G, int D>
 void attend_one_avx512(const T* q, const T* k_cache, const T* v_cache, int64_t slot_stride,
                        const int32_t* table, int32_t seq_len, int32_t window, int32_t kv_head,
                        int32_t block_size, float scale, T* out, std::vector<float>& buf,
-                       bool fetch) {
+                       Prefetch<T>& pf) {
+  const bool fetch = pf.own;
   constexpr int V = D / 16;
   const int32_t start = (window > 0 && seq_len > window) ? seq_len - window : 0;
   const int32_t n = seq_len - start;
@@ -137,6 +167,7 @@ void attend_one_avx512(const T* q, const T* k_cache, const T* v_cache, int64_t s
   __m512 partial[G][16];
   for (int32_t b = start / block_size, p = start; p < seq_len; ++b) {  // scores
     const T* k = k_head + static_cast<int64_t>(table[b]) * block_stride;
+    pf.step();
     if (fetch && b < last_block)
       prefetch_block<T>(k_cache + table[b + 1] * block_stride, block_size, slot_stride);
     else if (fetch)  // the values are read next
@@ -170,6 +201,7 @@ void attend_one_avx512(const T* q, const T* k_cache, const T* v_cache, int64_t s
     for (int c = 0; c < V; ++c) acc[g][c] = _mm512_setzero_ps();
   for (int32_t b = start / block_size, p = start; p < seq_len; ++b) {  // weighted sum of values
     const T* v = v_head + static_cast<int64_t>(table[b]) * block_stride;
+    pf.step();
     if (fetch && b < last_block)
       prefetch_block<T>(v_cache + table[b + 1] * block_stride, block_size, slot_stride);
     const int32_t stop = std::min(seq_len, (b + 1) * block_size);
@@ -195,7 +227,7 @@ void attend_one_avx512(const T* q, const T* k_cache, const T* v_cache, int64_t s
 template <typename T, int D>
 bool attend_fixed_d(int32_t group, const T* q, const T* kc, const T* vc, int64_t ss,
                     const int32_t* t, int32_t len, int32_t w, int32_t kh, int32_t bs, float sc,
-                    T* o, std::vector<float>& buf, bool fetch) {
+                    T* o, std::vector<float>& buf, Prefetch<T>& fetch) {
   switch (group) {
 #define MINIVLLM_CASE(G) \
     case G: attend_one_avx512<T, G, D>(q, kc, vc, ss, t, len, w, kh, bs, sc, o, buf, fetch); return true;
@@ -209,7 +241,7 @@ bool attend_fixed_d(int32_t group, const T* q, const T* kc, const T* vc, int64_t
 template <typename T>
 bool attend_fast(int32_t head_size, int32_t group, const T* q, const T* kc, const T* vc,
                  int64_t ss, const int32_t* t, int32_t len, int32_t w, int32_t kh, int32_t bs,
-                 float sc, T* o, std::vector<float>& buf, bool fetch) {
+                 float sc, T* o, std::vector<float>& buf, Prefetch<T>& fetch) {
   if (head_size == 64) return attend_fixed_d<T, 64>(group, q, kc, vc, ss, t, len, w, kh, bs, sc, o, buf, fetch);
   if (head_size == 128) return attend_fixed_d<T, 128>(group, q, kc, vc, ss, t, len, w, kh, bs, sc, o, buf, fetch);
   return false;
@@ -217,7 +249,7 @@ bool attend_fast(int32_t head_size, int32_t group, const T* q, const T* kc, cons
 #else
 template <typename T>
 bool attend_fast(int32_t, int32_t, const T*, const T*, const T*, int64_t, const int32_t*, int32_t,
-                 int32_t, int32_t, int32_t, float, T*, std::vector<float>&, bool) {
+                 int32_t, int32_t, int32_t, float, T*, std::vector<float>&, Prefetch<T>&) {
   return false;  // no AVX-512: the portable loops below
 }
 #endif
@@ -235,33 +267,50 @@ int paged_decode(const T* q, int64_t q_row_stride, const T* k_cache, const T* v_
   // fetched for the first head serve the others from L2); else one (sequence, KV head) each.
   const int32_t per_task = num_seqs >= 4 * num_threads ? num_kv_heads : 1;
   const int64_t tasks = static_cast<int64_t>(num_seqs) * num_kv_heads / per_task;
+  int64_t claimed = 0;  // tasks handed out so far (claimed one ahead, see Prefetch)
 #pragma omp parallel num_threads(num_threads)
   {
     std::vector<float> buf;
-    // dynamic: sequence lengths differ, so equal-count static chunks would be unbalanced
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t t = 0; t < tasks; ++t)
-    for (int32_t h = 0; h < per_task; ++h) {
-      const int64_t pair = t * per_task + h;  // (sequence, KV head) pairs, sequence-major
-      const int64_t i = pair / num_kv_heads;
-      const int32_t kh = static_cast<int32_t>(pair % num_kv_heads);
-      const bool fetch = per_task == 1 || h == 0;
-      const int64_t col = static_cast<int64_t>(kh) * group * head_size;
-      const T* qi = q + rows[i] * q_row_stride + col;
-      T* oi = out + rows[i] * out_row_stride + col;
-      const int32_t* ti = block_table + i * table_stride;
-      if (attend_fast<T>(head_size, group, qi, k_cache, v_cache, slot_stride, ti, seq_lens[i],
-                         window, kh, block_size, scale, oi, buf, fetch))
-        continue;
-      if (head_size == 64)
-        attend_one<T, 64>(qi, k_cache, v_cache, slot_stride, ti, seq_lens[i], window, kh, group,
-                          head_size, block_size, scale, oi, buf);
-      else if (head_size == 128)
-        attend_one<T, 128>(qi, k_cache, v_cache, slot_stride, ti, seq_lens[i], window, kh, group,
+    Prefetch<T> pf;
+    pf.k_cache = k_cache;
+    pf.v_cache = v_cache;
+    pf.block_size = block_size;
+    pf.slot_stride = slot_stride;
+    pf.block_stride = static_cast<int64_t>(block_size) * slot_stride;
+    // Dynamic (sequence lengths differ, so equal-count chunks would be unbalanced), and each
+    // thread claims its next task before it starts the current one, to prefetch it meanwhile.
+    int64_t t, next;
+#pragma omp atomic capture
+    t = claimed++;
+    for (; t < tasks; t = next) {
+#pragma omp atomic capture
+      next = claimed++;
+      for (int32_t h = 0; h < per_task; ++h) {
+        const int64_t pair = t * per_task + h;  // (sequence, KV head) pairs, sequence-major
+        const int64_t i = pair / num_kv_heads;
+        const int32_t kh = static_cast<int32_t>(pair % num_kv_heads);
+        pf.own = per_task == 1 || h == 0;
+        if (h == 1 && next < tasks)  // per_task > 1: tasks are sequences
+          pf.aim(block_table + next * table_stride, seq_lens[next], window);
+        else if (h == 0)
+          pf.blocks = 0;
+        const int64_t col = static_cast<int64_t>(kh) * group * head_size;
+        const T* qi = q + rows[i] * q_row_stride + col;
+        T* oi = out + rows[i] * out_row_stride + col;
+        const int32_t* ti = block_table + i * table_stride;
+        if (attend_fast<T>(head_size, group, qi, k_cache, v_cache, slot_stride, ti, seq_lens[i],
+                           window, kh, block_size, scale, oi, buf, pf))
+          continue;
+        if (head_size == 64)
+          attend_one<T, 64>(qi, k_cache, v_cache, slot_stride, ti, seq_lens[i], window, kh, group,
+                            head_size, block_size, scale, oi, buf);
+        else if (head_size == 128)
+          attend_one<T, 128>(qi, k_cache, v_cache, slot_stride, ti, seq_lens[i], window, kh,
+                             group, head_size, block_size, scale, oi, buf);
+        else
+          attend_one<T, 0>(qi, k_cache, v_cache, slot_stride, ti, seq_lens[i], window, kh, group,
                            head_size, block_size, scale, oi, buf);
-      else
-        attend_one<T, 0>(qi, k_cache, v_cache, slot_stride, ti, seq_lens[i], window, kh, group,
-                         head_size, block_size, scale, oi, buf);
+      }
     }
   }
   return 0;
