@@ -110,13 +110,23 @@ def _decorate_class(cls: _T, dims: dict[str, DimSpec], unbacked: dict[str, DimSp
             import torch._inductor.config as inductor_config
 
             inductor_config.emulate_precision_casts = True
-            self._compiled_forward = torch.compile(self.forward, dynamic=False, fullgraph=False,
-                                                   backend=self.compilation_config.backend)
+            self._compiled_forward = torch.compile(
+                self.forward, dynamic=False, fullgraph=False,
+                backend=self.compilation_config.backend,
+                options={"guard_filter_fn": _input_guards_only})
         return self._compiled_forward(*args, **kwargs)
 
     cls.__init__ = __init__
     cls.__call__ = __call__
     return cls
+
+
+def _input_guards_only(guards: list[Any]) -> list[bool]:
+    """Keep dynamo's guards on the forward's arguments and global state; drop those on the
+    module tree and module globals (~6,000 for a 30-layer Llama, ~0.9 ms per step to check),
+    which are fixed once the model is loaded (weights change in place, never by rebinding)."""
+    fixed = ("self", "dict(type(self", "G[", "dict(type(G[")
+    return [not guard.name.startswith(fixed) for guard in guards]
 
 
 def _num_tokens(bound: dict[str, Any], spec: dict[str, DimSpec]) -> int:
