@@ -66,7 +66,8 @@ class ModelRunner:
         """With torch.compile on, compile now so that no request waits for it.
 
         One dummy forward with more than `eager_max_tokens` tokens builds the graph with a
-        dynamic token count that serves every larger step (smaller ones run eagerly).
+        dynamic token count that serves every larger step (smaller ones run eagerly), and one
+        with a single token its specialised graph when one-token steps are compiled too.
         """
         config = self.vllm_config
         if (config.compilation_config.mode == CompilationMode.NONE
@@ -78,10 +79,10 @@ class ModelRunner:
             return
         # 2 at least: dynamo specialises a size of 1, so that graph would serve nothing else.
         num_tokens = max(eager_max + 1, min(16, max_tokens), 2)
-        with set_forward_context(None, config, slot_mapping={}):
-            self.model(input_ids=torch.zeros(num_tokens, dtype=torch.long, device=self.device),
-                       positions=torch.arange(num_tokens, device=self.device),
-                       intermediate_tensors=None)
+        for n in [num_tokens] + ([1] if eager_max < 1 else []):
+            with set_forward_context(None, config, slot_mapping={}):
+                self.model(input_ids=torch.zeros(n, dtype=torch.long, device=self.device),
+                           positions=torch.arange(n, device=self.device), intermediate_tensors=None)
 
     @torch.inference_mode()
     def execute_model(self, so: SchedulerOutput, intermediate_tensors: IntermediateTensors | None = None

@@ -133,8 +133,14 @@ def test_compiled_mode_matches_eager_and_compiles_once():
 
 
 def test_steps_up_to_eager_max_tokens_stay_eager():
-    """One-token steps (batch-1 decode) run eagerly by default; larger ones compile."""
+    """By default every step runs compiled, one-token ones too; with eager_max_tokens = n,
+    steps of up to n tokens run eagerly and larger ones compile."""
     cfg = _config(CompilationMode.VLLM_COMPILE, backend="eager")
+    assert cfg.compilation_config.eager_max_tokens == 0
+    model = Bare(vllm_config=cfg)
+    model(torch.randn(1, 4))
+    assert model._compiled_forward is not None
+    cfg.compilation_config.eager_max_tokens = 1
     model = Bare(vllm_config=cfg)
     model(torch.randn(1, 4))
     assert model._compiled_forward is None and model.calls == 1
