@@ -9,6 +9,7 @@ fails, or `MINIVLLM_CPU_KERNEL=0`, callers keep their pure-PyTorch paths.
 - `paged_decode_attention`: one query per sequence, K/V read in place through the block table.
 - `gemv_bf16`: one-token bf16 linear (batch-1 decode), faster than oneDNN at M = 1.
 - `gemm_bf16`: bf16 linear for 2-64 rows (batched decode) with AMX tiles, faster than oneDNN there.
+- `prefill_attention_bf16`: causal attention of a fresh prompt over its own keys with AMX tiles.
 - `argmax_bf16`: row argmax of bf16 logits (plain-greedy sampling), ~10x faster than `max`.
 """
 
@@ -40,6 +41,10 @@ _SIGNATURES = {
     # x, x_row_stride, w, w_row_stride, bias, y, y_row_stride, m, n, k, num_threads
     "minivllm_gemm_amx_bf16": [_PTR, _I64, _PTR, _I64, _PTR, _PTR, _I64, _I64, _I64, _I64, _I32],
     "minivllm_has_gemm_amx": [],
+    # q, q_row_stride, k, k_row_stride, v, v_row_stride, out, out_row_stride, len, num_heads,
+    # num_kv_heads, head_size, scale, num_threads
+    "minivllm_prefill_attention_bf16": [_PTR, _I64, _PTR, _I64, _PTR, _I64, _PTR, _I64, _I32,
+                                        _I32, _I32, _I32, ctypes.c_float, _I32],
     "minivllm_argmax_bf16": [_PTR, _I64, _I64, _I64, _PTR, _I32],
 }
 _SIGNATURES["minivllm_paged_decode_f32"] = _SIGNATURES["minivllm_paged_decode_bf16"]
@@ -192,6 +197,30 @@ def gemm_bf16(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) 
         raise ValueError(f"gemm_bf16 needs 1 <= M <= {GEMM_MAX_ROWS}, N % 16 == 0, K % 32 == 0 "
                          f"and AMX (rc={rc}); got M={m}, N={n}, K={k}")
     return y
+
+
+def prefill_attention_supported(dtype: torch.dtype, head_size: int) -> bool:
+    """True when `prefill_attention_bf16` takes a layer: bf16, d = 64 or 128, AMX usable."""
+    return (dtype == torch.bfloat16 and head_size in (64, 128) and native_available()
+            and _has_amx)
+
+
+def prefill_attention_bf16(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                           num_heads: int, num_kv_heads: int, head_size: int,
+                           scale: float) -> None:
+    """Causal attention of one fresh prompt over its own keys, into `out` in place.
+
+    q / out: [L, num_heads * d]; k / v: [L, num_kv_heads * d]; bf16 rows with unit stride inside
+    (any row stride). Probabilities are rounded to bf16 for the product with V (as SDPA's bf16
+    path does), the normalizer is an fp32 sum.
+    """
+    rc = _lib.minivllm_prefill_attention_bf16(
+        q.data_ptr(), q.stride(0), k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0),
+        out.data_ptr(), out.stride(0), q.shape[0], num_heads, num_kv_heads, head_size, scale,
+        torch.get_num_threads())
+    if rc != 0:
+        raise ValueError(f"prefill attention kernel rejected L={q.shape[0]}, "
+                         f"heads={num_heads}/{num_kv_heads}, d={head_size} (rc={rc})")
 
 
 def argmax_bf16(logits: torch.Tensor) -> torch.Tensor | None:

@@ -155,6 +155,8 @@ class TorchAttentionImpl:
             if g.q_len == 1 and not g.kv_from_input and self._sdpa_ok:
                 self._attend_decode(g, q, kv_cache, attn_metadata, out)
                 continue
+            if self._attend_prompt_kernel(g, q, key, value, out):
+                continue
             o = self._attend_group(g, q, key, value, kv_cache, attn_metadata)  # [Bg, Lq, nH, d_v]
             if g.row_start is not None:
                 out[g.row_start:g.row_start + g.num_seqs * g.q_len].copy_(o.flatten(0, 1))
@@ -181,6 +183,27 @@ class TorchAttentionImpl:
             q.flatten(1), kv_cache, decode.block_table, decode.seq_lens, decode.rows,
             out.flatten(1), self.num_heads, self.num_kv_heads, self.head_size,
             self.sliding_window or 0, self.scale)
+
+    def _attend_prompt_kernel(self, g: AttnGroup, q: torch.Tensor, key: torch.Tensor | None,
+                              value: torch.Tensor | None, out: torch.Tensor) -> bool:
+        """A fresh prompt (no cached context, its rows consecutive) through the native AMX
+        kernel, which reads q/k/v in place; False when it cannot take it (then SDPA runs)."""
+        if not (self._kernel_ok and g.kv_from_input and g.num_seqs == 1
+                and g.row_start is not None and g.causal and not g.needs_mask
+                and g.q_len == g.k_len_max and key is not None and value is not None
+                and (self.sliding_window is None or self.sliding_window >= g.q_len)
+                and q.dtype == key.dtype == value.dtype == out.dtype
+                and ops.prefill_attention_supported(q.dtype, self.head_size)):
+            return False
+        rows = slice(g.row_start, g.row_start + g.q_len)
+        k2 = key.view(-1, self.num_kv_heads * self.head_size)[rows]
+        v2 = value.view(-1, self.num_kv_heads * self.head_size)[rows]
+        q2, o2 = q.flatten(1)[rows], out.flatten(1)[rows]       # [L, nH*d] views
+        if not (q2.stride(1) == k2.stride(1) == v2.stride(1) == o2.stride(1) == 1):
+            return False
+        ops.prefill_attention_bf16(q2, k2, v2, o2, self.num_heads, self.num_kv_heads,
+                                   self.head_size, self.scale)
+        return True
 
     def _attend_decode(self, g: AttnGroup, q: torch.Tensor, kv_cache: torch.Tensor,
                        md: TorchAttentionMetadata, out: torch.Tensor) -> None:
