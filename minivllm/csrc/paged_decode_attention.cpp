@@ -254,6 +254,26 @@ bool attend_fast(int32_t, int32_t, const T*, const T*, const T*, int64_t, const 
 }
 #endif
 
+// One (sequence, KV head) pair: the AVX-512 specialization when there is one, else the loops.
+template <typename T>
+void attend_pair(const T* qi, const T* k_cache, const T* v_cache, int64_t slot_stride,
+                 const int32_t* ti, int32_t len, int32_t window, int32_t kh, int32_t group,
+                 int32_t head_size, int32_t block_size, float scale, T* oi,
+                 std::vector<float>& buf, Prefetch<T>& pf) {
+  if (attend_fast<T>(head_size, group, qi, k_cache, v_cache, slot_stride, ti, len, window, kh,
+                     block_size, scale, oi, buf, pf))
+    return;
+  if (head_size == 64)
+    attend_one<T, 64>(qi, k_cache, v_cache, slot_stride, ti, len, window, kh, group, head_size,
+                      block_size, scale, oi, buf);
+  else if (head_size == 128)
+    attend_one<T, 128>(qi, k_cache, v_cache, slot_stride, ti, len, window, kh, group, head_size,
+                       block_size, scale, oi, buf);
+  else
+    attend_one<T, 0>(qi, k_cache, v_cache, slot_stride, ti, len, window, kh, group, head_size,
+                     block_size, scale, oi, buf);
+}
+
 template <typename T>
 int paged_decode(const T* q, int64_t q_row_stride, const T* k_cache, const T* v_cache,
                  int64_t slot_stride, const int32_t* block_table, int64_t table_stride,
@@ -298,18 +318,8 @@ int paged_decode(const T* q, int64_t q_row_stride, const T* k_cache, const T* v_
         const T* qi = q + rows[i] * q_row_stride + col;
         T* oi = out + rows[i] * out_row_stride + col;
         const int32_t* ti = block_table + i * table_stride;
-        if (attend_fast<T>(head_size, group, qi, k_cache, v_cache, slot_stride, ti, seq_lens[i],
-                           window, kh, block_size, scale, oi, buf, pf))
-          continue;
-        if (head_size == 64)
-          attend_one<T, 64>(qi, k_cache, v_cache, slot_stride, ti, seq_lens[i], window, kh, group,
-                            head_size, block_size, scale, oi, buf);
-        else if (head_size == 128)
-          attend_one<T, 128>(qi, k_cache, v_cache, slot_stride, ti, seq_lens[i], window, kh,
-                             group, head_size, block_size, scale, oi, buf);
-        else
-          attend_one<T, 0>(qi, k_cache, v_cache, slot_stride, ti, seq_lens[i], window, kh, group,
-                           head_size, block_size, scale, oi, buf);
+        attend_pair<T>(qi, k_cache, v_cache, slot_stride, ti, seq_lens[i], window, kh, group,
+                       head_size, block_size, scale, oi, buf, pf);
       }
     }
   }

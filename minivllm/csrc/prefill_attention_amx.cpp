@@ -74,13 +74,11 @@ struct Scratch {
   alignas(64) float o[16 * 64];
 };
 
-// Rows i0.. (rows <= 16) of query head h: scores, softmax, weighted sum into out.
+// S[16, 16 * (i0 / 16 + 1)] (rows sc.s, `stride` apart) = query rows i0.. (rows <= 16) of one
+// head times the keys up to the diagonal.
 template <int D>
-void attend_tile(const uint16_t* q, int64_t q_stride, const uint32_t* kp, const uint16_t* vp,
-                 uint16_t* out, int64_t out_stride, int32_t i0, int32_t rows, float scale,
-                 int64_t stride, Scratch& sc) {
-  const int32_t s_chunks = i0 / 16 + 1;           // 16-key chunks up to the diagonal
-  const int32_t p_chunks = (i0 + 16 + 31) / 32;   // 32-key chunks for the second product
+void scores_tile(const uint16_t* q, int64_t q_stride, const uint32_t* kp, int32_t i0,
+                 int32_t rows, int64_t stride, Scratch& sc) {
   const uint16_t* qa = q + static_cast<int64_t>(i0) * q_stride;
   int64_t qa_bytes = q_stride * 2;
   if (rows < 16) {  // never read past the prompt's last row
@@ -89,7 +87,7 @@ void attend_tile(const uint16_t* q, int64_t q_stride, const uint32_t* kp, const 
     qa = sc.q;
     qa_bytes = D * 2;
   }
-  for (int32_t ch = 0; ch < s_chunks; ++ch) {
+  for (int32_t ch = 0; ch <= i0 / 16; ++ch) {
     _tile_zero(4);
     for (int c = 0; c < D / 32; ++c) {
       _tile_loadd(5, qa + 32 * c, qa_bytes);
@@ -98,32 +96,43 @@ void attend_tile(const uint16_t* q, int64_t q_stride, const uint32_t* kp, const 
     }
     _tile_stored(4, sc.s.data() + 16 * ch, stride * 4);
   }
-  float inv_sum[16];
-  const __m512 neg_inf = _mm512_set1_ps(-INFINITY);
+}
+
+// Row r (query i0 + r sees keys [0, i0 + r]): P = exp(scale * (S - max)) as bf16 over the first
+// `width` columns (zero past the row's keys; all zero for r >= rows), inv_sum[r] = 1 / sum.
+inline void softmax_tile(int32_t i0, int32_t rows, int32_t width, float scale, int64_t stride,
+                         Scratch& sc, float* inv_sum) {
+  const __m512 neg_inf = _mm512_set1_ps(-INFINITY), scl = _mm512_set1_ps(scale);
   for (int r = 0; r < 16; ++r) {
     uint16_t* pr = sc.p.data() + r * stride;
-    const int32_t n = r < rows ? i0 + r + 1 : 0;  // keys this query sees
     const float* sr = sc.s.data() + r * stride;
+    const int32_t n = r < rows ? i0 + r + 1 : 0;
     __m512 mv = neg_inf;
     for (int32_t j = 0; j < n; j += 16) {
       const __mmask16 live = n - j >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (n - j)) - 1);
       mv = _mm512_max_ps(mv, _mm512_mask_loadu_ps(neg_inf, live, sr + j));
     }
     const __m512 m = _mm512_set1_ps(n > 0 ? _mm512_reduce_max_ps(mv) : 0.0f);
-    const __m512 scl = _mm512_set1_ps(scale);
     __m512 sum = _mm512_setzero_ps();
-    for (int32_t j = 0; j < 32 * p_chunks; j += 16) {
+    for (int32_t j = 0; j < width; j += 16) {
       const int32_t left = n - j;
       const __mmask16 live = left >= 16 ? 0xFFFF
                              : left <= 0 ? 0
                                          : static_cast<__mmask16>((1u << left) - 1);
-      const __m512 e = _mm512_maskz_mov_ps(
-          live, minivllm::exp_nonpositive16(_mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(sr + j), m), scl)));
+      const __m512 x = _mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(sr + j), m), scl);
+      const __m512 e = _mm512_maskz_mov_ps(live, minivllm::exp_nonpositive16(x));
       sum = _mm512_add_ps(sum, e);
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(pr + j), (__m256i)_mm512_cvtneps_pbh(e));
     }
     inv_sum[r] = n > 0 ? 1.0f / _mm512_reduce_add_ps(sum) : 0.0f;
   }
+}
+
+// out rows i0.. (rows of them) = (P . V) * inv_sum over the first 32 * p_chunks keys.
+template <int D>
+void weighted_sum_tile(const uint16_t* vp, uint16_t* out, int64_t out_stride, int32_t i0,
+                       int32_t rows, int32_t p_chunks, int64_t stride, const float* inv_sum,
+                       Scratch& sc) {
   for (int half = 0; half < D / 64; ++half) {  // 4 output tiles (64 dims) at a time
     _tile_zero(0);
     _tile_zero(1);
@@ -148,11 +157,25 @@ void attend_tile(const uint16_t* q, int64_t q_stride, const uint32_t* kp, const 
     for (int r = 0; r < rows; ++r) {
       uint16_t* orow = out + static_cast<int64_t>(i0 + r) * out_stride + 64 * half;
       const __m512 inv = _mm512_set1_ps(inv_sum[r]);
-      for (int c = 0; c < 4; ++c)
+      for (int c = 0; c < 4; ++c) {
+        const __m512 o = _mm512_mul_ps(_mm512_loadu_ps(sc.o + 64 * r + 16 * c), inv);
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(orow + 16 * c),
-                            (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_loadu_ps(sc.o + 64 * r + 16 * c), inv)));
+                            (__m256i)_mm512_cvtneps_pbh(o));
+      }
     }
   }
+}
+
+// Rows i0.. (rows <= 16) of one query head: scores, softmax, weighted sum into out.
+template <int D>
+void attend_tile(const uint16_t* q, int64_t q_stride, const uint32_t* kp, const uint16_t* vp,
+                 uint16_t* out, int64_t out_stride, int32_t i0, int32_t rows, float scale,
+                 int64_t stride, Scratch& sc) {
+  const int32_t p_chunks = (i0 + 16 + 31) / 32;  // 32-key chunks for the second product
+  float inv_sum[16];
+  scores_tile<D>(q, q_stride, kp, i0, rows, stride, sc);
+  softmax_tile(i0, rows, 32 * p_chunks, scale, stride, sc, inv_sum);
+  weighted_sum_tile<D>(vp, out, out_stride, i0, rows, p_chunks, stride, inv_sum, sc);
 }
 
 template <int D>
