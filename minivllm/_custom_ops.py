@@ -8,7 +8,7 @@ fails, or `MINIVLLM_CPU_KERNEL=0`, callers keep their pure-PyTorch paths.
 
 - `paged_decode_attention`: one query per sequence, K/V read in place through the block table.
 - `gemv_bf16`: one-token bf16 linear (batch-1 decode), faster than oneDNN at M = 1.
-- `gemm_bf16`: bf16 linear for 2-64 rows (batched decode) with AMX tiles, faster than oneDNN there.
+- `gemm_bf16`: bf16 linear for 1-64 rows (decode steps) with AMX tiles, faster than oneDNN there.
 - `prefill_attention_bf16`: causal attention of a fresh prompt over its own keys with AMX tiles.
 - `argmax_bf16`: row argmax of bf16 logits (plain-greedy sampling), ~10x faster than `max`.
 """

@@ -174,30 +174,45 @@ class Branchy(nn.Module):
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
         super().__init__()
         self.proj = nn.Linear(4, 4)
+        self.register_buffer("offset", torch.arange(4.0), persistent=False)
 
     def forward(self, x: torch.Tensor, bias: torch.Tensor | None = None,
                 double: bool = False) -> torch.Tensor:
-        y = self.proj(x)
+        y = self.proj(x) + self.offset
         if bias is not None:
             y = y + bias
         return y * 2 if double else y
 
 
-def test_guards_on_arguments_are_kept_and_module_guards_dropped():
+def test_guards_on_arguments_and_buffers_are_kept_and_module_guards_dropped():
     """The compiled forward drops dynamo's guards on the module tree (fixed after loading: they
-    cost ~1 ms per step) but keeps those on its arguments: other branches still recompile."""
+    cost ~1 ms per step) but keeps those on its arguments and on buffers: other argument
+    branches still recompile."""
     from minivllm.compilation.decorators import _input_guards_only
 
     class Guard:
         def __init__(self, name: str) -> None:
             self.name = name
 
-    names = ["self._modules['proj']._parameters['weight']", "dict(type(self).__mro__[1])",
-             "G['__builtins_dict___0']['len']", "x", "bias", ""]
-    assert _input_guards_only([Guard(n) for n in names]) == [False, False, False, True, True,
-                                                            True]
+    names = ["self._modules['proj']._forward_hooks", "dict(type(self).__mro__[1])",
+             "G['__builtins_dict___0']['len']", "self._modules['proj']._parameters['weight']",
+             "self._buffers['offset']", "x", "bias", ""]
+    assert _input_guards_only([Guard(n) for n in names]) == [False] * 4 + [True] * 4
     torch.manual_seed(0)
     model = Branchy(vllm_config=_config(CompilationMode.VLLM_COMPILE, backend="eager"))
     x, bias = torch.randn(3, 4), torch.randn(4)
     for args in [(x,), (x, bias), (x, None, True), (x, bias, True), (torch.randn(6, 4),)]:
         assert torch.allclose(model(*args), model.forward(*args))
+
+
+@pytest.mark.slow
+def test_rebound_buffer_recompiles_under_inductor():
+    """A buffer rebound to another dtype after compiling (as an eager step does to the rotary
+    cache) recompiles; without its guard inductor's graph would read fp64 data as fp32."""
+    torch.manual_seed(0)
+    model = Branchy(vllm_config=_config(CompilationMode.VLLM_COMPILE, backend="inductor"))
+    x = torch.randn(3, 4)
+    assert torch.allclose(model(x), model.forward(x), atol=1e-6)
+    model.offset = model.offset.double()
+    y = model(x)
+    assert y.dtype == torch.float64 and torch.allclose(y, model.forward(x), atol=1e-6)
