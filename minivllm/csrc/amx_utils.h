@@ -67,4 +67,17 @@ __attribute__((always_inline)) inline void transpose16x16(__m512i* r) {
   }
 }
 
+// One AMX "B" tile from `count` (<= 16) bf16 rows of 32 elements, `stride` elements apart:
+// tile row p holds (row_i[2p], row_i[2p + 1]) for i < 16 (rows past count: zero), i.e. the
+// rows' 32-bit transpose. x^T for a GEMM, K^T for attention scores.
+inline void pack_b_tile(const uint16_t* rows, int64_t stride, int64_t count, uint32_t* tile) {
+  __m512i r[16];
+#pragma GCC unroll 16
+  for (int i = 0; i < 16; ++i)
+    r[i] = i < count ? _mm512_loadu_si512(rows + i * stride) : _mm512_setzero_si512();
+  transpose16x16(r);
+#pragma GCC unroll 16
+  for (int i = 0; i < 16; ++i) _mm512_store_si512(tile + 16 * i, r[i]);
+}
+
 }  // namespace minivllm

@@ -25,7 +25,6 @@ namespace {
 
 using minivllm::amx_permitted;
 using minivllm::load_tile_config;
-using minivllm::transpose16x16;
 
 constexpr int kMaxGroups = 4;  // C tiles 0-3 hold 16 rows of y^T each: M <= 64
 // Tile registers: C 0-3, A (weight) 4, B (packed x^T) 5. The intrinsics need literal numbers.
@@ -34,21 +33,10 @@ constexpr int kMaxGroups = 4;  // C tiles 0-3 hold 16 rows of y^T each: M <= 64
 // holds (x[m, 32s + 2p], x[m, 32s + 2p + 1]) for the 16 m; rows m >= M are zero.
 void pack_x(const uint16_t* x, int64_t x_stride, int64_t m, int64_t k, int groups,
             uint32_t* xp) {
-  const int64_t steps = k / 32;
-  for (int g = 0; g < groups; ++g) {
-    for (int64_t s = 0; s < steps; ++s) {
-      __m512i r[16];
-#pragma GCC unroll 16
-      for (int i = 0; i < 16; ++i) {
-        const int64_t row = 16 * g + i;
-        r[i] = row < m ? _mm512_loadu_si512(x + row * x_stride + 32 * s) : _mm512_setzero_si512();
-      }
-      transpose16x16(r);
-      uint32_t* tile = xp + (s * groups + g) * 256;
-#pragma GCC unroll 16
-      for (int i = 0; i < 16; ++i) _mm512_store_si512(tile + 16 * i, r[i]);
-    }
-  }
+  for (int g = 0; g < groups; ++g)
+    for (int64_t s = 0; s < k / 32; ++s)
+      minivllm::pack_b_tile(x + 16 * g * x_stride + 32 * s, x_stride, m - 16 * g,
+                            xp + (s * groups + g) * 256);
 }
 
 // y[m, n0:n0+16] for the 16 weight rows n0.. from the C tiles (y^T blocks), + bias, as bf16.
@@ -68,7 +56,7 @@ void store_block(int64_t n0, int64_t m, const uint16_t* bias, uint16_t* y, int64
     __m512i r[16];
 #pragma GCC unroll 16
     for (int i = 0; i < 16; ++i) r[i] = _mm512_load_si512(c[g][i]);
-    transpose16x16(r);  // r[i] = y[16g + i, n0:n0+16]
+    minivllm::transpose16x16(r);  // r[i] = y[16g + i, n0:n0+16]
     const int rows = m - 16 * g < 16 ? static_cast<int>(m - 16 * g) : 16;
     for (int i = 0; i < rows; ++i) {
       const __m512 v = _mm512_add_ps(_mm512_castsi512_ps(r[i]), b);

@@ -31,16 +31,9 @@ namespace {
 // (k[key, 32c + 2p], k[key, 32c + 2p + 1]) for the chunk's 16 keys (keys >= len: zero).
 template <int D>
 void pack_k(const uint16_t* k, int64_t k_stride, int32_t len, int32_t chunk, uint32_t* kp) {
-  for (int c = 0; c < D / 32; ++c) {
-    __m512i r[16];
-    for (int i = 0; i < 16; ++i) {
-      const int32_t key = 16 * chunk + i;
-      r[i] = key < len ? _mm512_loadu_si512(k + key * k_stride + 32 * c) : _mm512_setzero_si512();
-    }
-    minivllm::transpose16x16(r);
-    uint32_t* tile = kp + (static_cast<int64_t>(chunk) * (D / 32) + c) * 256;
-    for (int i = 0; i < 16; ++i) _mm512_store_si512(tile + 16 * i, r[i]);
-  }
+  for (int c = 0; c < D / 32; ++c)
+    minivllm::pack_b_tile(k + static_cast<int64_t>(16 * chunk) * k_stride + 32 * c, k_stride,
+                          len - 16 * chunk, kp + (static_cast<int64_t>(chunk) * (D / 32) + c) * 256);
 }
 
 // vp: for each 32-key chunk and 16-dim chunk j, the B tile whose row p holds
