@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 import torch
 import torch.nn as nn
 
+from minivllm.compilation.fusion import LinearSiluMulFusionPass
 from minivllm.sequence import IntermediateTensors
 
 _T = TypeVar("_T", bound=type[nn.Module])
@@ -110,10 +111,12 @@ def _decorate_class(cls: _T, dims: dict[str, DimSpec], unbacked: dict[str, DimSp
             import torch._inductor.config as inductor_config
 
             inductor_config.emulate_precision_casts = True
+            options: dict[str, Any] = {"guard_filter_fn": _input_guards_only}
+            if self.compilation_config.backend == "inductor":
+                options["post_grad_custom_post_pass"] = LinearSiluMulFusionPass()
             self._compiled_forward = torch.compile(
                 self.forward, dynamic=False, fullgraph=False,
-                backend=self.compilation_config.backend,
-                options={"guard_filter_fn": _input_guards_only})
+                backend=self.compilation_config.backend, options=options)
         return self._compiled_forward(*args, **kwargs)
 
     cls.__init__ = __init__

@@ -66,6 +66,27 @@ inline __m512 exp_nonpositive16(__m512 x) {
   return _mm512_scalef_ps(p, k);
 }
 
+#if defined(__AVX512BF16__)
+// 16 floats rounded to bf16 (nearest even) and widened back: what a bf16 tensor would hold.
+inline __m512 round_bf16_16(__m512 v) {
+  const __m256i h = (__m256i)_mm512_cvtneps_pbh(v);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+// silu(g) * u as eager bf16 computes it from bf16 g, u: silu in fp32 rounded to bf16, then the
+// product (rounded by the caller's store). sigmoid(g) from t = exp(-|g|) <= 1 (no overflow):
+// 1 / (1 + t) for g >= 0, t / (1 + t) below; 0 below g = -87 (where t would leave the normal
+// range: eager's value there is under 1e-36 in size, and exactly 0 below -88.7).
+inline __m512 silu_mul16(__m512 g, __m512 u) {
+  const __m512 t = exp_nonpositive16(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_abs_ps(g)));
+  const __mmask16 neg = _mm512_cmp_ps_mask(g, _mm512_setzero_ps(), _CMP_LT_OQ);
+  const __mmask16 live = _mm512_cmp_ps_mask(g, _mm512_set1_ps(-87.0f), _CMP_GE_OQ);
+  const __m512 num = _mm512_mask_mov_ps(_mm512_set1_ps(1.0f), neg, t);
+  const __m512 sig = _mm512_maskz_div_ps(live, num, _mm512_add_ps(_mm512_set1_ps(1.0f), t));
+  return _mm512_mul_ps(round_bf16_16(_mm512_mul_ps(g, sig)), u);
+}
+#endif  // __AVX512BF16__
+
 // out[j] = sum of the 16 lanes of v[j], j < 16: a transpose-add tree (~3 ops per vector instead
 // of ~8 for one horizontal sum each); each level halves the vectors, the last permute restores
 // the order.

@@ -7,7 +7,7 @@
 // X^T is packed once per call into AMX's pair-interleaved "B" layout (a 32-bit transpose of x),
 // and each finished C tile is transposed back while bias is added and it is rounded to bf16.
 // Threads split the weight's rows; each streams its own contiguous part, one 16-row block
-// prefetched ahead.
+// prefetched ahead. A second entry fuses SiluAndMul into the gate_up projection's output.
 
 #include <cstdint>
 #include <cstdlib>
@@ -39,29 +39,78 @@ void pack_x(const uint16_t* x, int64_t x_stride, int64_t m, int64_t k, int group
                             xp + (s * groups + g) * 256);
 }
 
-// y[m, n0:n0+16] for the 16 weight rows n0.. from the C tiles (y^T blocks), + bias, as bf16.
+// The 16 x 16 fp32 C tiles 0..G-1 (y^T for 16 weight rows, tokens 16g..) into c[g].
 template <int G>
-void store_block(int64_t n0, int64_t m, const uint16_t* bias, uint16_t* y, int64_t y_stride) {
-  alignas(64) float c[kMaxGroups][16][16];
+void store_tiles(float (*c)[16][16]) {
   _tile_stored(0, c[0], 64);
   if constexpr (G > 1) _tile_stored(1, c[1], 64);
   if constexpr (G > 2) _tile_stored(2, c[2], 64);
   if constexpr (G > 3) _tile_stored(3, c[3], 64);
-  __m512 b = _mm512_setzero_ps();
-  if (bias != nullptr)
-    b = _mm512_castsi512_ps(_mm512_slli_epi32(
-        _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(bias + n0))),
-        16));
-  for (int g = 0; g < G; ++g) {
-    __m512i r[16];
+}
+
+// 16 bf16 bias values from b[0..16) as fp32 lanes (zeros without bias).
+inline __m512 load_bias(const uint16_t* b) {
+  if (b == nullptr) return _mm512_setzero_ps();
+  return _mm512_castsi512_ps(_mm512_slli_epi32(
+      _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b))), 16));
+}
+
+// Transposes c[g] (y^T) in place into rows: afterwards row i is y[16g + i, n0:n0+16].
+inline void transpose_tile(float (*c)[16]) {
+  __m512i r[16];
 #pragma GCC unroll 16
-    for (int i = 0; i < 16; ++i) r[i] = _mm512_load_si512(c[g][i]);
-    minivllm::transpose16x16(r);  // r[i] = y[16g + i, n0:n0+16]
+  for (int i = 0; i < 16; ++i) r[i] = _mm512_load_si512(c[i]);
+  minivllm::transpose16x16(r);
+#pragma GCC unroll 16
+  for (int i = 0; i < 16; ++i) _mm512_store_si512(c[i], r[i]);
+}
+
+inline void store_row(uint16_t* dst, __m512 v) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), (__m256i)_mm512_cvtneps_pbh(v));
+}
+
+// y[m, n0:n0+16] for the 16 weight rows n0.. from the C tiles (y^T blocks), + bias, as bf16.
+template <int G>
+void store_block(int64_t n0, int64_t m, const uint16_t* bias, uint16_t* y, int64_t y_stride) {
+  alignas(64) float c[kMaxGroups][16][16];
+  store_tiles<G>(c);
+  const __m512 b = load_bias(bias == nullptr ? nullptr : bias + n0);
+  for (int g = 0; g < G; ++g) {
+    transpose_tile(c[g]);
     const int rows = m - 16 * g < 16 ? static_cast<int>(m - 16 * g) : 16;
-    for (int i = 0; i < rows; ++i) {
-      const __m512 v = _mm512_add_ps(_mm512_castsi512_ps(r[i]), b);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + (16 * g + i) * y_stride + n0),
-                          (__m256i)_mm512_cvtneps_pbh(v));
+    for (int i = 0; i < rows; ++i)
+      store_row(y + (16 * g + i) * y_stride + n0, _mm512_add_ps(_mm512_load_ps(c[g][i]), b));
+  }
+}
+
+// C tiles 0..G-1 = W[16 rows at wb, k] . x^T over all k-steps; prefetches the same span of the
+// 16 rows at `next` (the block computed after this one; null: none) into L2 as it goes.
+template <int G>
+void accumulate(const uint32_t* xp, const uint16_t* wb, const uint16_t* next, int64_t w_stride,
+                int64_t steps) {
+  const int64_t w_bytes = w_stride * 2;
+  _tile_zero(0);
+  if constexpr (G > 1) _tile_zero(1);
+  if constexpr (G > 2) _tile_zero(2);
+  if constexpr (G > 3) _tile_zero(3);
+  for (int64_t s = 0; s < steps; ++s) {
+    if (next != nullptr)
+      for (int i = 0; i < 16; ++i) _mm_prefetch(next + i * w_stride + 32 * s, _MM_HINT_T1);
+    _tile_loadd(4, wb + 32 * s, w_bytes);
+    const uint32_t* b = xp + s * G * 256;
+    _tile_loadd(5, b, 64);
+    _tile_dpbf16ps(0, 4, 5);
+    if constexpr (G > 1) {
+      _tile_loadd(5, b + 256, 64);
+      _tile_dpbf16ps(1, 4, 5);
+    }
+    if constexpr (G > 2) {
+      _tile_loadd(5, b + 512, 64);
+      _tile_dpbf16ps(2, 4, 5);
+    }
+    if constexpr (G > 3) {
+      _tile_loadd(5, b + 768, 64);
+      _tile_dpbf16ps(3, 4, 5);
     }
   }
 }
@@ -70,37 +119,75 @@ template <int G>
 void gemm_blocks(const uint32_t* xp, const uint16_t* w, int64_t w_stride, const uint16_t* bias,
                  uint16_t* y, int64_t y_stride, int64_t m, int64_t k, int64_t block_begin,
                  int64_t block_end) {
-  const int64_t steps = k / 32;
-  const int64_t w_bytes = w_stride * 2;
   for (int64_t blk = block_begin; blk < block_end; ++blk) {
     const uint16_t* wb = w + blk * 16 * w_stride;
-    const uint16_t* next = blk + 1 < block_end ? wb + 16 * w_stride : nullptr;
-    _tile_zero(0);
-    if constexpr (G > 1) _tile_zero(1);
-    if constexpr (G > 2) _tile_zero(2);
-    if constexpr (G > 3) _tile_zero(3);
-    for (int64_t s = 0; s < steps; ++s) {
-      if (next != nullptr)  // the same 64 bytes of the next block's 16 rows
-        for (int i = 0; i < 16; ++i) _mm_prefetch(next + i * w_stride + 32 * s, _MM_HINT_T0);
-      _tile_loadd(4, wb + 32 * s, w_bytes);
-      const uint32_t* b = xp + s * G * 256;
-      _tile_loadd(5, b, 64);
-      _tile_dpbf16ps(0, 4, 5);
-      if constexpr (G > 1) {
-        _tile_loadd(5, b + 256, 64);
-        _tile_dpbf16ps(1, 4, 5);
-      }
-      if constexpr (G > 2) {
-        _tile_loadd(5, b + 512, 64);
-        _tile_dpbf16ps(2, 4, 5);
-      }
-      if constexpr (G > 3) {
-        _tile_loadd(5, b + 768, 64);
-        _tile_dpbf16ps(3, 4, 5);
-      }
-    }
+    accumulate<G>(xp, wb, blk + 1 < block_end ? wb + 16 * w_stride : nullptr, w_stride, k / 32);
     store_block<G>(blk * 16, m, bias, y, y_stride);
   }
+}
+
+// Fused SiluAndMul: w holds gate rows [0, d) then up rows [d, 2d); block j of the output
+// (y[:, 16j:16j+16] = silu(gate) * up) takes gate block j and up block j in turn. Both are rounded
+// to bf16 first, as the separate linear's output would be.
+template <int G>
+void gemm_silu_mul_blocks(const uint32_t* xp, const uint16_t* w, int64_t w_stride,
+                          const uint16_t* bias, uint16_t* y, int64_t y_stride, int64_t m,
+                          int64_t k, int64_t d, int64_t block_begin, int64_t block_end) {
+  alignas(64) float gate[kMaxGroups][16][16], up[kMaxGroups][16][16];
+  const uint16_t* w_up = w + d * w_stride;
+  for (int64_t blk = block_begin; blk < block_end; ++blk) {
+    const uint16_t* wg = w + blk * 16 * w_stride;
+    const uint16_t* wu = w_up + blk * 16 * w_stride;
+    accumulate<G>(xp, wg, wu, w_stride, k / 32);
+    store_tiles<G>(gate);
+    accumulate<G>(xp, wu, blk + 1 < block_end ? wg + 16 * w_stride : nullptr, w_stride, k / 32);
+    store_tiles<G>(up);
+    const __m512 bg = load_bias(bias == nullptr ? nullptr : bias + blk * 16);
+    const __m512 bu = load_bias(bias == nullptr ? nullptr : bias + d + blk * 16);
+    for (int g = 0; g < G; ++g) {
+      transpose_tile(gate[g]);
+      transpose_tile(up[g]);
+      const int rows = m - 16 * g < 16 ? static_cast<int>(m - 16 * g) : 16;
+      for (int i = 0; i < rows; ++i) {
+        const __m512 gv = minivllm::round_bf16_16(_mm512_add_ps(_mm512_load_ps(gate[g][i]), bg));
+        const __m512 uv = minivllm::round_bf16_16(_mm512_add_ps(_mm512_load_ps(up[g][i]), bu));
+        store_row(y + (16 * g + i) * y_stride + blk * 16, minivllm::silu_mul16(gv, uv));
+      }
+    }
+  }
+}
+
+// Splits `blocks` 16-row output blocks over the threads; each packs its own x^T (groups * k * 32
+// bytes, kept across calls: sharing one copy written by one core made the other core fetch it
+// line by line, every call) and runs body(xp, groups, begin, end). 0, or 3 when out of memory.
+template <typename Body>
+int run_blocks(const uint16_t* x, int64_t x_stride, int64_t m, int64_t k, int64_t blocks,
+               int32_t num_threads, Body body) {
+  const int groups = static_cast<int>((m + 15) / 16);
+  int failed = 0;
+#pragma omp parallel num_threads(num_threads)
+  {
+    const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
+    const int64_t begin = blocks * t / threads, end = blocks * (t + 1) / threads;
+    static thread_local uint32_t* xp = nullptr;
+    static thread_local int64_t xp_words = 0;
+    const int64_t need = static_cast<int64_t>(groups) * k * 8;
+    if (begin < end && need > xp_words) {
+      std::free(xp);
+      xp = static_cast<uint32_t*>(std::aligned_alloc(64, need * 4));
+      xp_words = xp == nullptr ? 0 : need;
+    }
+    if (begin < end && xp == nullptr) {
+#pragma omp atomic write
+      failed = 1;
+    } else if (begin < end) {
+      pack_x(x, x_stride, m, k, groups, xp);
+      load_tile_config();
+      body(xp, groups, begin, end);
+      _tile_release();
+    }
+  }
+  return failed ? 3 : 0;
 }
 
 }  // namespace
@@ -116,39 +203,34 @@ int minivllm_gemm_amx_bf16(const uint16_t* x, int64_t x_stride, const uint16_t* 
                            int64_t m, int64_t n, int64_t k, int32_t num_threads) {
   if (m < 1 || m > 16 * kMaxGroups || n % 16 != 0 || k % 32 != 0) return 1;
   if (!amx_permitted()) return 2;
-  const int groups = static_cast<int>((m + 15) / 16);
-  const int64_t blocks = n / 16;
-  int failed = 0;
-#pragma omp parallel num_threads(num_threads)
-  {
-    const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
-    const int64_t begin = blocks * t / threads, end = blocks * (t + 1) / threads;
-    // Each thread packs its own x^T (groups * k * 32 bytes, kept across calls): sharing one
-    // copy written by one core made the other core fetch it line by line, every call.
-    static thread_local uint32_t* xp = nullptr;
-    static thread_local int64_t xp_words = 0;
-    const int64_t need = static_cast<int64_t>(groups) * k * 8;
-    if (begin < end && need > xp_words) {
-      std::free(xp);
-      xp = static_cast<uint32_t*>(std::aligned_alloc(64, need * 4));
-      xp_words = xp == nullptr ? 0 : need;
+  return run_blocks(x, x_stride, m, k, n / 16, num_threads,
+                    [&](const uint32_t* xp, int groups, int64_t begin, int64_t end) {
+    switch (groups) {
+      case 1: gemm_blocks<1>(xp, w, w_stride, bias, y, y_stride, m, k, begin, end); break;
+      case 2: gemm_blocks<2>(xp, w, w_stride, bias, y, y_stride, m, k, begin, end); break;
+      case 3: gemm_blocks<3>(xp, w, w_stride, bias, y, y_stride, m, k, begin, end); break;
+      default: gemm_blocks<4>(xp, w, w_stride, bias, y, y_stride, m, k, begin, end); break;
     }
-    if (begin < end && xp == nullptr) {
-#pragma omp atomic write
-      failed = 1;
-    } else if (begin < end) {
-      pack_x(x, x_stride, m, k, groups, xp);
-      load_tile_config();
-      switch (groups) {
-        case 1: gemm_blocks<1>(xp, w, w_stride, bias, y, y_stride, m, k, begin, end); break;
-        case 2: gemm_blocks<2>(xp, w, w_stride, bias, y, y_stride, m, k, begin, end); break;
-        case 3: gemm_blocks<3>(xp, w, w_stride, bias, y, y_stride, m, k, begin, end); break;
-        default: gemm_blocks<4>(xp, w, w_stride, bias, y, y_stride, m, k, begin, end); break;
-      }
-      _tile_release();
+  });
+}
+
+// y [m, d] = silu(x W[:d]^T + b[:d]) * (x W[d:]^T + b[d:]) for w [2d, k], bias [2d] or null;
+// as above with d % 16 == 0.
+int minivllm_gemm_amx_silu_mul_bf16(const uint16_t* x, int64_t x_stride, const uint16_t* w,
+                                    int64_t w_stride, const uint16_t* bias, uint16_t* y,
+                                    int64_t y_stride, int64_t m, int64_t d, int64_t k,
+                                    int32_t num_threads) {
+  if (m < 1 || m > 16 * kMaxGroups || d % 16 != 0 || k % 32 != 0) return 1;
+  if (!amx_permitted()) return 2;
+  return run_blocks(x, x_stride, m, k, d / 16, num_threads,
+                    [&](const uint32_t* xp, int groups, int64_t begin, int64_t end) {
+    switch (groups) {
+      case 1: gemm_silu_mul_blocks<1>(xp, w, w_stride, bias, y, y_stride, m, k, d, begin, end); break;
+      case 2: gemm_silu_mul_blocks<2>(xp, w, w_stride, bias, y, y_stride, m, k, d, begin, end); break;
+      case 3: gemm_silu_mul_blocks<3>(xp, w, w_stride, bias, y, y_stride, m, k, d, begin, end); break;
+      default: gemm_silu_mul_blocks<4>(xp, w, w_stride, bias, y, y_stride, m, k, d, begin, end); break;
     }
-  }
-  return failed ? 3 : 0;
+  });
 }
 
 }  // extern "C"
@@ -159,6 +241,11 @@ extern "C" {
 int minivllm_has_gemm_amx() { return 0; }  // no AMX: oneDNN keeps every batched linear
 int minivllm_gemm_amx_bf16(const uint16_t*, int64_t, const uint16_t*, int64_t, const uint16_t*,
                            uint16_t*, int64_t, int64_t, int64_t, int64_t, int32_t) {
+  return 2;
+}
+int minivllm_gemm_amx_silu_mul_bf16(const uint16_t*, int64_t, const uint16_t*, int64_t,
+                                    const uint16_t*, uint16_t*, int64_t, int64_t, int64_t,
+                                    int64_t, int32_t) {
   return 2;
 }
 }  // extern "C"

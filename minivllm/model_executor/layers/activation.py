@@ -3,7 +3,27 @@
 import torch
 import torch.nn.functional as F
 
+from minivllm import _custom_ops as ops
+from minivllm.compilation.ops import register_op
 from minivllm.model_executor.custom_op import CustomOp
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """`silu(x[..., :d]) * x[..., d:]`: the native kernel for bf16 rows on CPU, else torch."""
+    y = ops.silu_and_mul_bf16(x)
+    if y is not None:
+        return y
+    d = x.shape[-1] // 2
+    return F.silu(x[..., :d]) * x[..., d:]
+
+
+def _silu_and_mul_fake(x: torch.Tensor) -> torch.Tensor:
+    return x.new_empty(*x.shape[:-1], x.shape[-1] // 2)
+
+
+# `torch.ops.minivllm.silu_and_mul`: an opaque op in compiled graphs, so the fusion pass
+# (compilation/fusion.py) can find it behind the linear that produces its input.
+register_op("silu_and_mul(Tensor x) -> Tensor", silu_and_mul, _silu_and_mul_fake)
 
 
 @CustomOp.register("silu_and_mul")
@@ -16,6 +36,15 @@ class SiluAndMul(CustomOp):
     def forward_native(self, x: torch.Tensor) -> torch.Tensor:
         d = x.shape[-1] // 2
         return F.silu(x[..., :d]) * x[..., d:]
+
+    def forward_cpu(self, x: torch.Tensor) -> torch.Tensor:
+        # bf16: the native kernel (same roundings as forward_native); compiled graphs keep it as
+        # one op, which the fusion pass folds into a preceding bf16 linear.
+        if x.dtype == torch.bfloat16 and x.dim() == 2 and ops.native_available():
+            if torch.compiler.is_compiling():
+                return torch.ops.minivllm.silu_and_mul(x)
+            return silu_and_mul(x)
+        return self.forward_native(x)
 
 
 @CustomOp.register("gelu_and_mul")

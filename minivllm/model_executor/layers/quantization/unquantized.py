@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from minivllm import _custom_ops as ops
 from minivllm.compilation.ops import register_op
 from minivllm.config import get_current_vllm_config_or_none
+from minivllm.model_executor.layers.activation import silu_and_mul
 from minivllm.model_executor.layers.quantization.base_config import QuantizeMethodBase
 from minivllm.model_executor.parameter import set_weight_attrs
 
@@ -72,6 +73,26 @@ def _cpu_linear_fake(x: torch.Tensor, weight: torch.Tensor,
 # plain weight parameter).
 register_op("cpu_linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor", _cpu_linear,
             _cpu_linear_fake)
+
+
+def _cpu_linear_silu_mul(x: torch.Tensor, weight: torch.Tensor,
+                         bias: torch.Tensor | None) -> torch.Tensor:
+    """SiluAndMul of `_cpu_linear(x, weight, bias)` for a gate_up weight [2d, in] (what the fusion
+    pass puts in place of the pair): decode-sized bf16 inputs in one native AMX call, which
+    applies the activation to each output block while it is in registers; others in two steps."""
+    if (0 < x.shape[0] <= ops.GEMM_MAX_ROWS and x.dtype == torch.bfloat16 and x.dim() == 2
+            and getattr(weight, "_amx_ok", False) and weight.shape[0] % 32 == 0):
+        return ops.gemm_silu_mul_bf16(x, weight, bias)
+    return silu_and_mul(_cpu_linear(x, weight, bias))
+
+
+def _cpu_linear_silu_mul_fake(x: torch.Tensor, weight: torch.Tensor,
+                              bias: torch.Tensor | None) -> torch.Tensor:
+    return x.new_empty(*x.shape[:-1], weight.shape[0] // 2)
+
+
+register_op("cpu_linear_silu_mul(Tensor x, Tensor weight, Tensor? bias) -> Tensor",
+            _cpu_linear_silu_mul, _cpu_linear_silu_mul_fake)
 
 
 def _linear(layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
