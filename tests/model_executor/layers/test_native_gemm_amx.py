@@ -1,5 +1,6 @@
-"""The native AMX GEMM that bf16 linears of 1-64 rows use (decode steps): against fp32 maths,
-with bias, strided operands, ragged row counts, and the cases it must leave to others."""
+"""The native AMX GEMM that bf16 linears use for decode steps (and prompt chunks of small
+weights): against fp32 maths, with bias, strided operands, ragged row counts (several 64-row
+chunks), and the cases it must leave to others."""
 
 import pytest
 import torch
@@ -19,7 +20,7 @@ def _reference(x, w, b):
     return torch.nn.functional.linear(x.float(), w.float(), None if b is None else b.float())
 
 
-@pytest.mark.parametrize("m", [1, 2, 15, 16, 17, 40, 64])
+@pytest.mark.parametrize("m", [1, 2, 15, 16, 17, 40, 64, 65, 130, 300])
 @pytest.mark.parametrize("n,k", [(16, 32), (576, 576), (960, 576), (576, 1536), (4144, 64)])
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_gemm_matches_fp32_linear(m, n, k, with_bias):
@@ -54,9 +55,8 @@ def test_unsupported_shapes_are_refused():
     assert not ops.gemm_supports_weight(torch.randn(24, 64).bfloat16())     # N % 16
     assert not ops.gemm_supports_weight(torch.randn(64, 48).bfloat16())     # K % 32
     assert not ops.gemm_supports_weight(w.float())                          # fp32
-    for rows in (0, ops.GEMM_MAX_ROWS + 1):
-        with pytest.raises(ValueError, match="M <= 64"):
-            ops.gemm_bf16(torch.randn(rows, 64).bfloat16(), w, None)
+    with pytest.raises(ValueError, match="M >= 1"):
+        ops.gemm_bf16(torch.randn(0, 64).bfloat16(), w, None)
 
 
 def _packed_layer(n: int, k: int) -> torch.nn.Module:
@@ -72,16 +72,24 @@ def test_linear_layer_routes_rows_to_gemm_gemv_or_onednn(monkeypatch):
         real = getattr(ops, name)
         monkeypatch.setattr(ops, name, lambda *a, _n=name, _r=real: calls.append(_n) or _r(*a))
     layer = _packed_layer(96, 64)
-    x = torch.randn(80, 64).bfloat16()
-    prefill = _cpu_linear(x, layer.weight, None)                    # 80 rows: oneDNN
+    assert layer.weight._amx_rows == ops.GEMM_PROMPT_ROWS          # small weight: prompts too
+    x = torch.randn(ops.GEMM_PROMPT_ROWS + 1, 64).bfloat16()
+    prefill = _cpu_linear(x, layer.weight, None)                    # 1025 rows: oneDNN
     assert calls == []
-    for rows in (1, 3, 64):                                         # decode-sized: AMX GEMM
+    for rows in (1, 3, 64, 80, ops.GEMM_PROMPT_ROWS):               # AMX GEMM
         y = _cpu_linear(x[:rows], layer.weight, None)
         torch.testing.assert_close(y.float(), prefill[:rows].float(), atol=2e-2, rtol=2e-2)
-    assert calls == ["gemm_bf16"] * 3
+    assert calls == ["gemm_bf16"] * 5
+    calls.clear()
+    big = _packed_layer(4096, 576)                                  # over GEMM_PROMPT_WEIGHT
+    assert big.weight._amx_rows == ops.GEMM_MAX_ROWS
+    xb = torch.randn(80, 576).bfloat16()
+    _cpu_linear(xb[:64], big.weight, None)                          # decode-sized: AMX
+    _cpu_linear(xb, big.weight, None)                               # prompt: oneDNN
+    assert calls == ["gemm_bf16"]
     calls.clear()
     odd = _packed_layer(40, 64)                                     # N % 16 != 0: GEMV at 1 row
-    assert not odd.weight._amx_ok
+    assert odd.weight._amx_rows == 0
     _cpu_linear(x[:1], odd.weight, None)
     _cpu_linear(x[:2], odd.weight, None)                            # and oneDNN at 2
     assert calls == ["gemv_bf16"]

@@ -45,7 +45,7 @@ def test_linear_layer_uses_gemv_for_one_row_only(monkeypatch):
     layer = torch.nn.Module()
     layer.weight = torch.nn.Parameter(torch.randn(96, 64).bfloat16(), requires_grad=False)
     _pack_for_cpu(layer)
-    layer.weight._amx_ok = False          # as on a CPU without AMX: one row goes to the GEMV
+    layer.weight._amx_rows = 0            # as on a CPU without AMX: one row goes to the GEMV
     calls = []
     real = ops.gemv_bf16
     monkeypatch.setattr(ops, "gemv_bf16", lambda *a: calls.append(1) or real(*a))

@@ -55,7 +55,7 @@ def _needs_amx():
         pytest.skip("this CPU (or kernel) offers no AMX: the fused GEMM then stays unused")
 
 
-@pytest.mark.parametrize("m", [1, 15, 16, 17, 40, 64])
+@pytest.mark.parametrize("m", [1, 15, 16, 17, 40, 64, 65, 150])
 @pytest.mark.parametrize("d,k", [(16, 32), (1536, 576), (48, 96)])
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_fused_gemm_equals_gemm_then_activation(m, d, k, with_bias):
@@ -77,14 +77,14 @@ def test_fused_gemm_refuses_bad_shapes():
     w = torch.randn(64, 64).bfloat16()
     with pytest.raises(ValueError, match="d % 16"):
         ops.gemm_silu_mul_bf16(torch.randn(4, 64).bfloat16(), torch.randn(48, 64).bfloat16(), None)
-    for rows in (0, ops.GEMM_MAX_ROWS + 1):
-        with pytest.raises(ValueError, match="M <= 64"):
-            ops.gemm_silu_mul_bf16(torch.randn(rows, 64).bfloat16(), w, None)
+    with pytest.raises(ValueError, match="M >= 1"):
+        ops.gemm_silu_mul_bf16(torch.randn(0, 64).bfloat16(), w, None)
 
 
-@pytest.mark.parametrize("rows", [1, 64, 65, 300])
+@pytest.mark.parametrize("rows", [1, 64, 65, 300, 1100])
 def test_fused_linear_op_routes_and_matches_unfused(rows, monkeypatch):
-    # <= 64 rows: one fused AMX call; more (prefill): the linear, then the activation kernel.
+    # rows the AMX GEMM takes: one fused call; more (long prefill chunks): the linear, then the
+    # activation kernel.
     layer = torch.nn.Module()
     layer.weight = torch.nn.Parameter((torch.randn(96, 64) * 0.1).bfloat16(), requires_grad=False)
     _pack_for_cpu(layer)
@@ -94,5 +94,5 @@ def test_fused_linear_op_routes_and_matches_unfused(rows, monkeypatch):
     real = ops.gemm_silu_mul_bf16
     monkeypatch.setattr(ops, "gemm_silu_mul_bf16", lambda *a: calls.append(1) or real(*a))
     y = _cpu_linear_silu_mul(x, w, None)
-    assert len(calls) == (1 if rows <= ops.GEMM_MAX_ROWS and ops._has_amx else 0)
+    assert len(calls) == (1 if rows <= ops.GEMM_PROMPT_ROWS and ops._has_amx else 0)
     assert torch.equal(y, _eager(_cpu_linear(x, w, None)))

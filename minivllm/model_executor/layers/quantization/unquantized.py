@@ -38,25 +38,26 @@ def _pack_for_cpu(layer: nn.Module) -> None:
     if weight is None:
         return
     weight._mkldnn_packed = None
-    weight._gemv_ok = weight._amx_ok = False
+    weight._gemv_ok, weight._amx_rows = False, 0
     if (weight.device.type != "cpu" or weight.dtype != torch.bfloat16
             or not torch.backends.mkldnn.is_available()):
         return
     weight._mkldnn_packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
     # Checked once here rather than per call: one-token steps call ~120 linears each.
     weight._gemv_ok = ops.gemv_supports_weight(weight)
-    weight._amx_ok = ops.gemm_supports_weight(weight)
+    weight._amx_rows = ops.gemm_rows(weight)
 
 
 def _cpu_linear(x: torch.Tensor, weight: torch.Tensor,
                 bias: torch.Tensor | None) -> torch.Tensor:
-    """`F.linear` for x [T, in]. bf16 on CPU: up to 64 rows (decode steps, bound by streaming
-    the weight once) through the native AMX GEMM, else one row through the native GEMV; more
-    rows (prefill) through oneDNN's packed copy of `weight`."""
+    """`F.linear` for x [T, in]. bf16 on CPU: up to `weight._amx_rows` rows (decode steps, bound
+    by streaming the weight once; prompt chunks of up to 1024 rows for a weight that fits L2)
+    through the native AMX GEMM, else one row through the native GEMV; more rows (prefill)
+    through oneDNN's packed copy of `weight`."""
     packed = getattr(weight, "_mkldnn_packed", None)
     if packed is not None and x.dtype == torch.bfloat16 and x.dim() == 2:
         rows = x.shape[0]
-        if 0 < rows <= ops.GEMM_MAX_ROWS and weight._amx_ok:
+        if 0 < rows <= weight._amx_rows:
             return ops.gemm_bf16(x, weight, bias)
         if rows == 1 and weight._gemv_ok:
             return ops.gemv_bf16(x, weight, bias)
@@ -78,10 +79,10 @@ register_op("cpu_linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor", _cpu_
 def _cpu_linear_silu_mul(x: torch.Tensor, weight: torch.Tensor,
                          bias: torch.Tensor | None) -> torch.Tensor:
     """SiluAndMul of `_cpu_linear(x, weight, bias)` for a gate_up weight [2d, in] (what the fusion
-    pass puts in place of the pair): decode-sized bf16 inputs in one native AMX call, which
+    pass puts in place of the pair): bf16 inputs the AMX GEMM takes in one native call, which
     applies the activation to each output block while it is in registers; others in two steps."""
-    if (0 < x.shape[0] <= ops.GEMM_MAX_ROWS and x.dtype == torch.bfloat16 and x.dim() == 2
-            and getattr(weight, "_amx_ok", False) and weight.shape[0] % 32 == 0):
+    if (0 < x.shape[0] <= getattr(weight, "_amx_rows", 0) and x.dtype == torch.bfloat16
+            and x.dim() == 2 and weight.shape[0] % 32 == 0):
         return ops.gemm_silu_mul_bf16(x, weight, bias)
     return silu_and_mul(_cpu_linear(x, weight, bias))
 
