@@ -35,9 +35,11 @@ _I32, _I64, _PTR = ctypes.c_int32, ctypes.c_int64, ctypes.c_void_p
 _SIGNATURES = {
     # q, q_row_stride, k_cache, v_cache, slot_stride, block_table, table_stride, seq_lens, rows,
     # out, out_row_stride, num_seqs, num_heads, num_kv_heads, head_size, block_size, window,
-    # scale, num_threads
+    # scale, num_threads, k_new, k_new_row_stride, v_new, v_new_row_stride, slot_mapping (null:
+    # no write)
     "minivllm_paged_decode_bf16": [_PTR, _I64, _PTR, _PTR, _I64, _PTR, _I64, _PTR, _PTR, _PTR,
-                                   _I64, _I32, _I32, _I32, _I32, _I32, _I32, ctypes.c_float, _I32],
+                                   _I64, _I32, _I32, _I32, _I32, _I32, _I32, ctypes.c_float, _I32,
+                                   _PTR, _I64, _PTR, _I64, _PTR],
     "minivllm_gemv_bf16": [_PTR, _PTR, _I64, _PTR, _PTR, _I64, _I64, _I32],
     "minivllm_has_gemv_bf16": [],
     # x, x_row_stride, w, w_row_stride, bias, y, y_row_stride, m, n, k, num_threads
@@ -136,21 +138,33 @@ def attention_supports(dtype: torch.dtype) -> bool:
 def paged_decode_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
                            seq_lens: torch.Tensor, rows: torch.Tensor, out: torch.Tensor,
                            num_heads: int, num_kv_heads: int, head_size: int, window: int,
-                           scale: float) -> None:
+                           scale: float,
+                           new_kv: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+                           ) -> None:
     """out[rows] = attention of query[rows] over each sequence's cached keys, in place.
 
     query/out: [T, >= nH*d] with unit stride inside a row; kv_cache: contiguous
     [2, num_blocks, block_size, nKV, d]; block_table: int32 [B, max_blocks] (contiguous rows);
     seq_lens: int32 [B]; rows: int64 [B] (query row of each sequence); window: 0 = unlimited.
+    new_kv: (key, value, slot_mapping): key/value [T, nKV*d] in the cache's dtype (unit stride
+    inside a row), slot_mapping int64 [>= max(rows) + 1]; each sequence's new row is written to
+    its slot first (else the caller has written the cache).
     """
     assert _lib is not None, "call native_available() first"
     _, num_blocks, block_size, _, head_dim = kv_cache.shape
     v_offset = num_blocks * block_size * num_kv_heads * head_dim * kv_cache.element_size()
+    k_new = v_new = slots = None
+    k_stride = v_stride = 0
+    if new_kv is not None:
+        key, value, slot_mapping = new_kv
+        k_new, v_new, slots = key.data_ptr(), value.data_ptr(), slot_mapping.data_ptr()
+        k_stride, v_stride = key.stride(0), value.stride(0)
     rc = getattr(_lib, _ATTN_FUNCS[kv_cache.dtype])(
         query.data_ptr(), query.stride(0), kv_cache.data_ptr(), kv_cache.data_ptr() + v_offset,
         num_kv_heads * head_dim, block_table.data_ptr(), block_table.stride(0),
         seq_lens.data_ptr(), rows.data_ptr(), out.data_ptr(), out.stride(0), rows.shape[0],
-        num_heads, num_kv_heads, head_size, block_size, window, scale, torch.get_num_threads())
+        num_heads, num_kv_heads, head_size, block_size, window, scale, torch.get_num_threads(),
+        k_new, k_stride, v_new, v_stride, slots)
     if rc != 0:
         raise ValueError(f"paged decode kernel rejected num_heads={num_heads}, "
                          f"num_kv_heads={num_kv_heads}: heads per KV head must divide and be <= 64")

@@ -274,12 +274,30 @@ void attend_pair(const T* qi, const T* k_cache, const T* v_cache, int64_t slot_s
                      block_size, scale, oi, buf);
 }
 
+// The step's new keys/values (row rows[i] of k_new / v_new, rows k_stride / v_stride apart) into
+// their slots
+// (slots[rows[i]]), one row per sequence, before any thread reads the cache: it saves the two
+// scatter ops a decode step would otherwise run per layer.
 template <typename T>
-int paged_decode(const T* q, int64_t q_row_stride, const T* k_cache, const T* v_cache,
+void write_new_kv(const T* k_new, int64_t k_stride, const T* v_new, int64_t v_stride,
+                  const int64_t* slots, const int64_t* rows, int32_t num_seqs, T* k_cache,
+                  T* v_cache, int64_t slot_stride, int64_t row_elems) {
+#pragma omp for schedule(static)
+  for (int32_t i = 0; i < num_seqs; ++i) {
+    const int64_t slot = slots[rows[i]];
+    std::copy_n(k_new + rows[i] * k_stride, row_elems, k_cache + slot * slot_stride);
+    std::copy_n(v_new + rows[i] * v_stride, row_elems, v_cache + slot * slot_stride);
+  }  // (the implicit barrier: every new row is in place before attention reads)
+}
+
+template <typename T>
+int paged_decode(const T* q, int64_t q_row_stride, T* k_cache, T* v_cache,
                  int64_t slot_stride, const int32_t* block_table, int64_t table_stride,
                  const int32_t* seq_lens, const int64_t* rows, T* out, int64_t out_row_stride,
                  int32_t num_seqs, int32_t num_heads, int32_t num_kv_heads, int32_t head_size,
-                 int32_t block_size, int32_t window, float scale, int32_t num_threads) {
+                 int32_t block_size, int32_t window, float scale, int32_t num_threads,
+                 const T* k_new, int64_t k_stride, const T* v_new, int64_t v_stride,
+                 const int64_t* slots) {
   if (num_kv_heads <= 0 || num_heads % num_kv_heads != 0 || num_heads / num_kv_heads > 64)
     return 1;
   const int32_t group = num_heads / num_kv_heads;
@@ -290,6 +308,9 @@ int paged_decode(const T* q, int64_t q_row_stride, const T* k_cache, const T* v_
   int64_t claimed = 0;  // tasks handed out so far (claimed one ahead, see Prefetch)
 #pragma omp parallel num_threads(num_threads)
   {
+    if (slots != nullptr)
+      write_new_kv<T>(k_new, k_stride, v_new, v_stride, slots, rows, num_seqs, k_cache,
+                      v_cache, slot_stride, static_cast<int64_t>(num_kv_heads) * head_size);
     std::vector<float> buf;
     Prefetch<T> pf;
     pf.k_cache = k_cache;
@@ -328,17 +349,20 @@ int paged_decode(const T* q, int64_t q_row_stride, const T* k_cache, const T* v_
 
 }  // namespace
 
-// The C entry points, one per storage type (bf16 travels as its raw 16 bits).
+// The C entry points, one per storage type (bf16 travels as its raw 16 bits). slots: null, or
+// the step's slot mapping, to write k_new / v_new's decode rows into the cache first.
 #define MINIVLLM_PAGED_DECODE(NAME, T)                                                        \
-  int NAME(const T* q, int64_t q_row_stride, const T* k_cache, const T* v_cache,              \
+  int NAME(const T* q, int64_t q_row_stride, T* k_cache, T* v_cache,                          \
            int64_t slot_stride, const int32_t* block_table, int64_t table_stride,             \
            const int32_t* seq_lens, const int64_t* rows, T* out, int64_t out_row_stride,      \
            int32_t num_seqs, int32_t num_heads, int32_t num_kv_heads, int32_t head_size,      \
-           int32_t block_size, int32_t window, float scale, int32_t num_threads) {            \
+           int32_t block_size, int32_t window, float scale, int32_t num_threads,              \
+           const T* k_new, int64_t k_stride, const T* v_new, int64_t v_stride,                \
+           const int64_t* slots) {                                                            \
     return paged_decode<T>(q, q_row_stride, k_cache, v_cache, slot_stride, block_table,       \
                            table_stride, seq_lens, rows, out, out_row_stride, num_seqs,       \
                            num_heads, num_kv_heads, head_size, block_size, window, scale,     \
-                           num_threads);                                                      \
+                           num_threads, k_new, k_stride, v_new, v_stride, slots);             \
   }
 
 extern "C" {

@@ -121,7 +121,8 @@ class Attention(nn.Module):
         if metadata is None:                                    # profiling / dummy run
             return torch.zeros(output_shape, dtype=output_dtype).view(num_tokens, -1)
         assert isinstance(ctx.slot_mapping, dict), "slot_mapping must be a dict layer -> tensor"
-        if self._writes_kv_cache and key is not None and value is not None:
+        if (self._writes_kv_cache and key is not None and value is not None
+                and not getattr(self.attn_backend, "forward_includes_kv_cache_update", False)):
             slot_mapping = ctx.slot_mapping.get(self.layer_name)
             if slot_mapping is not None:
                 self.impl.do_kv_cache_update(self, key, value, self.kv_cache, slot_mapping)

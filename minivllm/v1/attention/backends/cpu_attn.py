@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from minivllm import _custom_ops as ops
+from minivllm.forward_context import get_forward_context, is_forward_context_available
 from minivllm.v1.attention.backend import AttentionType
 from minivllm.v1.attention.backends.cpu_attn_metadata import (AttnGroup, DecodeBatch,
                                                               TorchAttentionMetadata,
@@ -21,7 +22,9 @@ class TorchAttentionBackend:
     """Selects the CPU layout, metadata builder and implementation."""
 
     accept_output_buffer: bool = True
-    forward_includes_kv_cache_update: bool = False
+    # The impl writes the step's keys/values itself (from the forward context's slot mapping):
+    # for a decode-only step the native kernel does it inside its own call.
+    forward_includes_kv_cache_update: bool = True
 
     @staticmethod
     def get_name() -> str:
@@ -142,10 +145,12 @@ class TorchAttentionImpl:
         out = output.view(-1, self.num_heads, self.head_size_v)  # [T, nH, d_v]
         if out.shape[0] > attn_metadata.num_actual_tokens:
             out[attn_metadata.num_actual_tokens:].zero_()       # padding rows
+        use_kernel = attn_metadata.decode is not None and self._use_kernel(q, kv_cache, out)
+        new_kv = self._write_kv(layer, key, value, kv_cache, attn_metadata, use_kernel)
         if self.attn_type == AttentionType.ENCODER_ONLY:
             groups = attn_metadata.encoder_groups
-        elif attn_metadata.decode is not None and self._use_kernel(q, kv_cache, out):
-            self._attend_decode_kernel(attn_metadata.decode, q, kv_cache, out)
+        elif use_kernel:
+            self._attend_decode_kernel(attn_metadata.decode, q, kv_cache, out, new_kv)
             groups = attn_metadata.prefill_groups
         else:
             groups = attn_metadata.groups
@@ -167,6 +172,32 @@ class TorchAttentionImpl:
             out.index_copy_(0, g.out_rows, o.to(out.dtype))
         return output
 
+    def _write_kv(self, layer: torch.nn.Module, key: torch.Tensor | None,
+                  value: torch.Tensor | None, kv_cache: torch.Tensor,
+                  md: TorchAttentionMetadata, use_kernel: bool
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """Writes this step's keys/values to the cache (as the layer would through
+        `do_kv_cache_update`: the slot mapping of the forward context, skipped for encoder-only
+        and KV-sharing layers), or returns (key, value, slots) for the decode kernel to write
+        when every row of the step is one of its decode rows."""
+        if (key is None or value is None or kv_cache.numel() == 0
+                or self.attn_type == AttentionType.ENCODER_ONLY
+                or self.kv_sharing_target_layer_name is not None
+                or not is_forward_context_available()):
+            return None
+        slot_mapping = get_forward_context().slot_mapping
+        slots = slot_mapping.get(layer.layer_name) if isinstance(slot_mapping, dict) else None
+        if slots is None:
+            return None
+        width = self.num_kv_heads * self.head_size
+        if (use_kernel and not md.prefill_groups and key.dtype == value.dtype == kv_cache.dtype
+                and slots.dtype == torch.int64 and slots.is_contiguous()
+                and key.shape[-1] == value.shape[-1] == width and key.dim() == value.dim() == 2
+                and key.stride(1) == value.stride(1) == 1):
+            return key, value, slots
+        self.do_kv_cache_update(layer, key, value, kv_cache, slots)
+        return None
+
     def _use_kernel(self, q: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor) -> bool:
         """Decode rows go to the native kernel when it is built and supports these tensors
         (q [T, nH, d] and out [T, nH, d] with contiguous rows)."""
@@ -177,12 +208,15 @@ class TorchAttentionImpl:
                 and ops.native_available())
 
     def _attend_decode_kernel(self, decode: DecodeBatch, q: torch.Tensor, kv_cache: torch.Tensor,
-                              out: torch.Tensor) -> None:
-        """All decode rows in one call: keys/values read in place from the paged cache."""
+                              out: torch.Tensor,
+                              new_kv: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None
+                              ) -> None:
+        """All decode rows in one call: keys/values read in place from the paged cache (after
+        the kernel wrote `new_kv`'s rows into it, when given)."""
         ops.paged_decode_attention(
             q.flatten(1), kv_cache, decode.block_table, decode.seq_lens, decode.rows,
             out.flatten(1), self.num_heads, self.num_kv_heads, self.head_size,
-            self.sliding_window or 0, self.scale)
+            self.sliding_window or 0, self.scale, new_kv)
 
     def _attend_prompt_kernel(self, g: AttnGroup, q: torch.Tensor, key: torch.Tensor | None,
                               value: torch.Tensor | None, out: torch.Tensor) -> bool:

@@ -95,3 +95,36 @@ def test_kernel_builds_into_the_cache_dir(monkeypatch, tmp_path):
     monkeypatch.setattr(ops, "_tried", False)
     monkeypatch.setattr(ops, "_lib", None)
     assert not ops.native_available()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_decode_only_step_writes_new_rows_inside_the_kernel(calls, monkeypatch, dtype):
+    # Every row a decode: the kernel writes each sequence's new key/value row to its slot before
+    # reading (no separate scatter); with a prefill in the step the scatter runs first instead.
+    cfg = make_config()
+    lens = [1, 17, 64, 65, 130, 5, 33, 200, 2, 16]
+    batch = Batch([1] * len(lens), lens, nH=9, nKV=3, d=64, dtype=dtype, seed=11)
+    layer = make_layer(cfg, num_heads=9, head_size=64, scale=0.125, num_kv_heads=3)
+    scatters = []
+    real_update = layer.impl.do_kv_cache_update
+    monkeypatch.setattr(layer.impl, "do_kv_cache_update",
+                        lambda *a: scatters.append(1) or real_update(*a))
+    out = batch.run(cfg, layer)
+    assert calls == [len(lens)] and scatters == []
+    tol = 2e-2 if dtype == torch.bfloat16 else 2e-5
+    torch.testing.assert_close(out.double(), batch.expected(0.125), atol=tol, rtol=tol)
+    k_rows = batch.kv_cache[0].view(-1, 3 * 64)[batch.slot_mapping]
+    v_rows = batch.kv_cache[1].view(-1, 3 * 64)[batch.slot_mapping]
+    assert torch.equal(k_rows, torch.stack([k[-1] for k in batch.k]).flatten(1))
+    assert torch.equal(v_rows, torch.stack([v[-1] for v in batch.v]).flatten(1))
+
+    # keys from their own tensor (a compiled graph's rotary output), values a slice of qkv
+    again = Batch([1] * len(lens), lens, nH=9, nKV=3, d=64, dtype=dtype, seed=11)
+    q, k, v = again.inputs()
+    monkeypatch.setattr(again, "inputs", lambda: (q, k.contiguous(), v))
+    assert torch.equal(again.run(cfg, layer), out) and scatters == []
+
+    mixed = Batch([1, 4, 1], [9, 4, 20], nH=9, nKV=3, d=64, dtype=dtype, seed=12)
+    out = mixed.run(cfg, layer)
+    assert scatters == [1]
+    torch.testing.assert_close(out.double(), mixed.expected(0.125), atol=tol, rtol=tol)
