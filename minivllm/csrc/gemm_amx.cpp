@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 
 #include "cpu_math.h"
 
@@ -163,8 +164,9 @@ void gemm_silu_mul_blocks(const uint32_t* xp, const uint16_t* w, int64_t w_strid
 // Splits `blocks` 16-row output blocks over the threads; each walks the rows of x in chunks of
 // up to 64 (one C tile per 16), packs the chunk's x^T itself (groups * k * 32 bytes, kept across
 // calls: sharing one copy written by one core made the other core fetch it line by line, every
-// call) and runs body(xp, groups, begin, end, m0, rows). Past the first chunk a thread's weight
-// rows come from its L2. 0, or 3 when out of memory.
+// call) and runs body(G, xp, begin, end, m0, rows), G = the chunk's 16-row groups as a
+// std::integral_constant. Past the first chunk a thread's weight rows come from its L2.
+// 0, or 3 when out of memory.
 template <typename Body>
 int run_blocks(const uint16_t* x, int64_t x_stride, int64_t m, int64_t k, int64_t blocks,
                int32_t num_threads, Body body) {
@@ -191,7 +193,12 @@ int run_blocks(const uint16_t* x, int64_t x_stride, int64_t m, int64_t k, int64_
         const int64_t rows = std::min(chunk, m - m0);
         const int groups = static_cast<int>((rows + 15) / 16);
         pack_x(x + m0 * x_stride, x_stride, rows, k, groups, xp);
-        body(xp, groups, begin, end, m0, rows);
+        switch (groups) {  // the C tiles in use, as a compile-time constant
+          case 1: body(std::integral_constant<int, 1>{}, xp, begin, end, m0, rows); break;
+          case 2: body(std::integral_constant<int, 2>{}, xp, begin, end, m0, rows); break;
+          case 3: body(std::integral_constant<int, 3>{}, xp, begin, end, m0, rows); break;
+          default: body(std::integral_constant<int, 4>{}, xp, begin, end, m0, rows); break;
+        }
       }
       _tile_release();
     }
@@ -213,15 +220,10 @@ int minivllm_gemm_amx_bf16(const uint16_t* x, int64_t x_stride, const uint16_t* 
   if (m < 1 || n % 16 != 0 || k % 32 != 0) return 1;
   if (!amx_permitted()) return 2;
   return run_blocks(x, x_stride, m, k, n / 16, num_threads,
-                    [&](const uint32_t* xp, int groups, int64_t begin, int64_t end, int64_t m0,
+                    [&](auto g, const uint32_t* xp, int64_t begin, int64_t end, int64_t m0,
                         int64_t rows) {
-    uint16_t* yc = y + m0 * y_stride;
-    switch (groups) {
-      case 1: gemm_blocks<1>(xp, w, w_stride, bias, yc, y_stride, rows, k, begin, end); break;
-      case 2: gemm_blocks<2>(xp, w, w_stride, bias, yc, y_stride, rows, k, begin, end); break;
-      case 3: gemm_blocks<3>(xp, w, w_stride, bias, yc, y_stride, rows, k, begin, end); break;
-      default: gemm_blocks<4>(xp, w, w_stride, bias, yc, y_stride, rows, k, begin, end); break;
-    }
+    gemm_blocks<decltype(g)::value>(xp, w, w_stride, bias, y + m0 * y_stride, y_stride, rows, k,
+                                    begin, end);
   });
 }
 
@@ -234,15 +236,10 @@ int minivllm_gemm_amx_silu_mul_bf16(const uint16_t* x, int64_t x_stride, const u
   if (m < 1 || d % 16 != 0 || k % 32 != 0) return 1;
   if (!amx_permitted()) return 2;
   return run_blocks(x, x_stride, m, k, d / 16, num_threads,
-                    [&](const uint32_t* xp, int groups, int64_t begin, int64_t end, int64_t m0,
+                    [&](auto g, const uint32_t* xp, int64_t begin, int64_t end, int64_t m0,
                         int64_t rows) {
-    uint16_t* yc = y + m0 * y_stride;
-    switch (groups) {
-      case 1: gemm_silu_mul_blocks<1>(xp, w, w_stride, bias, yc, y_stride, rows, k, d, begin, end); break;
-      case 2: gemm_silu_mul_blocks<2>(xp, w, w_stride, bias, yc, y_stride, rows, k, d, begin, end); break;
-      case 3: gemm_silu_mul_blocks<3>(xp, w, w_stride, bias, yc, y_stride, rows, k, d, begin, end); break;
-      default: gemm_silu_mul_blocks<4>(xp, w, w_stride, bias, yc, y_stride, rows, k, d, begin, end); break;
-    }
+    gemm_silu_mul_blocks<decltype(g)::value>(xp, w, w_stride, bias, y + m0 * y_stride, y_stride,
+                                             rows, k, d, begin, end);
   });
 }
 
