@@ -214,13 +214,20 @@ def gemm_rows(weight: torch.Tensor) -> int:
     return GEMM_PROMPT_ROWS if weight.numel() <= GEMM_PROMPT_WEIGHT else GEMM_MAX_ROWS
 
 
-def gemm_bf16(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """`F.linear(x, weight, bias)` for bf16 x [M, K], M >= 1, and a weight `gemm_supports_weight`
-    accepted; returns [M, N] (fp32 accumulation, one bf16 rounding)."""
+def _gemm_operands(x: torch.Tensor, bias: torch.Tensor | None
+                   ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """x with unit-stride rows and a contiguous bf16 bias, as the AMX kernels read them."""
     if x.stride(-1) != 1:
         x = x.contiguous()
     if bias is not None:
         bias = bias.to(torch.bfloat16).contiguous()
+    return x, bias
+
+
+def gemm_bf16(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """`F.linear(x, weight, bias)` for bf16 x [M, K], M >= 1, and a weight `gemm_supports_weight`
+    accepted; returns [M, N] (fp32 accumulation, one bf16 rounding)."""
+    x, bias = _gemm_operands(x, bias)
     (m, k), n = x.shape, weight.shape[0]
     y = x.new_empty(m, n)
     rc = _lib.minivllm_gemm_amx_bf16(x.data_ptr(), x.stride(0), weight.data_ptr(),
@@ -237,10 +244,7 @@ def gemm_silu_mul_bf16(x: torch.Tensor, weight: torch.Tensor,
     """SiluAndMul of `F.linear(x, weight, bias)` for a gate_up weight [2d, K] (gate rows first)
     `gemm_supports_weight` accepted, d % 16 == 0, and M >= 1; returns [M, d].
     gate and up are rounded to bf16 before the activation, as the unfused ops round them."""
-    if x.stride(-1) != 1:
-        x = x.contiguous()
-    if bias is not None:
-        bias = bias.to(torch.bfloat16).contiguous()
+    x, bias = _gemm_operands(x, bias)
     (m, k), d = x.shape, weight.shape[0] // 2
     y = x.new_empty(m, d)
     rc = _lib.minivllm_gemm_amx_silu_mul_bf16(

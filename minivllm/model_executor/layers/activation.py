@@ -8,13 +8,15 @@ from minivllm.compilation.ops import register_op
 from minivllm.model_executor.custom_op import CustomOp
 
 
+def _silu_and_mul_torch(x: torch.Tensor) -> torch.Tensor:
+    d = x.shape[-1] // 2
+    return F.silu(x[..., :d]) * x[..., d:]
+
+
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """`silu(x[..., :d]) * x[..., d:]`: the native kernel for bf16 rows on CPU, else torch."""
     y = ops.silu_and_mul_bf16(x)
-    if y is not None:
-        return y
-    d = x.shape[-1] // 2
-    return F.silu(x[..., :d]) * x[..., d:]
+    return y if y is not None else _silu_and_mul_torch(x)
 
 
 def _silu_and_mul_fake(x: torch.Tensor) -> torch.Tensor:
@@ -34,8 +36,7 @@ class SiluAndMul(CustomOp):
         super().__init__(compile_native=compile_native)
 
     def forward_native(self, x: torch.Tensor) -> torch.Tensor:
-        d = x.shape[-1] // 2
-        return F.silu(x[..., :d]) * x[..., d:]
+        return _silu_and_mul_torch(x)
 
     def forward_cpu(self, x: torch.Tensor) -> torch.Tensor:
         # bf16: the native kernel (same roundings as forward_native); compiled graphs keep it as
