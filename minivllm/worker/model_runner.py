@@ -10,6 +10,7 @@ from minivllm.model_executor.model_loader import get_model
 from minivllm.sequence import IntermediateTensors
 from minivllm.v1.attention.backends.cpu_attn_metadata import (CommonAttentionMetadata,
                                                               TorchAttentionMetadataBuilder)
+from minivllm.worker import hugepages
 from minivllm.worker.input_batch import (CachedRequestState, StepInputs, prepare_inputs,
                                          update_states)
 from minivllm.worker.sampler import RequestSamplingStates, Sampler
@@ -33,6 +34,8 @@ class ModelRunner:
 
     def load_model(self) -> None:
         self.model = get_model(vllm_config=self.vllm_config)
+        if self.device.type == "cpu":
+            hugepages.rehome_parameters(self.model)
         self.vocab_size = self.vllm_config.model_config.get_vocab_size()
 
     @property
@@ -55,10 +58,16 @@ class ModelRunner:
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
         """Allocate one paged cache per attention layer of this stage and bind it to the layer."""
-        for layer in self.attn_layers.values():
-            shape = layer.get_kv_cache_shape(num_blocks, self.block_size)
-            # Zeroed so that masked-out slots can never feed NaNs into attention.
-            layer.bind_kv_cache(torch.zeros(shape, dtype=layer.kv_cache_torch_dtype, device=self.device))
+        layers = list(self.attn_layers.values())
+        shapes = [(torch.Size(layer.get_kv_cache_shape(num_blocks, self.block_size)),
+                   layer.kv_cache_torch_dtype) for layer in layers]
+        # Zeroed so that masked-out slots can never feed NaNs into attention.
+        if self.device.type == "cpu":
+            caches = hugepages.zeros(shapes)
+        else:
+            caches = [torch.zeros(s, dtype=d, device=self.device) for s, d in shapes]
+        for layer, cache in zip(layers, caches):
+            layer.bind_kv_cache(cache)
         self.num_blocks = num_blocks
 
     @torch.inference_mode()
