@@ -79,12 +79,12 @@ def sample_random_requests(tokenizer, num_prompts: int, input_len: int, output_l
             for i in range(num_prompts)]
 
 
-def get_requests(args: argparse.Namespace, tokenizer) -> list[SampleRequest]:
-    """The requests the dataset flags describe."""
+def get_requests(args: argparse.Namespace, tokenizer, seed: int | None = None) -> list[SampleRequest]:
+    """The requests the dataset flags describe (drawn with `seed`, default --seed)."""
     if args.dataset_name not in DATASET_NAMES:
         raise ValueError(f"Unknown dataset {args.dataset_name!r}; choose one of {', '.join(DATASET_NAMES)}")
     if tokenizer is None:
         raise ValueError("The random dataset needs the model's tokenizer (for its vocabulary); "
                          "pass --tokenizer PATH.")
     return sample_random_requests(tokenizer, args.num_prompts, args.input_len, args.output_len,
-                                  args.random_range_ratio, args.seed)
+                                  args.random_range_ratio, args.seed if seed is None else seed)

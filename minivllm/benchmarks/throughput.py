@@ -2,11 +2,14 @@
 
 Both backends get the same token-id prompts, decode greedily and produce exactly `--output-len`
 tokens per request (eos ignored). The timed region is generation only: loading and a short warm-up
-are outside it. `--compare` runs both backends in one process and prints minivllm / transformers.
+are outside it. `--compare` runs both backends in one process and prints minivllm / transformers;
+`--rounds N` repeats the workload on fresh prompts, alternating the backends, and reports the median
+of the per-round ratios.
 """
 
 import argparse
 import os
+import statistics
 import time
 from dataclasses import dataclass, field
 
@@ -29,6 +32,23 @@ class ThroughputResult:
     num_output_tokens: int
     extra: dict = field(default_factory=dict)
 
+    @property
+    def output_throughput(self) -> float:
+        return self.num_output_tokens / self.elapsed_time
+
+    @staticmethod
+    def pooled(results: list["ThroughputResult"]) -> "ThroughputResult":
+        """Several runs as one: summed times and tokens; the last run's extras plus each run's
+        output tokens/s."""
+        last = results[-1]
+        extra = dict(last.extra)
+        if len(results) > 1:
+            extra["output_tokens_per_second_by_round"] = [r.output_throughput for r in results]
+        return ThroughputResult(last.backend, sum(r.elapsed_time for r in results),
+                                sum(r.num_requests for r in results),
+                                sum(r.num_prompt_tokens for r in results),
+                                sum(r.num_output_tokens for r in results), extra)
+
     def to_dict(self) -> dict:
         total = self.num_prompt_tokens + self.num_output_tokens
         return {"backend": self.backend, "elapsed_time": self.elapsed_time,
@@ -45,59 +65,82 @@ def add_throughput_args(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
                         help="transformers batch size (default: try "
                              f"{', '.join(map(str, HF_BATCH_SIZES[::-1]))} until one is slower "
                              "than the best so far, and keep the best)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="run the workload this many times, each round on fresh prompts (seed "
+                             "+ round); with --compare both backends stay loaded and alternate, "
+                             "and the ratio is the median of the rounds' ratios, so a slow spell "
+                             "of a shared host cannot decide it")
     parser.add_argument("--disable-tqdm", action="store_true")
     add_backend_args(parser)
     return parser
 
 
-def run_minivllm(args: argparse.Namespace, requests: list[SampleRequest],
-                 warmup: list[SampleRequest]) -> ThroughputResult:
-    from minivllm.sampling_params import SamplingParams
+class MinivllmSession:
+    """One `LLM`, warmed up, that runs request lists (each timed on its own)."""
 
-    llm = make_llm(args)
-    try:
-        def params(req: SampleRequest) -> SamplingParams:
-            return SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=req.expected_output_len,
-                                  detokenize=not args.disable_detokenize)
+    def __init__(self, args: argparse.Namespace, warmup: list[SampleRequest]) -> None:
+        self.args = args
+        self.llm = make_llm(args)
+        self._generate(warmup, use_tqdm=False)
 
-        llm.generate([r.prompt_token_ids for r in warmup], [params(r) for r in warmup], use_tqdm=False)
-        prompts = [r.prompt_token_ids for r in requests]
-        sampling = [params(r) for r in requests]
-        with maybe_profile(args, "minivllm-throughput"):
+    def _generate(self, requests: list[SampleRequest], use_tqdm: bool) -> list:
+        from minivllm.sampling_params import SamplingParams
+
+        params = [SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=r.expected_output_len,
+                                 detokenize=not self.args.disable_detokenize) for r in requests]
+        return self.llm.generate([r.prompt_token_ids for r in requests], params, use_tqdm=use_tqdm)
+
+    def run(self, requests: list[SampleRequest]) -> ThroughputResult:
+        with maybe_profile(self.args, "minivllm-throughput"):
             start = time.perf_counter()
-            outputs = llm.generate(prompts, sampling, use_tqdm=not args.disable_tqdm)
+            outputs = self._generate(requests, use_tqdm=not self.args.disable_tqdm)
             elapsed = time.perf_counter() - start
-    finally:
-        release(llm)
-    num_output = sum(len(c.token_ids) for o in outputs for c in o.outputs)
-    return ThroughputResult("minivllm", elapsed, len(requests),
-                            sum(r.prompt_len for r in requests), num_output)
+        num_output = sum(len(c.token_ids) for o in outputs for c in o.outputs)
+        return ThroughputResult("minivllm", elapsed, len(requests),
+                                sum(r.prompt_len for r in requests), num_output)
+
+    def close(self) -> None:
+        release(self.llm)
 
 
-def run_hf(args: argparse.Namespace, ckpt: Checkpoint, tokenizer, requests: list[SampleRequest],
-           warmup: list[SampleRequest]) -> ThroughputResult:
-    """transformers at its best batch size: each candidate runs all requests, the fastest is kept."""
-    if args.hf_max_batch_size is not None and args.hf_max_batch_size < 1:
-        raise ValueError(f"hf_max_batch_size must be at least 1, got {args.hf_max_batch_size}")
-    model = load_hf_model(ckpt)
-    try:
-        pad = hf_pad_token_id(tokenizer, model)
-        hf_generate(model, [r.prompt_token_ids for r in warmup], warmup[0].expected_output_len, pad)
-        sweep: dict[int, float] = {}
+class HfSession:
+    """transformers at its best batch size: the first run tries the candidate sizes (each runs all
+    requests, the fastest is kept and reported); later runs use that size."""
+
+    def __init__(self, args: argparse.Namespace, ckpt: Checkpoint, tokenizer,
+                 warmup: list[SampleRequest]) -> None:
+        if args.hf_max_batch_size is not None and args.hf_max_batch_size < 1:
+            raise ValueError(f"hf_max_batch_size must be at least 1, got {args.hf_max_batch_size}")
+        self.args = args
+        self.model = load_hf_model(ckpt)
+        self.pad = hf_pad_token_id(tokenizer, self.model)
+        hf_generate(self.model, [r.prompt_token_ids for r in warmup], warmup[0].expected_output_len,
+                    self.pad)
+        self.batch_size: int | None = None
+        self.sweep: dict[int, float] = {}
+
+    def run(self, requests: list[SampleRequest]) -> ThroughputResult:
+        sizes = ([self.batch_size] if self.batch_size is not None
+                 else _hf_batch_sizes(self.args.hf_max_batch_size, len(requests)))
         best = (0.0, 0, 0)   # (elapsed, num_output, batch_size)
-        for batch_size in _hf_batch_sizes(args.hf_max_batch_size, len(requests)):
-            elapsed, num_output = _hf_pass(model, requests, batch_size, pad)
-            sweep[batch_size] = num_output / elapsed
-            print(f"[hf] batch size {batch_size}: {sweep[batch_size]:.2f} output tokens/s", flush=True)
-            if best[2] and sweep[batch_size] < sweep[best[2]]:
+        for batch_size in sizes:
+            elapsed, num_output = _hf_pass(self.model, requests, batch_size, self.pad)
+            if self.batch_size is not None:
+                best = (elapsed, num_output, batch_size)
+                break
+            self.sweep[batch_size] = num_output / elapsed
+            print(f"[hf] batch size {batch_size}: {self.sweep[batch_size]:.2f} output tokens/s",
+                  flush=True)
+            if best[2] and self.sweep[batch_size] < self.sweep[best[2]]:
                 break   # NOTE: throughput is unimodal in the batch size; smaller ones only get slower
             best = (elapsed, num_output, batch_size)
-    finally:
-        release(model)
-    elapsed, num_output, batch_size = best
-    return ThroughputResult("hf", elapsed, len(requests), sum(r.prompt_len for r in requests), num_output,
-                            {"hf_batch_size": batch_size,
-                             "hf_output_tokens_per_second_by_batch_size": sweep})
+        elapsed, num_output, self.batch_size = best
+        return ThroughputResult("hf", elapsed, len(requests), sum(r.prompt_len for r in requests),
+                                num_output, {"hf_batch_size": self.batch_size,
+                                             "hf_output_tokens_per_second_by_batch_size": self.sweep})
+
+    def close(self) -> None:
+        release(self.model)
 
 
 def _hf_batch_sizes(max_batch_size: int | None, num_requests: int) -> list[int]:
@@ -121,25 +164,67 @@ def _hf_pass(model, requests: list[SampleRequest], batch_size: int, pad: int) ->
 
 def run_throughput(args: argparse.Namespace) -> dict:
     """Runs the chosen backend(s); prints vLLM's summary line per backend; returns the results."""
+    if args.rounds < 1:
+        raise ValueError(f"rounds must be at least 1, got {args.rounds}")
     load_at_start = os.getloadavg()[0]
     backends = backends_to_run(args)
     ckpt = resolve_checkpoint(args)
     tokenizer = load_tokenizer(ckpt)
-    requests = get_requests(args, tokenizer)
     warmup = sample_random_requests(tokenizer, 2, 16, 4, seed=args.seed + 1)
+    rounds = [get_requests(args, tokenizer, seed=args.seed + r) for r in range(args.rounds)]
+
+    def open_session(backend: str):
+        if backend == "minivllm":
+            return MinivllmSession(args, warmup)
+        return HfSession(args, ckpt, tokenizer, warmup)
+
+    runs: dict[str, list[ThroughputResult]] = {b: [] for b in backends}
+    if args.rounds == 1:   # one backend loaded at a time
+        for backend in backends:
+            session = open_session(backend)
+            try:
+                runs[backend].append(session.run(rounds[0]))
+            finally:
+                session.close()
+    else:
+        _alternate_rounds(backends, rounds, open_session, runs)
+    return _summarize(args, backends, runs, load_at_start)
+
+
+def _alternate_rounds(backends: list[str], rounds: list[list[SampleRequest]], open_session,
+                      runs: dict[str, list[ThroughputResult]]) -> None:
+    """Every backend loaded at once; each round runs all of them on its requests, the order
+    reversed every other round (a drifting host favours neither)."""
+    sessions = {}
+    try:
+        for backend in backends:
+            sessions[backend] = open_session(backend)
+        for i, requests in enumerate(rounds):
+            for backend in (backends if i % 2 == 0 else backends[::-1]):
+                runs[backend].append(sessions[backend].run(requests))
+            line = ", ".join(f"{b} {runs[b][-1].output_throughput:.2f}" for b in backends)
+            print(f"[round {i + 1}/{len(rounds)}] output tokens/s: {line}", flush=True)
+    finally:
+        for session in sessions.values():
+            session.close()
+
+
+def _summarize(args: argparse.Namespace, backends: list[str], runs: dict[str, list[ThroughputResult]],
+               load_at_start: float) -> dict:
+    """Per backend: all rounds pooled (tokens / time); with --compare the median per-round ratio."""
     results: dict = {}
     for backend in backends:
-        if backend == "minivllm":
-            result = run_minivllm(args, requests, warmup)
-        else:
-            result = run_hf(args, ckpt, tokenizer, requests, warmup)
-        results[backend] = result.to_dict()
+        results[backend] = ThroughputResult.pooled(runs[backend]).to_dict()
         _print_result(results[backend], label=f"[{backend}] " if len(backends) > 1 else "")
     if len(backends) > 1:
-        ratio = results["minivllm"]["output_tokens_per_second"] / results["hf"]["output_tokens_per_second"]
-        results["output_throughput_ratio"] = ratio
+        ratios = [m.output_throughput / h.output_throughput
+                  for m, h in zip(runs["minivllm"], runs["hf"])]
+        results["output_throughput_ratio"] = statistics.median(ratios)
+        results["output_throughput_ratios"] = ratios
+        rounds = (f", median of {len(ratios)} rounds: "
+                  + " ".join(f"{r:.2f}x" for r in ratios)) if len(ratios) > 1 else ""
         print(f"minivllm / transformers (batch {results['hf']['hf_batch_size']}): "
-              f"{ratio:.2f}x output tokens/s")
+              f"{results['output_throughput_ratio']:.2f}x output tokens/s{rounds}")
     return write_summary(results, backends, load_at_start, args.output_json)
 
 

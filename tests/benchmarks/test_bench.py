@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from minivllm.benchmarks.backends import left_pad
-from minivllm.benchmarks.datasets import length_range, sample_random_requests, token_pool
+from minivllm.benchmarks.datasets import get_requests, length_range, sample_random_requests, token_pool
 from minivllm.entrypoints.cli import build_parser, main
 from tests.benchmarks._helpers import write_tiny_checkpoint
 
@@ -93,6 +93,35 @@ def test_throughput_compare_end_to_end(tiny_checkpoint, tmp_path, capsys):
         assert r["output_tokens_per_second"] > 0
     assert result["output_throughput_ratio"] > 0
     assert "output tokens/s" in capsys.readouterr().out
+
+
+def test_throughput_rounds_alternate_on_fresh_prompts(tiny_checkpoint, tmp_path, capsys):
+    out = tmp_path / "rounds.json"
+    rc = main(["bench", "throughput", "--model", tiny_checkpoint, "--compare", "--rounds", "3",
+               "--num-prompts", "3", "--input-len", "6", "--output-len", "2", "--disable-tqdm",
+               "--output-json", str(out)])
+    assert rc == 0
+    result = json.loads(out.read_text())
+    for backend in ("minivllm", "hf"):
+        r = result[backend]
+        assert r["num_requests"] == 9 and r["num_output_tokens"] == 18   # 3 rounds pooled
+        assert len(r["output_tokens_per_second_by_round"]) == 3
+    # no --hf-max-batch-size: the first round chose the size, the later ones reused it
+    assert result["hf"]["hf_batch_size"] in (1, 3)
+    ratios = result["output_throughput_ratios"]
+    assert len(ratios) == 3 and result["output_throughput_ratio"] == sorted(ratios)[1]
+    printed = capsys.readouterr().out
+    assert printed.count("[round ") == 3 and "median of 3 rounds" in printed
+    assert main(["bench", "throughput", "--model", tiny_checkpoint, "--rounds", "0"]) == 2
+    assert "rounds must be at least 1, got 0" in capsys.readouterr().err
+
+
+def test_rounds_draw_fresh_prompts(tokenizer):
+    args = build_parser().parse_args(["bench", "throughput", "--num-prompts", "4", "--seed", "5"])
+    first, again = get_requests(args, tokenizer), get_requests(args, tokenizer, seed=5)
+    assert [r.prompt_token_ids for r in first] == [r.prompt_token_ids for r in again]
+    assert [r.prompt_token_ids for r in get_requests(args, tokenizer, seed=6)] != \
+        [r.prompt_token_ids for r in first]
 
 
 def test_latency_hf_end_to_end(tiny_checkpoint, tmp_path):
