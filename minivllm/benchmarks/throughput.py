@@ -120,24 +120,26 @@ class HfSession:
         self.sweep: dict[int, float] = {}
 
     def run(self, requests: list[SampleRequest]) -> ThroughputResult:
-        sizes = ([self.batch_size] if self.batch_size is not None
-                 else _hf_batch_sizes(self.args.hf_max_batch_size, len(requests)))
-        best = (0.0, 0, 0)   # (elapsed, num_output, batch_size)
-        for batch_size in sizes:
+        if self.batch_size is None:
+            elapsed, num_output, self.batch_size = self._sweep(requests)
+        else:
+            elapsed, num_output = _hf_pass(self.model, requests, self.batch_size, self.pad)
+        return ThroughputResult("hf", elapsed, len(requests), sum(r.prompt_len for r in requests),
+                                num_output, {"hf_batch_size": self.batch_size,
+                                             "hf_output_tokens_per_second_by_batch_size": self.sweep})
+
+    def _sweep(self, requests: list[SampleRequest]) -> tuple[float, int, int]:
+        """(elapsed, num_output, batch_size) of the fastest candidate batch size."""
+        best = (0.0, 0, 0)
+        for batch_size in _hf_batch_sizes(self.args.hf_max_batch_size, len(requests)):
             elapsed, num_output = _hf_pass(self.model, requests, batch_size, self.pad)
-            if self.batch_size is not None:
-                best = (elapsed, num_output, batch_size)
-                break
             self.sweep[batch_size] = num_output / elapsed
             print(f"[hf] batch size {batch_size}: {self.sweep[batch_size]:.2f} output tokens/s",
                   flush=True)
             if best[2] and self.sweep[batch_size] < self.sweep[best[2]]:
                 break   # NOTE: throughput is unimodal in the batch size; smaller ones only get slower
             best = (elapsed, num_output, batch_size)
-        elapsed, num_output, self.batch_size = best
-        return ThroughputResult("hf", elapsed, len(requests), sum(r.prompt_len for r in requests),
-                                num_output, {"hf_batch_size": self.batch_size,
-                                             "hf_output_tokens_per_second_by_batch_size": self.sweep})
+        return best
 
     def close(self) -> None:
         release(self.model)
