@@ -1,7 +1,8 @@
 """Executors: how the engine reaches its worker(s). In-process for a single rank."""
 
 from minivllm.config import VllmConfig
-from minivllm.engine.scheduler_output import ModelRunnerOutput, SchedulerOutput
+from minivllm.v1.core.sched.output import SchedulerOutput
+from minivllm.v1.outputs import ModelRunnerOutput
 from minivllm.worker.worker import Worker
 
 

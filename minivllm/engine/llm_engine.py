@@ -19,7 +19,8 @@ from typing import Any, Protocol
 from minivllm.engine.detokenizer import IncrementalDetokenizer
 from minivllm.engine.request import Request, RequestStatus
 from minivllm.engine.scheduler import Scheduler
-from minivllm.engine.scheduler_output import LogprobEntry, ModelRunnerOutput, SchedulerOutput
+from minivllm.v1.core.sched.output import SchedulerOutput
+from minivllm.v1.outputs import LogprobEntry, ModelRunnerOutput
 from minivllm.outputs import CompletionOutput, Logprob, RequestOutput
 from minivllm.sampling_params import SamplingParams
 

@@ -16,7 +16,8 @@ from multiprocessing.connection import wait
 
 from minivllm.config import VllmConfig
 from minivllm.distributed.utils import get_pp_indices
-from minivllm.engine.scheduler_output import ModelRunnerOutput, SchedulerOutput
+from minivllm.v1.core.sched.output import SchedulerOutput
+from minivllm.v1.outputs import ModelRunnerOutput
 from minivllm.logger import init_logger
 from minivllm.worker.launcher import (WorkerProcHandle, distributed_init_method,
                                          launch_worker_procs, local_ranks, stop_worker_procs)

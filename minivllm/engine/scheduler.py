@@ -7,8 +7,8 @@ from collections.abc import Iterable
 
 from minivllm.engine.kv_cache_manager import KVCacheManager
 from minivllm.engine.request import Request, RequestStatus
-from minivllm.engine.scheduler_output import (CachedRequestData, ModelRunnerOutput,
-                                              NewRequestData, SchedulerOutput)
+from minivllm.v1.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
+from minivllm.v1.outputs import ModelRunnerOutput
 
 
 class Scheduler:

@@ -4,7 +4,7 @@ from dataclasses import dataclass
 
 import torch
 
-from minivllm.engine.scheduler_output import SchedulerOutput
+from minivllm.v1.core.sched.output import SchedulerOutput
 from minivllm.sampling_params import SamplingParams
 
 

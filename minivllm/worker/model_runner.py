@@ -3,7 +3,8 @@
 import torch
 
 from minivllm.config import CompilationMode, VllmConfig
-from minivllm.engine.scheduler_output import ModelRunnerOutput, SchedulerOutput
+from minivllm.v1.core.sched.output import SchedulerOutput
+from minivllm.v1.outputs import ModelRunnerOutput
 from minivllm.forward_context import set_forward_context
 from minivllm.logger import init_logger
 from minivllm.model_executor.model_loader import get_model

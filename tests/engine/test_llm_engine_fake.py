@@ -7,7 +7,8 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
 from minivllm.engine.llm_engine import LLMEngine
-from minivllm.engine.scheduler_output import ModelRunnerOutput, SchedulerOutput
+from minivllm.v1.core.sched.output import SchedulerOutput
+from minivllm.v1.outputs import ModelRunnerOutput
 from minivllm.sampling_params import SamplingParams
 
 SCRIPTS = ["Hello world, the quick brown fox", " jumps over the lazy dog.", " Café 中文 🙂 ok"]

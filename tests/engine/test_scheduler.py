@@ -4,7 +4,8 @@ import pytest
 
 from minivllm.engine.request import Request, RequestStatus
 from minivllm.engine.scheduler import Scheduler
-from minivllm.engine.scheduler_output import ModelRunnerOutput, SchedulerOutput
+from minivllm.v1.core.sched.output import SchedulerOutput
+from minivllm.v1.outputs import ModelRunnerOutput
 from minivllm.sampling_params import SamplingParams
 
 EOS = 1

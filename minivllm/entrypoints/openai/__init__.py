@@ -7,7 +7,7 @@ def __getattr__(name: str):
     # Lazy, so that `minivllm.entrypoints.openai.cli` (imported by every `minivllm` command)
     # does not pull FastAPI and the engine in.
     if name == "AsyncLLM":
-        from minivllm.entrypoints.openai.async_engine import AsyncLLM
+        from minivllm.engine.async_llm import AsyncLLM
         return AsyncLLM
     if name in ("build_app", "run_server"):
         from minivllm.entrypoints.openai import api_server

@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import minivllm
-from minivllm.entrypoints.openai.async_engine import AsyncLLM
+from minivllm.engine.async_llm import AsyncLLM
 from minivllm.entrypoints.openai.metrics import CONTENT_TYPE, ServerMetrics
 from minivllm.entrypoints.openai.protocol import (ChatCompletionRequest, CompletionRequest,
                                                   DetokenizeRequest, DetokenizeResponse, ModelCard,

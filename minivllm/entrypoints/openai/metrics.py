@@ -5,7 +5,7 @@ from __future__ import annotations
 from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram,
                                generate_latest)
 
-from minivllm.entrypoints.openai.async_engine import AsyncLLM
+from minivllm.engine.async_llm import AsyncLLM
 
 _TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
                  7.5, 10.0, 20.0, 40.0, 80.0)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from minivllm.entrypoints.openai.async_engine import RequestStream
+from minivllm.engine.async_llm import RequestStream
 from minivllm.entrypoints.openai.protocol import (ChatCompletionLogProb, ChatCompletionLogProbs,
                                                   ChatCompletionLogProbsContent,
                                                   ChatCompletionRequest, ChatCompletionResponse,

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from minivllm.entrypoints.openai.async_engine import RequestStream
+from minivllm.engine.async_llm import RequestStream
 from minivllm.entrypoints.openai.protocol import (CompletionLogProbs, CompletionRequest,
                                                   CompletionResponse, CompletionResponseChoice,
                                                   CompletionStreamResponse, UsageInfo, random_uuid)

@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 from fastapi import Request
 
-from minivllm.entrypoints.openai.async_engine import (AsyncLLM, EngineDeadError, QueueFullError,
+from minivllm.engine.async_llm import (AsyncLLM, EngineDeadError, QueueFullError,
                                                       RequestStream)
 from minivllm.entrypoints.openai.protocol import ErrorInfo, ErrorResponse
 from minivllm.outputs import RequestOutput

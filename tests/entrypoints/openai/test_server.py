@@ -14,7 +14,7 @@ import pytest
 
 from minivllm.engine.arg_utils import EngineArgs
 from minivllm.entrypoints.openai.api_server import build_app
-from minivllm.entrypoints.openai.async_engine import AsyncLLM
+from minivllm.engine.async_llm import AsyncLLM
 from tests.entrypoints.openai._helpers import ServerThread, write_tiny_checkpoint
 
 MODEL = "tiny"

@@ -1,13 +1,13 @@
-"""What the scheduler tells the model runner each step, and what the runner answers."""
+"""What the scheduler tells the model runner each step (vLLM keeps it in `v1/core/sched/output.py`).
+
+The engine writes it and the worker reads it, so it lives below both packages.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from minivllm.sampling_params import SamplingParams
-
-# (token_id, logprob, rank): rank 1 is the most likely token.
-LogprobEntry = tuple[int, float, int]
 
 
 @dataclass
@@ -47,20 +47,3 @@ class SchedulerOutput:
     total_num_scheduled_tokens: int
     finished_req_ids: set[str]             # finished/aborted since last step: drop their state
     preempted_req_ids: set[str]            # drop their state too; they come back as new requests
-
-
-@dataclass
-class ModelRunnerOutput:
-    """The runner's answer to one `SchedulerOutput`."""
-
-    req_ids: list[str]                     # requests of this step, in order
-    sampled_token_ids: list[list[int]]     # [] for a partial prefill, else [token]
-    # Per request: the sampled token then the top-k, or None when not asked; None when no
-    # request of the step asked.
-    logprobs: list[list[LogprobEntry] | None] | None = None
-    # req_id -> one list per prompt position computed this step (the first prompt token has
-    # none), each: the actual next prompt token first, then the top-k.
-    prompt_logprobs: dict[str, list[list[LogprobEntry]]] = field(default_factory=dict)
-
-
-EMPTY_MODEL_RUNNER_OUTPUT = ModelRunnerOutput(req_ids=[], sampled_token_ids=[])

@@ -1,0 +1,1 @@
+"""minivllm.v1.core.sched."""

@@ -1,0 +1,25 @@
+"""What the model runner answers the scheduler each step (vLLM keeps it in `v1/outputs.py`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# (token_id, logprob, rank): rank 1 is the most likely token.
+LogprobEntry = tuple[int, float, int]
+
+
+@dataclass
+class ModelRunnerOutput:
+    """The runner's answer to one `SchedulerOutput`."""
+
+    req_ids: list[str]                     # requests of this step, in order
+    sampled_token_ids: list[list[int]]     # [] for a partial prefill, else [token]
+    # Per request: the sampled token then the top-k, or None when not asked; None when no
+    # request of the step asked.
+    logprobs: list[list[LogprobEntry] | None] | None = None
+    # req_id -> one list per prompt position computed this step (the first prompt token has
+    # none), each: the actual next prompt token first, then the top-k.
+    prompt_logprobs: dict[str, list[list[LogprobEntry]]] = field(default_factory=dict)
+
+
+EMPTY_MODEL_RUNNER_OUTPUT = ModelRunnerOutput(req_ids=[], sampled_token_ids=[])
