@@ -19,12 +19,14 @@ class LinearSiluMulFusionPass(CustomGraphPass):
         self.fused = 0
 
     def __call__(self, graph: torch.fx.Graph) -> None:
-        import minivllm.model_executor.layers.quantization.unquantized  # noqa: F401 (defines ops)
-
+        self.fused = 0
+        # The ops are looked up, not imported: a graph can hold them only once the model's layers
+        # (model_executor/kernels/) defined them, and compilation sits below model_executor.
+        if not hasattr(torch.ops.minivllm, "cpu_linear_silu_mul"):
+            return
         linear = torch.ops.minivllm.cpu_linear.default
         act = torch.ops.minivllm.silu_and_mul.default
         fused_op = torch.ops.minivllm.cpu_linear_silu_mul.default
-        self.fused = 0
         for node in list(graph.nodes):
             if node.op != "call_function" or node.target is not act:
                 continue

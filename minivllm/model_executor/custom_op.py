@@ -91,7 +91,8 @@ class CustomOp(nn.Module):
         """Plain PyTorch implementation; every other path must match its numerics."""
         raise NotImplementedError
 
-    # NOTE: minivllm ships no compiled kernels, so every platform path defaults to the native one.
+    # NOTE: each platform path defaults to the native one; a subclass overrides the one it has a
+    # kernel for (SiluAndMul's `forward_cpu` calls the native kernel, see model_executor/kernels/).
     def forward_cuda(self, *args: Any, **kwargs: Any) -> Any:
         return self.forward_native(*args, **kwargs)
 

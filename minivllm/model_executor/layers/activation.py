@@ -4,28 +4,8 @@ import torch
 import torch.nn.functional as F
 
 from minivllm import _custom_ops as ops
-from minivllm.compilation.ops import register_op
 from minivllm.model_executor.custom_op import CustomOp
-
-
-def _silu_and_mul_torch(x: torch.Tensor) -> torch.Tensor:
-    d = x.shape[-1] // 2
-    return F.silu(x[..., :d]) * x[..., d:]
-
-
-def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
-    """`silu(x[..., :d]) * x[..., d:]`: the native kernel for bf16 rows on CPU, else torch."""
-    y = ops.silu_and_mul_bf16(x)
-    return y if y is not None else _silu_and_mul_torch(x)
-
-
-def _silu_and_mul_fake(x: torch.Tensor) -> torch.Tensor:
-    return x.new_empty(*x.shape[:-1], x.shape[-1] // 2)
-
-
-# `torch.ops.minivllm.silu_and_mul`: an opaque op in compiled graphs, so the fusion pass
-# (compilation/fusion.py) can find it behind the linear that produces its input.
-register_op("silu_and_mul(Tensor x) -> Tensor", silu_and_mul, _silu_and_mul_fake)
+from minivllm.model_executor.kernels.activation import silu_and_mul, silu_and_mul_torch
 
 
 @CustomOp.register("silu_and_mul")
@@ -36,7 +16,7 @@ class SiluAndMul(CustomOp):
         super().__init__(compile_native=compile_native)
 
     def forward_native(self, x: torch.Tensor) -> torch.Tensor:
-        return _silu_and_mul_torch(x)
+        return silu_and_mul_torch(x)
 
     def forward_cpu(self, x: torch.Tensor) -> torch.Tensor:
         # bf16: the native kernel (same roundings as forward_native); compiled graphs keep it as

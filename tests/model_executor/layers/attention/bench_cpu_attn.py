@@ -16,7 +16,8 @@ from minivllm.config import ModelConfig, VllmConfig, set_current_vllm_config
 from minivllm.distributed import ensure_model_parallel_initialized
 from minivllm.forward_context import set_forward_context
 from minivllm.model_executor.layers.attention import Attention
-from minivllm.v1.attention.backends import CommonAttentionMetadata, TorchAttentionMetadataBuilder
+from minivllm.model_executor.layers.attention.backends import (CommonAttentionMetadata,
+                                                               TorchAttentionMetadataBuilder)
 
 NH, NKV, D, BS = 9, 3, 64, 16
 

@@ -13,8 +13,9 @@ from minivllm.model_executor.layers.attention import Attention, EncoderOnlyAtten
 from minivllm.model_executor.layers.attention.encoder_only_attention import (
     Attention as ReexportedAttention)
 from minivllm.v1.attention.backend import AttentionType
-from minivllm.v1.attention.backends import (CommonAttentionMetadata, TorchAttentionBackend,
-                                            TorchAttentionMetadataBuilder)
+from minivllm.model_executor.layers.attention.backends import (CommonAttentionMetadata,
+                                                               TorchAttentionBackend,
+                                                               TorchAttentionMetadataBuilder)
 
 BLOCK_SIZE = 4
 HEAD = 8

@@ -1,4 +1,9 @@
-"""A pure-PyTorch paged-attention backend for CPU: gather K/V blocks, then one SDPA call per group.
+"""The CPU paged-attention backend: native kernels where they apply, else gather K/V blocks + SDPA.
+
+Decode rows go to one call of the native paged decode kernel (`csrc/paged_decode_attention.cpp`,
+K/V read in place through the block table); fresh bf16 prompts of more than 16 tokens to the AMX
+prompt kernel (`csrc/prefill_attention_amx.cpp`); everything else (and everything when the
+kernels are off) gathers its blocks and calls SDPA once per group.
 
 KV cache layout (one contiguous tensor per layer): `[2, num_blocks, block_size, num_kv_heads, d]`
 with `d = max(head_size, head_size_v)`; index 0 holds keys, 1 values. Gathering whole blocks along
@@ -10,10 +15,9 @@ import torch.nn.functional as F
 
 from minivllm import _custom_ops as ops
 from minivllm.forward_context import get_forward_context, is_forward_context_available
+from minivllm.model_executor.layers.attention.backends.cpu_attn_metadata import (
+    AttnGroup, DecodeBatch, TorchAttentionMetadata, TorchAttentionMetadataBuilder)
 from minivllm.v1.attention.backend import AttentionType
-from minivllm.v1.attention.backends.cpu_attn_metadata import (AttnGroup, DecodeBatch,
-                                                              TorchAttentionMetadata,
-                                                              TorchAttentionMetadataBuilder)
 
 _SUPPORTED_ATTN_TYPES = (AttentionType.DECODER, AttentionType.ENCODER_ONLY)
 

@@ -1,4 +1,4 @@
-"""Registers minivllm's opaque ops (`torch.ops.minivllm.*`) that compiled graphs call.
+"""`register_op`: defines minivllm's opaque ops (`torch.ops.minivllm.*`) that compiled graphs call.
 
 NOTE: `torch.library.Library` + `register_fake` rather than `torch.library.custom_op`: the
 latter's Python wrapper (autograd and aliasing checks) cost ~25 us per call against ~6 us here,
