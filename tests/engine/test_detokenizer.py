@@ -1,31 +1,12 @@
-"""IncrementalDetokenizer over a tiny byte-level BPE built in the test (no downloads)."""
+"""IncrementalDetokenizer over a tiny byte-level BPE (conftest's `tokenizer`, no downloads)."""
 
 import pytest
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import PreTrainedTokenizerFast
 
 from minivllm.engine.detokenizer import IncrementalDetokenizer
 from minivllm.sampling_params import SamplingParams
 
 TEXTS = ["Hello world, the quick brown fox jumps over the lazy dog.",
          "Café crème brûlée 中文字符 🙂 emoji", "stop here STOP now"]
-
-
-def build_tokenizer() -> PreTrainedTokenizerFast:
-    """Byte-level BPE with a small vocabulary, so CJK and emoji split into byte tokens."""
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  show_progress=False)
-    tok.train_from_iterator(TEXTS * 3, trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>")
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return build_tokenizer()
 
 
 def stream(tokenizer, text, prompt="Hello", **params):

@@ -3,8 +3,6 @@
 from types import SimpleNamespace
 
 import pytest
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import PreTrainedTokenizerFast
 
 from minivllm.engine.llm_engine import LLMEngine
 from minivllm.v1.core.sched.output import SchedulerOutput
@@ -12,18 +10,6 @@ from minivllm.v1.outputs import ModelRunnerOutput
 from minivllm.sampling_params import SamplingParams
 
 SCRIPTS = ["Hello world, the quick brown fox", " jumps over the lazy dog.", " Café 中文 🙂 ok"]
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  show_progress=False)
-    tok.train_from_iterator(SCRIPTS * 3, trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>")
 
 
 class FakeExecutor:
