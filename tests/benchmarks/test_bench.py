@@ -1,6 +1,7 @@
 """`minivllm bench`: argument parsing, the random dataset, and tiny end-to-end runs of both backends."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -80,12 +81,8 @@ def test_left_pad():
 
 
 def test_throughput_compare_end_to_end(tiny_checkpoint, tmp_path, capsys):
-    out = tmp_path / "throughput.json"
-    rc = main(["bench", "throughput", "--model", tiny_checkpoint, "--compare", "--num-prompts", "4",
-               "--input-len", "8", "--output-len", "4", "--hf-max-batch-size", "2", "--disable-tqdm",
-               "--output-json", str(out)])
-    assert rc == 0
-    result = json.loads(out.read_text())
+    result = _compare(tiny_checkpoint, tmp_path / "throughput.json", "--num-prompts", "4",
+                      "--input-len", "8", "--output-len", "4", "--hf-max-batch-size", "2")
     for backend in ("minivllm", "hf"):
         r = result[backend]
         assert r["num_requests"] == 4 and r["num_output_tokens"] == 16
@@ -96,12 +93,8 @@ def test_throughput_compare_end_to_end(tiny_checkpoint, tmp_path, capsys):
 
 
 def test_throughput_rounds_alternate_on_fresh_prompts(tiny_checkpoint, tmp_path, capsys):
-    out = tmp_path / "rounds.json"
-    rc = main(["bench", "throughput", "--model", tiny_checkpoint, "--compare", "--rounds", "3",
-               "--num-prompts", "3", "--input-len", "6", "--output-len", "2", "--disable-tqdm",
-               "--output-json", str(out)])
-    assert rc == 0
-    result = json.loads(out.read_text())
+    result = _compare(tiny_checkpoint, tmp_path / "rounds.json", "--rounds", "3",
+                      "--num-prompts", "3", "--input-len", "6", "--output-len", "2")
     for backend in ("minivllm", "hf"):
         r = result[backend]
         assert r["num_requests"] == 9 and r["num_output_tokens"] == 18   # 3 rounds pooled
@@ -131,3 +124,11 @@ def test_latency_hf_end_to_end(tiny_checkpoint, tmp_path):
                  "--output-json", str(out)]) == 0
     r = json.loads(out.read_text())
     assert r["prompt_tokens_per_second"] > 0 and r["decode_tokens_per_second"] > 0
+
+
+def _compare(model: str, out: Path, *args: str) -> dict:
+    """`minivllm bench throughput --compare` with `args`; the JSON it wrote to `out`."""
+    rc = main(["bench", "throughput", "--model", model, "--compare", *args, "--disable-tqdm",
+               "--output-json", str(out)])
+    assert rc == 0
+    return json.loads(out.read_text())
