@@ -80,8 +80,8 @@ def native_skip_reason() -> str | None:
         try:
             subprocess.run([compiler, *ops._FLAGS, str(src), "-o", str(lib)], check=True,
                            capture_output=True, text=True, timeout=120)
-        except FileNotFoundError:
-            return f"C++ compiler {compiler!r} not found: set CXX or install g++"
+        except OSError as e:                    # missing, or not an executable
+            return f"C++ compiler {compiler!r} cannot run ({e.strerror}): set CXX or install g++"
         except subprocess.CalledProcessError as e:
             last = (e.stderr.strip().splitlines() or ["no output"])[-1]
             return f"{compiler} cannot build an OpenMP shared library ({last}): set CXX to g++"
@@ -91,8 +91,9 @@ def native_skip_reason() -> str | None:
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """`requires_native` tests are skipped, saying why, when no C++ compiler builds here."""
     marked = [item for item in items if item.get_closest_marker("requires_native")]
-    reason = native_skip_reason() if marked else None
-    for item in marked if reason is not None else []:
+    if not marked or (reason := native_skip_reason()) is None:
+        return
+    for item in marked:
         item.add_marker(pytest.mark.skip(reason=reason))
 
 
