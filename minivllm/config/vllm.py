@@ -68,13 +68,6 @@ def verify_parallel_config(model_config: ModelConfig, parallel_config: ParallelC
     if pp > n_layers:
         raise ValueError(f"pipeline_parallel_size ({pp}) is larger than the number of layers "
                          f"({n_layers}); choose a value between 1 and {n_layers}")
-    if pp > 1:
-        from minivllm.model_executor.models.registry import ModelRegistry
-
-        if not ModelRegistry.is_pp_supported_model(model_config.architectures):
-            raise NotImplementedError(
-                "Pipeline parallelism is not supported for this model. "
-                "Supported models implement the `SupportsPP` interface.")
 
 
 _current_vllm_config: VllmConfig | None = None

@@ -19,6 +19,7 @@ from minivllm.distributed.utils import get_pp_indices
 from minivllm.v1.core.sched.output import SchedulerOutput
 from minivllm.v1.outputs import ModelRunnerOutput
 from minivllm.logger import init_logger
+from minivllm.model_executor.models.registry import ModelRegistry
 from minivllm.worker.launcher import (WorkerProcHandle, distributed_init_method,
                                          launch_worker_procs, local_ranks, stop_worker_procs)
 
@@ -38,7 +39,7 @@ class MultiprocExecutor:
         if pc.node_rank != 0:
             raise ValueError(f"node_rank={pc.node_rank} runs only workers: start that node with "
                              "`minivllm ... --node-rank R` (run_headless), not with an engine")
-        _check_layer_partition(vllm_config)
+        _check_pipeline_split(vllm_config)
         self.vllm_config = vllm_config
         self.pp_size = pc.pipeline_parallel_size
         self._failure: str | None = None
@@ -158,9 +159,14 @@ def _describe_deaths(handles: list[WorkerProcHandle]) -> str:
     return "; ".join(parts)
 
 
-def _check_layer_partition(vllm_config: VllmConfig) -> None:
-    """VLLM_PP_LAYER_PARTITION errors (ValueError) before any process starts."""
+def _check_pipeline_split(vllm_config: VllmConfig) -> None:
+    """Fail before any process starts: a model class without `SupportsPP` under PP > 1
+    (NotImplementedError), a bad VLLM_PP_LAYER_PARTITION (ValueError)."""
     pp = vllm_config.parallel_config.pipeline_parallel_size
     if pp > 1:
+        if not ModelRegistry.is_pp_supported_model(vllm_config.model_config.architectures):
+            raise NotImplementedError(
+                "Pipeline parallelism is not supported for this model. "
+                "Supported models implement the `SupportsPP` interface.")
         get_pp_indices(vllm_config.model_config.get_num_layers(), 0, pp)
 

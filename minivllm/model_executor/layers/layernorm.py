@@ -4,7 +4,7 @@ import torch
 import torch.nn as nn
 
 from minivllm.model_executor.custom_op import CustomOp
-from minivllm.model_executor.model_loader.weight_utils import default_weight_loader
+from minivllm.model_executor.parameter import default_weight_loader
 from minivllm.model_executor.parameter import set_weight_attrs
 
 

@@ -18,7 +18,7 @@ from minivllm.model_executor.custom_op import PluggableLayer
 from minivllm.model_executor.layers.quantization import (QuantizationConfig,
                                                          UnquantizedLinearMethod,
                                                          resolve_quant_method)
-from minivllm.model_executor.model_loader.weight_utils import default_weight_loader
+from minivllm.model_executor.parameter import default_weight_loader
 from minivllm.model_executor.parameter import WEIGHT_LOADER_V2_SUPPORTED, set_weight_attrs
 
 __all__ = [

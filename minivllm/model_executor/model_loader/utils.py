@@ -11,6 +11,8 @@ import torch.nn as nn
 
 from minivllm.config import ModelConfig, VllmConfig, set_current_vllm_config
 from minivllm.logger import init_logger
+from minivllm.model_executor.models.interfaces import supports_quant
+from minivllm.model_executor.models.registry import ModelRegistry
 
 logger = init_logger(__name__)
 
@@ -31,8 +33,6 @@ def set_default_torch_dtype(dtype: torch.dtype) -> Iterator[None]:
 
 def get_model_architecture(model_config: ModelConfig) -> tuple[type[nn.Module], str]:
     """The registered class for the config's `architectures` (raises listing supported ones)."""
-    from minivllm.model_executor.models.registry import ModelRegistry
-
     return ModelRegistry.resolve_model_cls(model_config.architectures, model_config)
 
 
@@ -77,8 +77,6 @@ def process_weights_after_loading(model: nn.Module, model_config: ModelConfig,
 
 def _configure_quant_config(quant_config: Any, model_class: type[nn.Module]) -> None:
     """Non-SupportsQuant classes: hand their name mappings to the quant config here (§6.3)."""
-    from minivllm.model_executor.models.interfaces import supports_quant
-
     if supports_quant(model_class):
         return   # SupportsQuant.__new__ does it
     mapper = getattr(model_class, "hf_to_vllm_mapper", None)

@@ -10,7 +10,11 @@ from typing import Any, TypeVar
 import torch
 import torch.nn as nn
 
+from minivllm.model_executor.layers.linear import ReplicatedLinear
+from minivllm.model_executor.layers.pooler import Pooler
 from minivllm.model_executor.models.interfaces import SupportsCrossEncoding
+from minivllm.model_executor.models.utils import (AutoWeightsLoader, StageMissingLayer, maybe_prefix,
+                                                 no_init_weights)
 
 _T = TypeVar("_T", bound=type[nn.Module])
 
@@ -28,8 +32,6 @@ def as_embedding_model(cls: _T) -> _T:
 
     class ModelForEmbedding(_create_pooling_model_cls(cls)):
         def _build_pooler(self, vllm_config: Any, prefix: str) -> nn.Module:
-            from minivllm.model_executor.layers.pooler import Pooler
-
             return Pooler.for_embedding(_pooling_type(vllm_config))
 
     return _named(ModelForEmbedding, cls, "EmbeddingModel")
@@ -42,10 +44,6 @@ def as_seq_cls_model(cls: _T) -> _T:
 
     class ModelForSequenceClassification(_create_pooling_model_cls(cls), SupportsCrossEncoding):
         def _build_pooler(self, vllm_config: Any, prefix: str) -> nn.Module:
-            from minivllm.model_executor.layers.linear import ReplicatedLinear
-            from minivllm.model_executor.layers.pooler import Pooler
-            from minivllm.model_executor.models.utils import maybe_prefix
-
             config = vllm_config.model_config.hf_config.get_text_config()
             self.score = ReplicatedLinear(config.hidden_size, config.num_labels, bias=False,
                                           quant_config=vllm_config.quant_config, return_bias=False,
@@ -61,8 +59,6 @@ def _create_pooling_model_cls(orig_cls: type[nn.Module]) -> type[nn.Module]:
         is_pooling_model = True
 
         def __init__(self, *, vllm_config: Any, prefix: str = "", **kwargs: Any) -> None:
-            from minivllm.model_executor.models.utils import StageMissingLayer, no_init_weights
-
             with no_init_weights(self, lambda module: StageMissingLayer("output", module),
                                  targets=_OUTPUT_STAGE_CLASSES):
                 super().__init__(vllm_config=vllm_config, prefix=prefix, **kwargs)
@@ -72,8 +68,6 @@ def _create_pooling_model_cls(orig_cls: type[nn.Module]) -> type[nn.Module]:
             raise NotImplementedError
 
         def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-            from minivllm.model_executor.models.utils import AutoWeightsLoader
-
             # The output stage is a placeholder now, so `lm_head.*` weights are dropped.
             parent = getattr(super(), "load_weights", None)
             if parent is not None:

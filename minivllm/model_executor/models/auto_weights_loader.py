@@ -7,7 +7,9 @@ import torch
 import torch.nn as nn
 
 from minivllm.logger import init_logger
+from minivllm.model_executor.models.placeholders import PPMissingLayer, StageMissingLayer
 from minivllm.model_executor.models.weights_mapper import WeightsMapper
+from minivllm.model_executor.parameter import default_weight_loader
 
 logger = init_logger(__name__)
 
@@ -85,8 +87,6 @@ class AutoWeightsLoader:
     # ---- descent -------------------------------------------------------------------------------
 
     def _load_module(self, base_prefix: str, module: nn.Module, weights: Weights) -> Iterator[str]:
-        from minivllm.model_executor.models.utils import PPMissingLayer, StageMissingLayer
-
         if isinstance(module, (PPMissingLayer, StageMissingLayer)):
             for _ in weights:   # another stage (or no stage) owns these: drop silently
                 pass
@@ -129,8 +129,6 @@ class AutoWeightsLoader:
 
     def _load_tensor(self, base_prefix: str, name: str, target: torch.Tensor,
                      group: Weights) -> Iterator[str]:
-        from minivllm.model_executor.model_loader.weight_utils import default_weight_loader
-
         qualified = _join(base_prefix, name)
         for weight_name, weight in group:
             if weight_name != name:

@@ -5,7 +5,10 @@ from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
 
 import torch
 
+from minivllm.config import VllmConfig
+from minivllm.distributed import get_pp_group, model_parallel_is_initialized
 from minivllm.logger import init_logger
+from minivllm.model_executor.layers.quantization import QuantizationConfig
 from minivllm.model_executor.models.interfaces_base import (is_pooling_model, is_vllm_model,
                                                             supports_kw)
 from minivllm.sequence import IntermediateTensors
@@ -96,8 +99,6 @@ class EagleModelMixin:
     _aux_is_last_rank: bool = True
 
     def _set_aux_hidden_state_layers(self, layers: Iterable[int]) -> None:
-        from minivllm.distributed import get_pp_group, model_parallel_is_initialized
-
         self.aux_hidden_state_layers = tuple(sorted(set(layers)))
         self._aux_remote_count, self._aux_is_last_rank = 0, True
         if not model_parallel_is_initialized() or get_pp_group().world_size < 2:
@@ -164,16 +165,10 @@ class SupportsQuant:
 
     @staticmethod
     def _find_quant_config(*args: Any, **kwargs: Any) -> Any:
-        from minivllm.config import VllmConfig
-
-        try:
-            from minivllm.model_executor.layers.quantization import QuantizationConfig
-        except ImportError:
-            QuantizationConfig = ()   # layers not written yet: only VllmConfig can match
         for arg in (*args, *kwargs.values()):
             if isinstance(arg, VllmConfig):
                 return arg.quant_config
-            if QuantizationConfig and isinstance(arg, QuantizationConfig):
+            if isinstance(arg, QuantizationConfig):
                 return arg
         return None
 

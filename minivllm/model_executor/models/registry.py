@@ -8,6 +8,8 @@ from typing import Any
 import torch.nn as nn
 
 from minivllm.logger import init_logger
+from minivllm.model_executor.models import interfaces as itf
+from minivllm.model_executor.models.adapters import as_embedding_model, as_seq_cls_model
 
 logger = init_logger(__name__)
 
@@ -53,8 +55,6 @@ class _ModelInfo:
 
     @staticmethod
     def from_model_cls(model_cls: type[nn.Module]) -> "_ModelInfo":
-        from minivllm.model_executor.models import interfaces as itf
-
         return _ModelInfo(architecture=model_cls.__name__,
                           is_text_generation_model=itf.is_text_generation_model(model_cls),
                           is_pooling_model=itf.is_pooling_model(model_cls),
@@ -128,8 +128,6 @@ class _ModelRegistry:
         cls, arch = self._first(architectures, lambda a: self._try_load_model_cls(a))
         convert = getattr(model_config, "convert_type", "none")
         if convert in ("embed", "classify"):
-            from minivllm.model_executor.models.adapters import as_embedding_model, as_seq_cls_model
-
             cls = as_embedding_model(cls) if convert == "embed" else as_seq_cls_model(cls)
         return cls, arch
 

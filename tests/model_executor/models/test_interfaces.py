@@ -154,7 +154,7 @@ def test_eagle3_needs_mixin_holder():
 
 
 def test_eagle_mixin_pp_layout(monkeypatch):
-    import minivllm.distributed as dist
+    import minivllm.model_executor.models.interfaces as dist   # the names the mixin calls
 
     last = GroupCoordinator([0, 1], 1, None, "pp")
     monkeypatch.setattr(dist, "get_pp_group", lambda: last)

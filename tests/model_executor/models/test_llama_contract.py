@@ -10,6 +10,7 @@ from transformers import LlamaConfig
 
 from minivllm.config import ModelConfig, ParallelConfig, VllmConfig, set_current_vllm_config
 from minivllm.distributed import ensure_model_parallel_initialized
+from minivllm.engine.multiproc_executor import MultiprocExecutor
 from minivllm.model_executor.model_loader import get_model
 from minivllm.model_executor.models.prefix_check import check_prefixes
 from minivllm.model_executor.models.registry import ModelRegistry
@@ -111,9 +112,11 @@ class _NoPPModel(nn.Module):
 def test_pp_on_model_without_supports_pp():
     ModelRegistry.register_model("ToyNoPPForCausalLM", _NoPPModel)
     hf = LlamaConfig(**TINY_LLAMA, architectures=["ToyNoPPForCausalLM"])
+    cfg = VllmConfig(model_config=ModelConfig(model="dummy", hf_config=hf),
+                     parallel_config=ParallelConfig(pipeline_parallel_size=2))
+    # The engine's executor refuses it before any worker process starts.
     with pytest.raises(NotImplementedError, match="SupportsPP"):
-        VllmConfig(model_config=ModelConfig(model="dummy", hf_config=hf),
-                   parallel_config=ParallelConfig(pipeline_parallel_size=2))
+        MultiprocExecutor(cfg)
 
 
 def test_unknown_architecture_lists_supported(tiny_path):
