@@ -13,18 +13,17 @@ from minivllm.config import CUDAGraphMode, VllmConfig
 
 @dataclass
 class ForwardContext:
+    """What `set_forward_context` publishes; the fields are vLLM's (contract §3.2). vLLM's
+    data-parallel and MoE fields (`dp_metadata`, `all_moe_layers`, ...) come with those features."""
+
     no_compile_layers: dict[str, Any]          # the static forward context: prefix -> layer
     attn_metadata: Any                         # dict layer -> metadata, list of dicts, object or None
     slot_mapping: dict[str, Any] | list = field(default_factory=dict)
-    dp_metadata: Any = None
-    cudagraph_runtime_mode: CUDAGraphMode = CUDAGraphMode.NONE
+    cudagraph_runtime_mode: CUDAGraphMode = CUDAGraphMode.NONE   # minivllm captures no CUDA graphs
     batch_descriptor: Any = None
     ubatch_slices: Any = None
     is_padding: Any = None
-    skip_compiled: bool = False
-    all_moe_layers: Any = None
-    moe_layer_index: int = 0
-    additional_kwargs: dict[str, Any] = field(default_factory=dict)
+    skip_compiled: bool = False                # run the compiled model eagerly for this step
 
 
 _forward_context: ForwardContext | None = None
