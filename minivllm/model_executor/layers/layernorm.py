@@ -4,8 +4,7 @@ import torch
 import torch.nn as nn
 
 from minivllm.model_executor.custom_op import CustomOp
-from minivllm.model_executor.parameter import default_weight_loader
-from minivllm.model_executor.parameter import set_weight_attrs
+from minivllm.model_executor.parameter import default_weight_loader, set_weight_attrs
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float,

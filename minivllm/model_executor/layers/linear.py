@@ -18,8 +18,8 @@ from minivllm.model_executor.custom_op import PluggableLayer
 from minivllm.model_executor.layers.quantization import (QuantizationConfig,
                                                          UnquantizedLinearMethod,
                                                          resolve_quant_method)
-from minivllm.model_executor.parameter import default_weight_loader
-from minivllm.model_executor.parameter import WEIGHT_LOADER_V2_SUPPORTED, set_weight_attrs
+from minivllm.model_executor.parameter import (WEIGHT_LOADER_V2_SUPPORTED, default_weight_loader,
+                                              set_weight_attrs)
 
 __all__ = [
     "ColumnParallelLinear", "LinearBase", "MergedColumnParallelLinear", "QKVParallelLinear",
@@ -79,6 +79,18 @@ class LinearBase(PluggableLayer):
         output_bias = self.bias if self.skip_bias_add else None
         return (output, output_bias) if self.return_bias else output
 
+    def _load_rank_slice(self, param: nn.Parameter, loaded_weight: torch.Tensor,
+                         split_dim: int | None) -> None:
+        """Copy this rank's slice of a full checkpoint tensor: along `split_dim` (the param's
+        `output_dim` for column-parallel, `input_dim` for row-parallel; None = whole tensor)
+        unless the checkpoint is already sharded (`is_sharded_weight`)."""
+        if split_dim is not None and not getattr(param, "is_sharded_weight", False):
+            shard_size = param.shape[split_dim]
+            loaded_weight = loaded_weight.narrow(split_dim, self.tp_rank * shard_size, shard_size)
+        if loaded_weight.dim() == 0:
+            loaded_weight = loaded_weight.reshape(1)
+        default_weight_loader(param, loaded_weight)
+
 
 @PluggableLayer.register("replicated_linear")
 class ReplicatedLinear(LinearBase):
@@ -97,9 +109,7 @@ class ReplicatedLinear(LinearBase):
         self.update_param_tp_status()
 
     def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor) -> None:
-        if loaded_weight.dim() == 0:
-            loaded_weight = loaded_weight.reshape(1)
-        default_weight_loader(param, loaded_weight)
+        self._load_rank_slice(param, loaded_weight, split_dim=None)
 
     def forward(self, x: torch.Tensor) -> LinearOutput:
         bias = self.bias if not self.skip_bias_add else None
@@ -136,13 +146,7 @@ class ColumnParallelLinear(LinearBase):
         self.update_param_tp_status()
 
     def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor) -> None:
-        output_dim = getattr(param, "output_dim", None)
-        if output_dim is not None and not getattr(param, "is_sharded_weight", False):
-            shard_size = param.shape[output_dim]
-            loaded_weight = loaded_weight.narrow(output_dim, self.tp_rank * shard_size, shard_size)
-        if loaded_weight.dim() == 0:
-            loaded_weight = loaded_weight.reshape(1)
-        default_weight_loader(param, loaded_weight)
+        self._load_rank_slice(param, loaded_weight, split_dim=getattr(param, "output_dim", None))
 
     def forward(self, x: torch.Tensor) -> LinearOutput:
         bias = self.bias if not self.skip_bias_add else None
@@ -336,13 +340,7 @@ class RowParallelLinear(LinearBase):
         self.update_param_tp_status()
 
     def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor) -> None:
-        input_dim = getattr(param, "input_dim", None)
-        if input_dim is not None and not getattr(param, "is_sharded_weight", False):
-            shard_size = param.shape[input_dim]
-            loaded_weight = loaded_weight.narrow(input_dim, self.tp_rank * shard_size, shard_size)
-        if loaded_weight.dim() == 0:
-            loaded_weight = loaded_weight.reshape(1)
-        default_weight_loader(param, loaded_weight)
+        self._load_rank_slice(param, loaded_weight, split_dim=getattr(param, "input_dim", None))
 
     def forward(self, x: torch.Tensor) -> LinearOutput:
         if not self.input_is_parallel and self.tp_size > 1:
