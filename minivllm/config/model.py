@@ -52,7 +52,6 @@ class ModelConfig:
     dtype: str | torch.dtype = "auto"
     max_model_len: int | None = None   # defaults to the config's max_position_embeddings
     seed: int = 0
-    enforce_eager: bool = True
     hf_config: PretrainedConfig | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:

@@ -1,45 +1,94 @@
-"""EngineArgs: the flat user-facing knobs, turned into a VllmConfig."""
+"""EngineArgs: the flat user-facing knobs, turned into a VllmConfig; their CLI flags are generated.
+
+Each field's default is written once, here; `add_cli_args` derives the flag (name, type, default,
+help, choices, short aliases) from the field and its metadata.
+"""
 
 import argparse
 import dataclasses
-from dataclasses import dataclass
+import json
+import os
+import types
+import typing
+from dataclasses import dataclass, field
 from typing import Any
 
 from minivllm.config import (CacheConfig, CompilationConfig, DeviceConfig, LoadConfig, ModelConfig,
                              ParallelConfig, SchedulerConfig, VllmConfig)
+from minivllm.config.cache import _CACHE_DTYPES
+from minivllm.config.compilation import CompilationMode
+from minivllm.config.load import _LOAD_FORMATS
+
+_DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
+_DEVICE_CHOICES = ("cpu", "cuda", "auto")
+
+
+def _parse_compilation_config(value: str) -> int | dict[str, Any]:
+    """`-O` / `--compilation-config`: a mode (0-3) or a JSON object of CompilationConfig fields."""
+    if value.strip().isdigit():
+        return int(value)
+    try:
+        parsed = json.loads(value)
+    except json.JSONDecodeError:
+        parsed = None
+    if not isinstance(parsed, dict):
+        raise argparse.ArgumentTypeError(
+            f"expected a compilation mode ({', '.join(str(int(m)) for m in CompilationMode)}) "
+            f"or a JSON object such as '{{\"mode\": 3}}', got {value!r}")
+    return parsed
+
+
+def _arg(default: Any, help: str, **flag: Any) -> Any:
+    """A field whose metadata carries its flag's help and extras (aliases, choices, type)."""
+    return field(default=default, metadata={"help": help, **flag})
 
 
 @dataclass
 class EngineArgs:
-    model: str | None = None                 # HF folder or .gguf; None = embedded SmolLM2
-    tokenizer: str | None = None
-    dtype: str = "auto"
-    max_model_len: int | None = None
-    seed: int = 0
-    block_size: int = 16
-    kv_cache_dtype: str = "auto"
-    enable_prefix_caching: bool = True
-    num_gpu_blocks_override: int | None = None
-    kv_cache_memory_bytes: int | None = None
-    tensor_parallel_size: int = 1
-    pipeline_parallel_size: int = 1
-    nnodes: int = 1
-    node_rank: int = 0
-    master_addr: str = "127.0.0.1"
-    master_port: int | None = None
-    max_num_seqs: int = 128
-    max_num_batched_tokens: int = 2048
-    max_num_queued_requests: int = 1024
-    enforce_eager: bool = True
-    compilation_config: dict[str, Any] | int | None = None
-    load_format: str = "auto"
-    device: str = "cpu"
+    model: str | None = _arg(None, "HF checkpoint folder or .gguf file "
+                             "(default: the embedded SmolLM2-135M-Instruct)")
+    tokenizer: str | None = _arg(None, "tokenizer folder (default: the model's)")
+    dtype: str = _arg("auto", "weight and activation dtype; auto: the checkpoint's half "
+                      "precision, else float32", choices=_DTYPE_CHOICES)
+    max_model_len: int | None = _arg(None, "longest sequence, prompt plus output "
+                                     "(default: the model's max_position_embeddings)")
+    seed: int = _arg(0, "random seed: random weights, the CLI's per-request sampling seed")
+    block_size: int = _arg(16, "tokens per KV-cache block")
+    kv_cache_dtype: str = _arg("auto", "KV-cache dtype; auto: the model dtype", choices=_CACHE_DTYPES)
+    enable_prefix_caching: bool = _arg(True, "reuse the KV blocks of shared prompt prefixes")
+    num_gpu_blocks_override: int | None = _arg(None, "fix the number of KV blocks "
+                                               "(default: from --kv-cache-memory-bytes)")
+    kv_cache_memory_bytes: int | None = _arg(None, "KV-cache budget per rank in bytes "
+                                             "(default: 2 GiB on CPU)")
+    tensor_parallel_size: int = _arg(1, "tensor-parallel ranks", aliases=("-tp",))
+    pipeline_parallel_size: int = _arg(1, "pipeline stages", aliases=("-pp",))
+    nnodes: int = _arg(1, "nodes of a multi-node run (or torchrun's environment)")
+    node_rank: int = _arg(0, "this node's rank; nodes 1..nnodes-1 only host worker ranks")
+    master_addr: str = _arg("127.0.0.1", "address where the ranks of all nodes meet")
+    master_port: int | None = _arg(None, "port where the ranks meet (default: a free port on "
+                                   "one node, 29501 on several)")
+    max_num_seqs: int = _arg(128, "at most this many running requests")
+    max_num_batched_tokens: int = _arg(2048, "token budget of a step, shared by decodes and "
+                                       "prefill chunks")
+    max_num_queued_requests: int = _arg(1024, "server: waiting sequences before HTTP 429")
+    # NOTE: the scheduler has one token budget and no prefill phase, so prefills are always
+    # chunked; the field exists for vLLM's name and rejects False.
+    enable_chunked_prefill: bool = _arg(True, "always on in minivllm (False is an error)")
+    long_prefill_token_threshold: int = _arg(0, "schedule at most this many prompt tokens of a "
+                                             "request per step (0: no cap)")
+    enforce_eager: bool = _arg(True, "run the model eagerly; --no-enforce-eager (or --compile) "
+                               "torch.compiles it (mode 3) unless --compilation-config sets a mode")
+    compilation_config: dict[str, Any] | int | CompilationConfig | None = _arg(
+        None, "compilation mode 0-3 or a JSON CompilationConfig, e.g. '{\"mode\": 3}'; "
+        "overrides --enforce-eager", aliases=("-O",), type=_parse_compilation_config)
+    load_format: str = _arg("auto", "how to read the weights", choices=_LOAD_FORMATS)
+    device: str = _arg("cpu", "where the model runs; auto: cuda when available",
+                       choices=_DEVICE_CHOICES)
 
     def create_engine_config(self) -> VllmConfig:
         """Validate every part once and assemble the VllmConfig."""
         model_config = ModelConfig(model=self.model, tokenizer=self.tokenizer, dtype=self.dtype,
-                                   max_model_len=self.max_model_len, seed=self.seed,
-                                   enforce_eager=self.enforce_eager)
+                                   max_model_len=self.max_model_len, seed=self.seed)
         return VllmConfig(
             model_config=model_config,
             cache_config=CacheConfig(block_size=self.block_size, cache_dtype=self.kv_cache_dtype,
@@ -54,51 +103,95 @@ class EngineArgs:
             scheduler_config=SchedulerConfig(
                 max_num_batched_tokens=max(self.max_num_batched_tokens, 1),
                 max_num_seqs=self.max_num_seqs,
-                max_num_queued_requests=self.max_num_queued_requests),
+                max_num_queued_requests=self.max_num_queued_requests,
+                enable_chunked_prefill=self.enable_chunked_prefill,
+                long_prefill_token_threshold=self.long_prefill_token_threshold),
             device_config=DeviceConfig(self.device),
             load_config=LoadConfig(load_format=self.load_format),
             compilation_config=self._compilation_config())
 
     def _compilation_config(self) -> CompilationConfig:
+        """An explicit compilation_config wins; otherwise enforce_eager picks mode 0 or 3."""
         cc = self.compilation_config
         if isinstance(cc, CompilationConfig):
             return cc
-        if isinstance(cc, int):
-            return CompilationConfig(mode=cc)
-        if cc:
+        if cc is None or cc == {}:
+            mode = CompilationMode.NONE if self.enforce_eager else CompilationMode.VLLM_COMPILE
+            return CompilationConfig(mode=mode)
+        if isinstance(cc, dict):
+            names = sorted(f.name for f in dataclasses.fields(CompilationConfig) if f.init)
+            unknown = sorted(set(cc) - set(names))
+            if unknown:
+                raise ValueError(f"Unknown compilation_config key(s) {unknown}; valid keys: "
+                                 f"{', '.join(names)}")
+            _check_mode(cc.get("mode", CompilationMode.NONE))
             return CompilationConfig(**cc)
-        return CompilationConfig(mode=0 if self.enforce_eager else 3)
+        return CompilationConfig(mode=_check_mode(cc))
 
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-        """Engine flags shared by `generate`, `chat`, `serve` and `bench`."""
-        g = parser.add_argument_group("engine")
-        g.add_argument("--model", default=None, help="HF checkpoint folder or .gguf file "
-                       "(default: the embedded SmolLM2-135M-Instruct)")
-        g.add_argument("--tokenizer", default=None)
-        g.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
-        g.add_argument("--max-model-len", type=int, default=None)
-        g.add_argument("--seed", type=int, default=0)
-        g.add_argument("--block-size", type=int, default=16)
-        g.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching",
-                       action="store_false", default=True)
-        g.add_argument("--num-gpu-blocks-override", type=int, default=None)
-        g.add_argument("--kv-cache-memory-bytes", type=int, default=None)
-        g.add_argument("-tp", "--tensor-parallel-size", type=int, default=1)
-        g.add_argument("-pp", "--pipeline-parallel-size", type=int, default=1)
-        g.add_argument("--nnodes", type=int, default=1)
-        g.add_argument("--node-rank", type=int, default=0)
-        g.add_argument("--master-addr", default="127.0.0.1")
-        g.add_argument("--master-port", type=int, default=None)
-        g.add_argument("--max-num-seqs", type=int, default=128)
-        g.add_argument("--max-num-batched-tokens", type=int, default=2048)
-        g.add_argument("--max-num-queued-requests", type=int, default=1024)
-        g.add_argument("--enforce-eager", action="store_true", default=True)
-        g.add_argument("--compile", dest="enforce_eager", action="store_false",
-                       help="torch.compile the model (inductor)")
+        """Engine flags shared by `generate`, `chat`, `serve` and `bench`: one per field."""
+        group = parser.add_argument_group("engine")
+        hints = typing.get_type_hints(EngineArgs)
+        for f in dataclasses.fields(EngineArgs):
+            meta = dict(f.metadata)
+            flags = [*meta.pop("aliases", ()), "--" + f.name.replace("_", "-")]
+            kwargs: dict[str, Any] = {"dest": f.name, "default": f.default, "help": meta.pop("help")}
+            if hints[f.name] is bool:
+                kwargs["action"] = argparse.BooleanOptionalAction   # --x and --no-x
+            else:
+                kwargs["type"] = meta.pop("type", None) or _scalar_type(hints[f.name])
+            action = group.add_argument(*flags, **kwargs, **meta)
+            # NOTE: some Pythons' BooleanOptionalAction already appends the default itself.
+            if f.default is not None and "%(default)" not in action.help:
+                action.help += " (default: %(default)s)"
+        group.add_argument("--compile", dest="enforce_eager", action="store_false",
+                           help="the same as --no-enforce-eager: torch.compile the model (inductor)")
         return parser
 
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> "EngineArgs":
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in vars(args).items() if k in names})
+
+    @classmethod
+    def from_kwargs(cls, **kwargs: Any) -> "EngineArgs":
+        """`EngineArgs(**kwargs)`, but an unknown name is a ValueError listing the valid ones."""
+        names = [f.name for f in dataclasses.fields(cls)]
+        unknown = sorted(set(kwargs) - set(names))
+        if unknown:
+            raise ValueError(f"Unknown engine argument(s) {', '.join(unknown)}; valid ones: "
+                             f"{', '.join(names)}")
+        return cls(**kwargs)
+
+
+def apply_torchrun_env(engine_args: EngineArgs) -> EngineArgs:
+    """Fill --nnodes/--node-rank/--master-addr/--master-port from torchrun's environment.
+
+    torchrun (one process per node: `--nproc-per-node 1`) sets GROUP_RANK, GROUP_WORLD_SIZE,
+    MASTER_ADDR and MASTER_PORT. Its own agent store already listens on MASTER_PORT, so the
+    workers meet on MASTER_PORT + 1. Explicit --nnodes > 1 wins over the environment.
+    """
+    env = ParallelConfig.from_torchrun_env()
+    if "nnodes" not in env and "GROUP_WORLD_SIZE" in os.environ:
+        env["nnodes"] = int(os.environ["GROUP_WORLD_SIZE"])
+    if engine_args.nnodes != 1 or env.get("nnodes", 1) == 1:
+        return engine_args
+    if "master_port" in env and "TORCHELASTIC_RUN_ID" in os.environ:
+        env["master_port"] += 1
+    return dataclasses.replace(engine_args, **env)
+
+
+def _check_mode(mode: Any) -> int:
+    valid = [int(m) for m in CompilationMode]
+    if isinstance(mode, bool) or not isinstance(mode, int) or mode not in valid:
+        raise ValueError(f"Unknown compilation mode {mode!r}; choose one of "
+                         + ", ".join(f"{int(m)} ({m.name})" for m in CompilationMode))
+    return mode
+
+
+def _scalar_type(hint: Any) -> type:
+    """`int | None` -> int: the type argparse converts the flag's text with."""
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        hint = next(a for a in typing.get_args(hint) if a is not type(None))
+    return hint
