@@ -3,7 +3,7 @@
 import argparse
 import sys
 
-from minivllm.engine.arg_utils import EngineArgs
+from minivllm.engine.arg_utils import EngineArgs, apply_torchrun_env
 
 
 def _sampling_args(parser: argparse.ArgumentParser) -> None:
@@ -24,12 +24,10 @@ def _sampling_params(args: argparse.Namespace):
 
 
 def _make_llm(args: argparse.Namespace):
+    """The offline LLM (its engine built by LLMEngine.from_engine_args) from the engine flags."""
     from minivllm.entrypoints.llm import LLM
 
-    engine_args = EngineArgs.from_cli_args(args)
-    kwargs = {k: v for k, v in vars(engine_args).items() if k not in ("model", "tokenizer", "dtype", "seed")}
-    return LLM(engine_args.model, tokenizer=engine_args.tokenizer, dtype=engine_args.dtype,
-               seed=engine_args.seed, **kwargs)
+    return LLM(**vars(EngineArgs.from_cli_args(args)))
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -79,23 +77,29 @@ def _add_optional_commands(sub) -> None:
     add_serve_parser(sub)
 
 
-def _headless_node(args: argparse.Namespace) -> bool:
+def _headless_engine_args(args: argparse.Namespace) -> EngineArgs | None:
     """Multi-node runs: nodes other than 0 (flags or torchrun's env) only host worker ranks."""
-    from minivllm.worker.launcher import apply_torchrun_env
-
     if not hasattr(args, "nnodes") or args.command == "bench":
-        return False
+        return None
+    if getattr(args, "model_tag", None) is not None and args.model is None:
+        args.model = args.model_tag          # `serve MODEL` names the model positionally
     engine_args = apply_torchrun_env(EngineArgs.from_cli_args(args))
-    return engine_args.nnodes > 1 and engine_args.node_rank > 0
+    return engine_args if engine_args.nnodes > 1 and engine_args.node_rank > 0 else None
+
+
+def run_headless_node(engine_args: EngineArgs) -> int:
+    """A node with --node-rank >= 1: validate the flags, run its worker ranks until the job ends."""
+    from minivllm.worker.launcher import run_headless
+
+    return run_headless(engine_args.create_engine_config())
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        if _headless_node(args):
-            from minivllm.worker.launcher import run_headless_from_args
-
-            return run_headless_from_args(EngineArgs.from_cli_args(args))
+        headless = _headless_engine_args(args)
+        if headless is not None:
+            return run_headless_node(headless)
         return args.func(args)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)

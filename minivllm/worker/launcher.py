@@ -1,5 +1,8 @@
 """Starting and stopping worker processes; headless nodes (--node-rank >= 1) run only these.
 
+The engine-args side (flags, torchrun's environment) stays above this package: the CLI turns
+them into a VllmConfig and calls `run_headless(vllm_config)`.
+
 `launch_worker_procs` starts one `python -m minivllm.worker.worker_proc` per local rank and sends
 it a `WorkerInit`; `stop_worker_procs` ends them (politely, then SIGTERM, then SIGKILL). The
 engine's MultiprocExecutor uses both on node 0; `run_headless` uses them on the other nodes and
@@ -7,7 +10,6 @@ waits until the job ends (every worker exits when rank 0 broadcasts the shutdown
 or the engine dies).
 """
 
-import dataclasses
 import os
 import signal
 import subprocess
@@ -123,25 +125,6 @@ def stop_worker_procs(handles: list[WorkerProcHandle], graceful: bool = True,
 
 # ---------------------------------------------------------------------------- headless nodes
 
-def apply_torchrun_env(engine_args: Any) -> Any:
-    """Fill --nnodes/--node-rank/--master-addr/--master-port from torchrun's environment.
-
-    torchrun (one process per node: `--nproc-per-node 1`) sets GROUP_RANK, GROUP_WORLD_SIZE,
-    MASTER_ADDR and MASTER_PORT. Its own agent store already listens on MASTER_PORT, so the
-    workers meet on MASTER_PORT + 1. Explicit --nnodes > 1 wins over the environment.
-    """
-    from minivllm.config import ParallelConfig
-
-    env = ParallelConfig.from_torchrun_env()
-    if "nnodes" not in env and "GROUP_WORLD_SIZE" in os.environ:
-        env["nnodes"] = int(os.environ["GROUP_WORLD_SIZE"])
-    if engine_args.nnodes != 1 or env.get("nnodes", 1) == 1:
-        return engine_args
-    if "master_port" in env and "TORCHELASTIC_RUN_ID" in os.environ:
-        env["master_port"] += 1
-    return dataclasses.replace(engine_args, **env)
-
-
 def run_headless(vllm_config: VllmConfig) -> int:
     """Run this node's workers (node_rank >= 1, no engine) until the job ends; the exit code."""
     pc = vllm_config.parallel_config
@@ -183,8 +166,3 @@ def _wait_headless(handles: list[WorkerProcHandle]) -> int:
             return 1
         if all(c == 0 for c in codes):
             return 0
-
-
-def run_headless_from_args(engine_args: Any) -> int:
-    """What the CLI calls for --node-rank >= 1 (or torchrun's GROUP_RANK >= 1)."""
-    return run_headless(apply_torchrun_env(engine_args).create_engine_config())

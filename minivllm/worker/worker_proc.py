@@ -163,24 +163,19 @@ def worker_main(fd: int) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from minivllm.engine.arg_utils import EngineArgs
+    """`python -m minivllm.worker.worker_proc --worker-fd N`, as the launcher starts a worker.
 
-    parser = argparse.ArgumentParser(prog="python -m minivllm.worker.worker_proc",
-                                     description="Run a worker process, or a node's workers.")
-    parser.add_argument("--worker-fd", type=int, default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--headless", action="store_true",
-                        help="run this node's workers only (--node-rank >= 1)")
-    EngineArgs.add_cli_args(parser)
+    Headless nodes are started with the engine flags, above this package:
+    `minivllm serve --nnodes N --node-rank R ...` (or torchrun's environment).
+    """
+    parser = argparse.ArgumentParser(
+        prog="python -m minivllm.worker.worker_proc",
+        description="Run one worker process (started by a launcher). To run a node's workers, "
+                    "use `minivllm serve --nnodes N --node-rank R ...`.")
+    parser.add_argument("--worker-fd", type=int, required=True,
+                        help="this worker's end of the launcher's pipe")
     args = parser.parse_args(argv)
-    if args.worker_fd is not None:
-        return worker_main(args.worker_fd)
-    from minivllm.worker.launcher import run_headless_from_args
-
-    try:
-        return run_headless_from_args(EngineArgs.from_cli_args(args))
-    except ValueError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    return worker_main(args.worker_fd)
 
 
 if __name__ == "__main__":

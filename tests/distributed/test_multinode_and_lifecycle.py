@@ -9,8 +9,8 @@ import textwrap
 import pytest
 
 from minivllm import LLM, SamplingParams
-from minivllm.engine.arg_utils import EngineArgs
-from minivllm.worker.launcher import _free_port, apply_torchrun_env
+from minivllm.engine.arg_utils import EngineArgs, apply_torchrun_env
+from minivllm.worker.launcher import _free_port
 from tests.distributed._helpers import (TINY, engine_kwargs, greedy_run, live_children, prompts,
                                         wait_until_gone)
 
@@ -36,7 +36,7 @@ def test_two_nodes_on_localhost_match_single_process(tiny_llama_factory):
     flags = ["--model", path, "--dtype", "float32", "--block-size", "4", "-tp", "2", "-pp", "2",
              "--num-gpu-blocks-override", "256",
              "--nnodes", "2", "--master-addr", "127.0.0.1", "--master-port", str(port)]
-    node1 = subprocess.Popen([sys.executable, "-m", "minivllm.worker.worker_proc", "--headless",
+    node1 = subprocess.Popen([sys.executable, "-m", "minivllm.entrypoints.cli", "serve",
                               *flags, "--node-rank", "1"], env=_env())
     try:
         llm = LLM(model=path, tensor_parallel_size=2, pipeline_parallel_size=2, nnodes=2,
@@ -57,7 +57,7 @@ def test_two_nodes_on_localhost_match_single_process(tiny_llama_factory):
 def test_node_started_with_other_flags_fails_clearly(tiny_llama_factory):
     path = tiny_llama_factory("dist_tiny", **TINY)
     port = _free_port()
-    node1 = subprocess.Popen([sys.executable, "-m", "minivllm.worker.worker_proc", "--headless",
+    node1 = subprocess.Popen([sys.executable, "-m", "minivllm.entrypoints.cli", "serve",
                               "--model", path, "--dtype", "float32", "--block-size", "8",
                               "-pp", "2", "--nnodes", "2", "--node-rank", "1",
                               "--master-port", str(port)], env=_env(), stderr=subprocess.DEVNULL)
