@@ -1,17 +1,18 @@
-"""What the benchmarks run on: a minivllm `LLM`, or the same checkpoint in transformers (`generate`)."""
+"""What the benchmarks run on: a minivllm `LLMEngine`, or the same checkpoint in transformers (`generate`)."""
 
 import argparse
 import contextlib
-import dataclasses
 import gc
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from minivllm.engine.arg_utils import EngineArgs
+from minivllm.engine.llm_engine import LLMEngine
 
 BACKENDS = ("minivllm", "hf")
 
@@ -23,6 +24,24 @@ class Checkpoint:
     model: str
     tokenizer: str
     dtype: torch.dtype
+
+
+@dataclass
+class BenchStart:
+    """What every benchmark begins with (`start_benchmark`)."""
+
+    load_at_start: float   # the host's load before anything of ours runs
+    backends: list[str]
+    ckpt: Checkpoint
+    tokenizer: Any
+
+
+def start_benchmark(args: argparse.Namespace) -> BenchStart:
+    """The host load, the backends to run, the checkpoint and its tokenizer."""
+    load_at_start = os.getloadavg()[0]
+    backends = backends_to_run(args)
+    ckpt = resolve_checkpoint(args)
+    return BenchStart(load_at_start, backends, ckpt, load_tokenizer(ckpt))
 
 
 def add_backend_args(parser: argparse.ArgumentParser) -> None:
@@ -61,11 +80,9 @@ def load_tokenizer(ckpt: Checkpoint):
     return get_tokenizer(ckpt.tokenizer)
 
 
-def make_llm(args: argparse.Namespace):
-    """A minivllm `LLM` built from the engine flags."""
-    from minivllm.entrypoints.llm import LLM
-
-    return LLM(**dataclasses.asdict(EngineArgs.from_cli_args(args)))
+def make_engine(args: argparse.Namespace) -> LLMEngine:
+    """A minivllm engine built from the engine flags (as the offline LLM builds its own)."""
+    return LLMEngine.from_engine_args(EngineArgs.from_cli_args(args))
 
 
 def load_hf_model(ckpt: Checkpoint) -> torch.nn.Module:
@@ -158,6 +175,20 @@ def maybe_profile(args: argparse.Namespace, label: str, enabled: bool = True) ->
         trace = os.path.join(args.profile_result_dir, f"{label}-{int(time.time())}.json")
         prof.export_chrome_trace(trace)
         print(f"Chrome trace: {trace}")
+
+
+def report(results: dict[str, dict], print_result: Callable[[dict, str], None],
+           compare: Callable[[dict], str], load_at_start: float, output_json: str | None,
+           always_label: bool = False) -> dict:
+    """The tail every benchmark shares: print each backend's result (labelled `[backend] ` when
+    there are several, or `always_label`), with several backends the comparison line `compare`
+    returns (it may add ratios to `results`), then `write_summary`."""
+    backends = list(results)
+    for backend in backends:
+        print_result(results[backend], f"[{backend}] " if always_label or len(backends) > 1 else "")
+    if len(backends) > 1:
+        print(compare(results))
+    return write_summary(results, backends, load_at_start, output_json)
 
 
 def write_summary(results: dict, backends: list[str], load_at_start: float,

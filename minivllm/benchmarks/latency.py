@@ -6,14 +6,13 @@ the prefix cache never serves a prompt.
 """
 
 import argparse
-import os
 import statistics
 import time
 from dataclasses import dataclass
 
-from minivllm.benchmarks.backends import (Checkpoint, add_backend_args, backends_to_run, write_summary,
-                                          hf_generate, hf_pad_token_id, load_hf_model, load_tokenizer,
-                                          make_llm, maybe_profile, release, resolve_checkpoint)
+from minivllm.benchmarks.backends import (Checkpoint, add_backend_args, hf_generate, hf_pad_token_id,
+                                          load_hf_model, make_engine, maybe_profile, release, report,
+                                          start_benchmark)
 from minivllm.benchmarks.datasets import SampleRequest, sample_random_requests
 
 
@@ -36,8 +35,7 @@ def add_latency_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
 def time_minivllm(args: argparse.Namespace, batches: list[list[SampleRequest]]) -> list[IterTiming]:
     from minivllm.sampling_params import SamplingParams
 
-    llm = make_llm(args)
-    engine = llm.llm_engine
+    engine = make_engine(args)
     params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=args.output_len,
                             detokenize=not args.disable_detokenize)
     timings = []
@@ -45,20 +43,29 @@ def time_minivllm(args: argparse.Namespace, batches: list[list[SampleRequest]]) 
         for it, batch in enumerate(batches):
             # --profile covers the first measured iteration only.
             with maybe_profile(args, "minivllm-latency", enabled=it == args.num_iters_warmup):
-                start = time.perf_counter()
-                for i, req in enumerate(batch):
-                    engine.add_request(f"lat-{it}-{i}", req.prompt_token_ids, params)
-                first_token_at, started = None, set()
-                while engine.has_unfinished_requests():
-                    for out in engine.step():
-                        if out.outputs[0].token_ids:
-                            started.add(out.request_id)
-                    if first_token_at is None and len(started) == len(batch):
-                        first_token_at = time.perf_counter()
-                timings.append(IterTiming(first_token_at - start, time.perf_counter() - start))
+                timings.append(_time_batch(engine, batch, params, f"lat-{it}"))
     finally:
-        release(llm)
+        release(engine)
     return timings
+
+
+def _time_batch(engine, batch: list[SampleRequest], params, prefix: str) -> IterTiming:
+    """One batch through the engine; the prefill ends when every request has its first token."""
+    start = time.perf_counter()
+    request_ids = [f"{prefix}-{i}" for i in range(len(batch))]
+    for request_id, req in zip(request_ids, batch):
+        engine.add_request(request_id, req.prompt_token_ids, params)
+    started: set[str] = set()
+    first_token_at: list[float] = []
+
+    def on_output(output) -> None:
+        if output.outputs[0].token_ids and output.request_id not in started:
+            started.add(output.request_id)
+            if len(started) == len(batch):
+                first_token_at.append(time.perf_counter())
+
+    engine.run_until_finished(request_ids, on_output)
+    return IterTiming(first_token_at[0] - start, time.perf_counter() - start)
 
 
 class _TokenClock:
@@ -112,28 +119,27 @@ def run_latency(args: argparse.Namespace) -> dict:
             raise ValueError(f"{name} must be at least 1, got {getattr(args, name)}")
     if args.num_iters_warmup < 0:
         raise ValueError(f"num_iters_warmup must be at least 0, got {args.num_iters_warmup}")
-    load_at_start = os.getloadavg()[0]
-    backends = backends_to_run(args)
-    ckpt = resolve_checkpoint(args)
-    tokenizer = load_tokenizer(ckpt)
+    start = start_benchmark(args)
     num_batches = args.num_iters_warmup + args.num_iters
-    flat = sample_random_requests(tokenizer, num_batches * args.batch_size, args.input_len,
+    flat = sample_random_requests(start.tokenizer, num_batches * args.batch_size, args.input_len,
                                   args.output_len, 0.0, args.seed)
     batches = [flat[i * args.batch_size:(i + 1) * args.batch_size] for i in range(num_batches)]
     results: dict = {}
-    for backend in backends:
+    for backend in start.backends:
         timings = time_minivllm(args, batches) if backend == "minivllm" else \
-            time_hf(args, ckpt, tokenizer, batches)
+            time_hf(args, start.ckpt, start.tokenizer, batches)
         results[backend] = summarize(backend, timings[args.num_iters_warmup:], args.batch_size,
                                      args.input_len, args.output_len)
-        _print_result(results[backend], f"[{backend}] ")
-    if len(backends) > 1:
-        mini, hf = results["minivllm"], results["hf"]
-        results["decode_ratio"] = mini["decode_tokens_per_second"] / hf["decode_tokens_per_second"]
-        results["prompt_ratio"] = mini["prompt_tokens_per_second"] / hf["prompt_tokens_per_second"]
-        print(f"minivllm / transformers: decode {results['decode_ratio']:.2f}x, "
-              f"prompt {results['prompt_ratio']:.2f}x")
-    return write_summary(results, backends, load_at_start, args.output_json)
+    return report(results, _print_result, _compare, start.load_at_start, args.output_json,
+                  always_label=True)
+
+
+def _compare(results: dict) -> str:
+    mini, hf = results["minivllm"], results["hf"]
+    results["decode_ratio"] = mini["decode_tokens_per_second"] / hf["decode_tokens_per_second"]
+    results["prompt_ratio"] = mini["prompt_tokens_per_second"] / hf["prompt_tokens_per_second"]
+    return (f"minivllm / transformers: decode {results['decode_ratio']:.2f}x, "
+            f"prompt {results['prompt_ratio']:.2f}x")
 
 
 def _print_result(r: dict, label: str) -> None:

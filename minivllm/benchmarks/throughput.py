@@ -8,14 +8,16 @@ of the per-round ratios.
 """
 
 import argparse
-import os
+import itertools
 import statistics
 import time
 from dataclasses import dataclass, field
 
-from minivllm.benchmarks.backends import (Checkpoint, add_backend_args, backends_to_run, write_summary,
-                                          hf_generate, hf_pad_token_id, load_hf_model, load_tokenizer,
-                                          make_llm, maybe_profile, release, resolve_checkpoint)
+from tqdm import tqdm
+
+from minivllm.benchmarks.backends import (Checkpoint, add_backend_args, hf_generate, hf_pad_token_id,
+                                          load_hf_model, make_engine, maybe_profile, release, report,
+                                          start_benchmark)
 from minivllm.benchmarks.datasets import SampleRequest, add_dataset_args, get_requests, sample_random_requests
 
 # Batch sizes tried for transformers when --hf-max-batch-size is not given, largest first, until
@@ -76,19 +78,28 @@ def add_throughput_args(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
 
 
 class MinivllmSession:
-    """One `LLM`, warmed up, that runs request lists (each timed on its own)."""
+    """One engine, warmed up, that runs request lists (each timed on its own)."""
 
     def __init__(self, args: argparse.Namespace, warmup: list[SampleRequest]) -> None:
         self.args = args
-        self.llm = make_llm(args)
+        self.engine = make_engine(args)
+        self._counter = itertools.count()
         self._generate(warmup, use_tqdm=False)
 
     def _generate(self, requests: list[SampleRequest], use_tqdm: bool) -> list:
         from minivllm.sampling_params import SamplingParams
 
-        params = [SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=r.expected_output_len,
-                                 detokenize=not self.args.disable_detokenize) for r in requests]
-        return self.llm.generate([r.prompt_token_ids for r in requests], params, use_tqdm=use_tqdm)
+        request_ids = []
+        for r in requests:
+            request_ids.append(f"thr-{next(self._counter)}")
+            params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=r.expected_output_len,
+                                    detokenize=not self.args.disable_detokenize)
+            self.engine.add_request(request_ids[-1], r.prompt_token_ids, params)
+        if not use_tqdm:
+            return self.engine.run_until_finished(request_ids)
+        with tqdm(total=len(requests), desc="Processed prompts", dynamic_ncols=True) as bar:
+            return self.engine.run_until_finished(
+                request_ids, lambda output: bar.update(1) if output.finished else None)
 
     def run(self, requests: list[SampleRequest]) -> ThroughputResult:
         with maybe_profile(self.args, "minivllm-throughput"):
@@ -100,7 +111,7 @@ class MinivllmSession:
                                 sum(r.prompt_len for r in requests), num_output)
 
     def close(self) -> None:
-        release(self.llm)
+        release(self.engine)
 
 
 class HfSession:
@@ -168,17 +179,15 @@ def run_throughput(args: argparse.Namespace) -> dict:
     """Runs the chosen backend(s); prints vLLM's summary line per backend; returns the results."""
     if args.rounds < 1:
         raise ValueError(f"rounds must be at least 1, got {args.rounds}")
-    load_at_start = os.getloadavg()[0]
-    backends = backends_to_run(args)
-    ckpt = resolve_checkpoint(args)
-    tokenizer = load_tokenizer(ckpt)
+    start = start_benchmark(args)
+    backends, tokenizer = start.backends, start.tokenizer
     warmup = sample_random_requests(tokenizer, 2, 16, 4, seed=args.seed + 1)
     rounds = [get_requests(args, tokenizer, seed=args.seed + r) for r in range(args.rounds)]
 
     def open_session(backend: str):
         if backend == "minivllm":
             return MinivllmSession(args, warmup)
-        return HfSession(args, ckpt, tokenizer, warmup)
+        return HfSession(args, start.ckpt, tokenizer, warmup)
 
     runs: dict[str, list[ThroughputResult]] = {b: [] for b in backends}
     if args.rounds == 1:   # one backend loaded at a time
@@ -190,7 +199,7 @@ def run_throughput(args: argparse.Namespace) -> dict:
                 session.close()
     else:
         _alternate_rounds(backends, rounds, open_session, runs)
-    return _summarize(args, backends, runs, load_at_start)
+    return _summarize(args, backends, runs, start.load_at_start)
 
 
 def _alternate_rounds(backends: list[str], rounds: list[list[SampleRequest]], open_session,
@@ -214,20 +223,19 @@ def _alternate_rounds(backends: list[str], rounds: list[list[SampleRequest]], op
 def _summarize(args: argparse.Namespace, backends: list[str], runs: dict[str, list[ThroughputResult]],
                load_at_start: float) -> dict:
     """Per backend: all rounds pooled (tokens / time); with --compare the median per-round ratio."""
-    results: dict = {}
-    for backend in backends:
-        results[backend] = ThroughputResult.pooled(runs[backend]).to_dict()
-        _print_result(results[backend], label=f"[{backend}] " if len(backends) > 1 else "")
-    if len(backends) > 1:
+    results = {b: ThroughputResult.pooled(runs[b]).to_dict() for b in backends}
+
+    def compare(results: dict) -> str:
         ratios = [m.output_throughput / h.output_throughput
                   for m, h in zip(runs["minivllm"], runs["hf"])]
         results["output_throughput_ratio"] = statistics.median(ratios)
         results["output_throughput_ratios"] = ratios
         rounds = (f", median of {len(ratios)} rounds: "
                   + " ".join(f"{r:.2f}x" for r in ratios)) if len(ratios) > 1 else ""
-        print(f"minivllm / transformers (batch {results['hf']['hf_batch_size']}): "
-              f"{results['output_throughput_ratio']:.2f}x output tokens/s{rounds}")
-    return write_summary(results, backends, load_at_start, args.output_json)
+        return (f"minivllm / transformers (batch {results['hf']['hf_batch_size']}): "
+                f"{results['output_throughput_ratio']:.2f}x output tokens/s{rounds}")
+
+    return report(results, _print_result, compare, load_at_start, args.output_json)
 
 
 def _print_result(r: dict, label: str) -> None:

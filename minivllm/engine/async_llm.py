@@ -18,6 +18,8 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from minivllm.engine.arg_utils import EngineArgs
+from minivllm.engine.llm_engine import LLMEngine
 from minivllm.logger import init_logger
 from minivllm.outputs import RequestOutput
 from minivllm.sampling_params import SamplingParams
@@ -129,20 +131,21 @@ class AsyncLLM:
         self._wakeup = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._owner: Any = None   # keeps the LLM (and its executor) alive
+        self._owns_engine = False   # from_engine_args: shutdown() also ends the engine
 
     @classmethod
-    def from_engine_args(cls, engine_args: Any, **kwargs: Any) -> AsyncLLM:
-        from minivllm.entrypoints.llm import LLM
-
-        fields = dict(vars(engine_args))
-        llm = LLM(fields.pop("model"), tokenizer=fields.pop("tokenizer"), dtype=fields.pop("dtype"),
-                  seed=fields.pop("seed"), **fields)
-        model_config = llm.vllm_config.model_config
+    def from_engine_args(cls, engine_args: EngineArgs, **kwargs: Any) -> AsyncLLM:
+        """An LLMEngine built by `LLMEngine.from_engine_args`, owned (and shut down) by this."""
+        engine = LLMEngine.from_engine_args(engine_args)
+        model_config = engine.vllm_config.model_config
         kwargs.setdefault("max_num_queued_requests", engine_args.max_num_queued_requests)
-        async_llm = cls(llm.llm_engine, vocab_size=model_config.get_vocab_size(),
-                        model_path=model_config.model, **kwargs)
-        async_llm._owner = llm
+        try:
+            async_llm = cls(engine, vocab_size=model_config.get_vocab_size(),
+                            model_path=model_config.model, **kwargs)
+        except BaseException:
+            engine.shutdown()
+            raise
+        async_llm._owns_engine = True
         return async_llm
 
     # ------------------------------------------------------------------ lifecycle
@@ -163,8 +166,8 @@ class AsyncLLM:
 
     def shutdown(self) -> None:
         self.stop()
-        if self._owner is not None:
-            self._owner.shutdown()
+        if self._owns_engine:
+            self.engine.shutdown()
 
     def check_health(self) -> str | None:
         """None when healthy, else why not: the loop died, or made no progress with work waiting."""

@@ -1,5 +1,9 @@
 """The synchronous engine loop: add requests, then step: schedule -> execute -> update -> detokenize.
 
+`LLMEngine.from_engine_args(engine_args)` is the one way the offline LLM, the server, the CLI
+and the benchmarks build an engine: it validates the VllmConfig, loads the tokenizer and creates
+the executor, which the engine then owns (`shutdown()` ends it).
+
 `LLMEngine(vllm_config, executor, tokenizer)` reads only `vllm_config.scheduler_config.
 {max_num_seqs, max_num_batched_tokens, long_prefill_token_threshold (optional)}`,
 `vllm_config.cache_config.{block_size, enable_prefix_caching}` and
@@ -8,14 +12,14 @@ SimpleNamespace in tests). The executor provides `num_blocks` and
 `execute_model(scheduler_output) -> ModelRunnerOutput`; it is called once per step, also for a
 step that schedules no tokens, so the runner always learns about finished and preempted requests.
 """
-
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from minivllm.engine.arg_utils import EngineArgs
 from minivllm.engine.detokenizer import IncrementalDetokenizer
 from minivllm.engine.request import Request, RequestStatus
 from minivllm.engine.scheduler import Scheduler
@@ -23,6 +27,7 @@ from minivllm.v1.core.sched.output import SchedulerOutput
 from minivllm.v1.outputs import LogprobEntry, ModelRunnerOutput
 from minivllm.outputs import CompletionOutput, Logprob, RequestOutput
 from minivllm.sampling_params import SamplingParams
+from minivllm.transformers_utils.tokenizer import get_tokenizer
 
 # text, token ids, or a dict with 'prompt' / 'prompt_token_ids' (vLLM's TextPrompt / TokensPrompt)
 PromptType = str | list[int] | dict[str, Any]
@@ -60,6 +65,7 @@ class LLMEngine:
     def __init__(self, vllm_config: Any, executor: Executor, tokenizer: Any | None,
                  eos_token_id: int | None = None) -> None:
         sched, cache = vllm_config.scheduler_config, vllm_config.cache_config
+        self.vllm_config = vllm_config
         self.max_model_len: int = vllm_config.model_config.max_model_len
         get_vocab_size = getattr(vllm_config.model_config, "get_vocab_size", None)
         self.vocab_size: int | None = get_vocab_size() if get_vocab_size else None
@@ -78,6 +84,21 @@ class LLMEngine:
         self.eos_token_id = eos_token_id
         self._parents: dict[str, _ParentState] = {}
         self._children: dict[str, _ChildState] = {}
+
+    @classmethod
+    def from_engine_args(cls, engine_args: EngineArgs) -> LLMEngine:
+        """Validate and assemble the VllmConfig, load the tokenizer, start the executor."""
+        # NOTE: imported here so the fake-executor tests load this module without the model stack.
+        from minivllm.engine.executor import create_executor
+
+        vllm_config = engine_args.create_engine_config()
+        tokenizer = get_tokenizer(vllm_config.model_config.tokenizer)
+        executor = create_executor(vllm_config)
+        try:
+            return cls(vllm_config, executor, tokenizer)
+        except BaseException:
+            executor.shutdown()   # e.g. a KV cache too small for max_model_len: no stray workers
+            raise
 
     def add_request(self, request_id: str, prompt: PromptType,
                     params: SamplingParams | None = None, arrival_time: float | None = None) -> None:
@@ -135,6 +156,33 @@ class LLMEngine:
                 child_ids.append(child.request.request_id)
                 del self._children[child.request.request_id]
         self.scheduler.finish_requests(child_ids, RequestStatus.FINISHED_ABORTED)
+
+    def run_until_finished(self, request_ids: list[str],
+                           on_output: Callable[[RequestOutput], None] | None = None
+                           ) -> list[RequestOutput]:
+        """Steps until no request is unfinished; the final outputs of `request_ids`, in order.
+
+        `on_output` sees every output of every step (progress bars, first-token clocks). When a
+        step raises, `request_ids` are aborted so the engine stays usable.
+        """
+        finished: dict[str, RequestOutput] = {}
+        try:
+            while self.has_unfinished_requests():
+                for output in self.step():
+                    if output.finished:
+                        finished[output.request_id] = output
+                    if on_output is not None:
+                        on_output(output)
+        except BaseException:
+            self.abort_request(request_ids)
+            raise
+        return [finished[i] for i in request_ids]
+
+    def shutdown(self) -> None:
+        """Stops the executor (its worker processes, if any); idempotent."""
+        shutdown = getattr(self.executor, "shutdown", None)
+        if shutdown is not None:
+            shutdown()
 
     def has_unfinished_requests(self) -> bool:
         return bool(self._parents)

@@ -7,11 +7,9 @@ from typing import Any
 from tqdm import tqdm
 
 from minivllm.engine.arg_utils import EngineArgs
-from minivllm.engine.executor import create_executor
 from minivllm.engine.llm_engine import LLMEngine, PromptType
 from minivllm.outputs import RequestOutput
 from minivllm.sampling_params import SamplingParams
-from minivllm.transformers_utils.tokenizer import get_tokenizer
 
 _TQDM_MIN_REQUESTS = 8   # show a progress bar only for batches at least this long
 
@@ -21,12 +19,16 @@ class LLM:
 
     def __init__(self, model: str | None = None, *, tokenizer: str | None = None,
                  dtype: str = "auto", seed: int = 0, **kwargs: Any) -> None:
-        self.engine_args = EngineArgs(model=model, tokenizer=tokenizer, dtype=dtype, seed=seed, **kwargs)
-        self.vllm_config = self.engine_args.create_engine_config()
-        self.tokenizer = get_tokenizer(self.vllm_config.model_config.tokenizer)
-        self.executor = create_executor(self.vllm_config)
-        self.llm_engine = LLMEngine(self.vllm_config, self.executor, self.tokenizer)
+        self.engine_args = EngineArgs.from_kwargs(model=model, tokenizer=tokenizer, dtype=dtype,
+                                                  seed=seed, **kwargs)
+        self.llm_engine = LLMEngine.from_engine_args(self.engine_args)
+        self.vllm_config = self.llm_engine.vllm_config
+        self.tokenizer = self.llm_engine.tokenizer
         self._counter = itertools.count()
+
+    @property
+    def executor(self) -> Any:
+        return self.llm_engine.executor
 
     def get_tokenizer(self):
         return self.tokenizer
@@ -72,28 +74,16 @@ class LLM:
         return list(ids)
 
     def _run_engine(self, request_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
-        finished: dict[str, RequestOutput] = {}
-        bar = tqdm(total=len(request_ids), desc="Processed prompts", dynamic_ncols=True) \
-            if use_tqdm and len(request_ids) >= _TQDM_MIN_REQUESTS else None
-        try:
-            while self.llm_engine.has_unfinished_requests():
-                for output in self.llm_engine.step():
-                    if output.finished:
-                        finished[output.request_id] = output
-                        if bar is not None:
-                            bar.update(1)
-        except BaseException:
-            self.llm_engine.abort_request(request_ids)
-            raise
-        finally:
-            if bar is not None:
-                bar.close()
-        return [finished[i] for i in request_ids]
+        if not (use_tqdm and len(request_ids) >= _TQDM_MIN_REQUESTS):
+            return self.llm_engine.run_until_finished(request_ids)
+        with tqdm(total=len(request_ids), desc="Processed prompts", dynamic_ncols=True) as bar:
+            return self.llm_engine.run_until_finished(
+                request_ids, lambda output: bar.update(1) if output.finished else None)
 
     def shutdown(self) -> None:
-        shutdown = getattr(self.executor, "shutdown", None)
-        if shutdown is not None:
-            shutdown()
+        engine = getattr(self, "llm_engine", None)   # None when __init__ failed
+        if engine is not None:
+            engine.shutdown()
 
     def __del__(self) -> None:
         try:
