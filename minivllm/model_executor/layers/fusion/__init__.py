@@ -1,4 +1,4 @@
-"""Fusions between layers (activation + quantization of the next linear's input)."""
+"""Model-side fusion hooks (activation + quantization of the next linear's input), vLLM's path."""
 
 from minivllm.model_executor.layers.fusion.fused_act_quant import (QuantizedActivation,
                                                                    get_input_quant_key,

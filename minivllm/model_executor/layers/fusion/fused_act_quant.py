@@ -1,4 +1,10 @@
-"""Activation + input-quantization fusion hook; without a quantized consumer it is just `act_fn(x)`."""
+"""vLLM's model-side hook that fuses an activation with the next linear's input quantization.
+
+A quantized linear kernel that wants quantized inputs sets `_input_quant_key` and registers a
+producer for `(activation class, key)`; with none registered (no such kernel yet) the hook is
+exactly `act_fn(x)`. Not to be confused with `compilation/fusion.py`, the inductor pass that
+folds a bf16 gate_up linear and SiluAndMul into one native call inside compiled graphs.
+"""
 
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -18,7 +24,7 @@ class QuantizedActivation:
     quant_key: Any
 
 
-# (activation class, quant key) -> producer; minivllm registers none (no quantized kernels yet).
+# (activation class, quant key) -> producer; a quantized kernel registers its own.
 _PRODUCERS: dict[tuple[type, Any], Callable[[torch.nn.Module, torch.Tensor], QuantizedActivation]] = {}
 
 
