@@ -1,8 +1,7 @@
 """Executors: how the engine reaches its worker(s). In-process for a single rank."""
 
 from minivllm.config import VllmConfig
-from minivllm.v1.core.sched.output import SchedulerOutput
-from minivllm.v1.outputs import ModelRunnerOutput
+from minivllm.engine.multiproc_executor import MultiprocExecutor
 from minivllm.worker.worker import Worker
 
 
@@ -17,17 +16,15 @@ class UniProcExecutor:
         self.num_blocks = self.worker.determine_num_blocks()
         self.worker.initialize_cache(self.num_blocks)
         self.worker.compile_or_warm_up_model()
-
-    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
-        return self.worker.execute_model(scheduler_output)
+        # NOTE: a single rank has no pipeline stages to exchange tensors with, which is all
+        # `Worker.execute_model` adds, so the engine's step calls the model runner directly.
+        self.execute_model = self.worker.model_runner.execute_model
 
     def shutdown(self) -> None:
         pass
 
 
-def create_executor(vllm_config: VllmConfig):
+def create_executor(vllm_config: VllmConfig) -> UniProcExecutor | MultiprocExecutor:
     if vllm_config.parallel_config.world_size == 1:
         return UniProcExecutor(vllm_config)
-    from minivllm.engine.multiproc_executor import MultiprocExecutor
-
     return MultiprocExecutor(vllm_config)
