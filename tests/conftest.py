@@ -1,5 +1,5 @@
-"""Shared fixtures: tiny random Llama checkpoints written with transformers, the default model
-path; the `requires_native` marker's skip when no C++ compiler can build the kernels."""
+"""Shared fixtures: tiny random Llama checkpoints written with transformers, tiny BPE tokenizers,
+the default model path; the `requires_native` marker's skip when no C++ compiler can build the kernels."""
 
 import functools
 import importlib.util
@@ -28,6 +28,25 @@ def write_tiny_llama(folder: str, seed: int = 0, **overrides) -> str:
     model = LlamaForCausalLM(config).to(torch.float32).eval()
     model.save_pretrained(folder)
     return folder
+
+
+def make_bpe_tokenizer(texts: list[str], vocab_size: int,
+                       special_tokens: tuple[str, ...] = ("<pad>", "<s>", "</s>")):
+    """A byte-level BPE trained here on `texts` (no downloads). Specials take ids 0, 1, ...;
+    with the default three they are the tiny Llama's pad, bos and eos, and a lone special is eos."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(special_tokens),
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    tok.train_from_iterator(texts, trainer)
+    names = (dict(zip(("pad_token", "bos_token", "eos_token"), special_tokens))
+             if len(special_tokens) == 3 else {"eos_token": special_tokens[-1]})
+    return PreTrainedTokenizerFast(tokenizer_object=tok, **names)
 
 
 @pytest.fixture(scope="session")

@@ -23,11 +23,11 @@ from minivllm.engine.arg_utils import EngineArgs
 from minivllm.engine.detokenizer import IncrementalDetokenizer
 from minivllm.engine.request import Request, RequestStatus
 from minivllm.engine.scheduler import Scheduler
-from minivllm.v1.core.sched.output import SchedulerOutput
-from minivllm.v1.outputs import LogprobEntry, ModelRunnerOutput
 from minivllm.outputs import CompletionOutput, Logprob, RequestOutput
 from minivllm.sampling_params import SamplingParams
 from minivllm.transformers_utils.tokenizer import get_tokenizer
+from minivllm.v1.core.sched.output import SchedulerOutput
+from minivllm.v1.outputs import LogprobEntry, ModelRunnerOutput
 
 # text, token ids, or a dict with 'prompt' / 'prompt_token_ids' (vLLM's TextPrompt / TokensPrompt)
 PromptType = str | list[int] | dict[str, Any]

@@ -16,10 +16,10 @@ from multiprocessing.connection import wait
 
 from minivllm.config import VllmConfig
 from minivllm.distributed.utils import get_pp_indices
-from minivllm.v1.core.sched.output import SchedulerOutput
-from minivllm.v1.outputs import ModelRunnerOutput
 from minivllm.logger import init_logger
 from minivllm.model_executor.models.registry import ModelRegistry
+from minivllm.v1.core.sched.output import SchedulerOutput
+from minivllm.v1.outputs import ModelRunnerOutput
 from minivllm.worker.launcher import (WorkerProcHandle, distributed_init_method,
                                          launch_worker_procs, local_ranks, stop_worker_procs)
 

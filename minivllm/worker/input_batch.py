@@ -4,8 +4,8 @@ from dataclasses import dataclass
 
 import torch
 
-from minivllm.v1.core.sched.output import SchedulerOutput
 from minivllm.sampling_params import SamplingParams
+from minivllm.v1.core.sched.output import SchedulerOutput
 
 
 @dataclass

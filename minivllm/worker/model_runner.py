@@ -3,14 +3,14 @@
 import torch
 
 from minivllm.config import CompilationMode, VllmConfig
-from minivllm.v1.core.sched.output import SchedulerOutput
-from minivllm.v1.outputs import ModelRunnerOutput
 from minivllm.forward_context import set_forward_context
 from minivllm.logger import init_logger
-from minivllm.model_executor.model_loader import get_model
-from minivllm.sequence import IntermediateTensors
 from minivllm.model_executor.layers.attention.backends.cpu_attn_metadata import (
     CommonAttentionMetadata, TorchAttentionMetadataBuilder)
+from minivllm.model_executor.model_loader import get_model
+from minivllm.sequence import IntermediateTensors
+from minivllm.v1.core.sched.output import SchedulerOutput
+from minivllm.v1.outputs import ModelRunnerOutput
 from minivllm.worker import hugepages
 from minivllm.worker.input_batch import (CachedRequestState, StepInputs, prepare_inputs,
                                          update_states)

@@ -5,9 +5,9 @@ import torch
 from minivllm.config import VllmConfig
 from minivllm.distributed import (ensure_model_parallel_initialized, get_pp_group,
                                   init_distributed_environment)
+from minivllm.sequence import IntermediateTensors
 from minivllm.v1.core.sched.output import SchedulerOutput
 from minivllm.v1.outputs import ModelRunnerOutput
-from minivllm.sequence import IntermediateTensors
 from minivllm.worker.model_runner import ModelRunner
 
 

@@ -4,9 +4,8 @@ computes the same thing; in a compiled Llama every MLP's pair is folded."""
 import torch
 import torch.fx
 
-import minivllm.model_executor.layers.quantization.unquantized  # noqa: F401 (defines the ops)
 from minivllm.compilation.fusion import LinearSiluMulFusionPass
-from minivllm.model_executor.layers.quantization.unquantized import _pack_for_cpu
+from minivllm.model_executor.kernels.cpu_linear import pack_for_cpu
 
 OPS = torch.ops.minivllm
 
@@ -41,7 +40,7 @@ def not_a_linear(x):                  # the activation of something else: left a
 def test_pass_folds_only_a_linear_feeding_only_the_activation():
     layer = torch.nn.Module()
     layer.weight = torch.nn.Parameter((torch.randn(64, 32) * 0.1).bfloat16(), requires_grad=False)
-    _pack_for_cpu(layer)
+    pack_for_cpu(layer)
     x = torch.randn(5, 32).bfloat16()
     expected = mlp(x, layer.weight)
 

@@ -7,7 +7,7 @@ import pytest
 
 from minivllm.config import CompilationConfig
 from minivllm.config.compilation import CompilationMode
-from minivllm.engine.arg_utils import EngineArgs
+from minivllm.engine.arg_utils import EngineArgs, apply_torchrun_env
 from minivllm.entrypoints.cli import build_parser
 
 
@@ -96,3 +96,15 @@ def test_unknown_engine_argument_lists_the_valid_ones():
                                          r"enable_chunked_prefill"):
         EngineArgs.from_kwargs(enable_chunked_prefil=True)
     assert EngineArgs.from_kwargs(seed=3) == EngineArgs(seed=3)
+
+
+def test_torchrun_environment_fills_node_flags(monkeypatch):
+    monkeypatch.setenv("MASTER_ADDR", "10.0.0.7")
+    monkeypatch.setenv("MASTER_PORT", "29400")
+    monkeypatch.setenv("GROUP_RANK", "1")
+    monkeypatch.setenv("GROUP_WORLD_SIZE", "2")
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job")
+    args = apply_torchrun_env(EngineArgs(tensor_parallel_size=2))
+    assert (args.nnodes, args.node_rank, args.master_addr, args.master_port) == (2, 1, "10.0.0.7", 29401)
+    explicit = EngineArgs(nnodes=3, node_rank=2)           # explicit flags win
+    assert apply_torchrun_env(explicit) is explicit

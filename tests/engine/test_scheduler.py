@@ -4,9 +4,9 @@ import pytest
 
 from minivllm.engine.request import Request, RequestStatus
 from minivllm.engine.scheduler import Scheduler
+from minivllm.sampling_params import SamplingParams
 from minivllm.v1.core.sched.output import SchedulerOutput
 from minivllm.v1.outputs import ModelRunnerOutput
-from minivllm.sampling_params import SamplingParams
 
 EOS = 1
 

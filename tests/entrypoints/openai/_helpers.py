@@ -7,10 +7,9 @@ import threading
 import time
 
 import uvicorn
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from tests.conftest import write_tiny_llama
+from tests.conftest import make_bpe_tokenizer, write_tiny_llama
 
 TEXTS = ["The quick brown fox jumps over the lazy dog.", "Hello world, how are you today?",
          "A tiny language model for tests of the server.", "Once upon a time there was a cat."]
@@ -19,17 +18,9 @@ CHAT_TEMPLATE = ("{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}\
 
 
 def make_tokenizer(vocab_size: int = 400) -> PreTrainedTokenizerFast:
-    """A byte-level BPE trained on a few sentences: ids 0-2 are <pad>, <s>, </s> (the tiny
-    Llama's pad, bos and eos)."""
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<pad>", "<s>", "</s>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  show_progress=False)
-    tok.train_from_iterator(TEXTS * 4, trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
-                                   pad_token="<pad>")
+    """A byte-level BPE trained on a few sentences, with a chat template: ids 0-2 are <pad>, <s>,
+    </s> (the tiny Llama's pad, bos and eos)."""
+    fast = make_bpe_tokenizer(TEXTS * 4, vocab_size)
     fast.chat_template = CHAT_TEMPLATE
     return fast
 

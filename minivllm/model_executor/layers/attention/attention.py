@@ -11,10 +11,10 @@ import torch
 import torch.nn as nn
 
 from minivllm.config import CacheConfig, get_current_vllm_config
-from minivllm.model_executor.kernels.op_library import register_op
 from minivllm.forward_context import get_forward_context
-from minivllm.v1.attention.backend import AttentionType
+from minivllm.model_executor.kernels.op_library import register_op
 from minivllm.model_executor.layers.attention.backends.cpu_attn import TorchAttentionBackend
+from minivllm.v1.attention.backend import AttentionType
 
 _KV_CACHE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16,
                     "float16": torch.float16}

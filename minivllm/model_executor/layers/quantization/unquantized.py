@@ -47,7 +47,3 @@ class UnquantizedEmbeddingMethod(_PlainWeightMethod):
     def embedding(self, layer: nn.Module, input_: torch.Tensor) -> torch.Tensor:
         return F.embedding(input_, layer.weight)
 
-
-# NOTE(temporary, removed with the test move): old private names, for tests being edited.
-from minivllm.model_executor.kernels.cpu_linear import (  # noqa: E402,F401
-    cpu_linear as _cpu_linear, cpu_linear_silu_mul as _cpu_linear_silu_mul, pack_for_cpu as _pack_for_cpu)

@@ -10,12 +10,12 @@ from minivllm.config import ModelConfig, VllmConfig, set_current_vllm_config
 from minivllm.distributed import ensure_model_parallel_initialized
 from minivllm.forward_context import set_forward_context
 from minivllm.model_executor.layers.attention import Attention, EncoderOnlyAttention
-from minivllm.model_executor.layers.attention.encoder_only_attention import (
-    Attention as ReexportedAttention)
-from minivllm.v1.attention.backend import AttentionType
 from minivllm.model_executor.layers.attention.backends import (CommonAttentionMetadata,
                                                                TorchAttentionBackend,
                                                                TorchAttentionMetadataBuilder)
+from minivllm.model_executor.layers.attention.encoder_only_attention import (
+    Attention as ReexportedAttention)
+from minivllm.v1.attention.backend import AttentionType
 
 BLOCK_SIZE = 4
 HEAD = 8

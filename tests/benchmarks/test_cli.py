@@ -1,27 +1,11 @@
-"""`minivllm bench`: argument parsing, the random dataset, and tiny end-to-end runs of both backends."""
+"""`minivllm bench`: argument parsing and tiny end-to-end runs of both backends."""
 
 import json
 from pathlib import Path
 
 import pytest
-import torch
 
-from minivllm.benchmarks.backends import left_pad
-from minivllm.benchmarks.datasets import get_requests, length_range, sample_random_requests, token_pool
 from minivllm.entrypoints.cli import build_parser, main
-from tests.benchmarks._helpers import write_tiny_checkpoint
-
-
-@pytest.fixture(scope="module")
-def tiny_checkpoint(tmp_path_factory) -> str:
-    return write_tiny_checkpoint(str(tmp_path_factory.mktemp("bench_ckpt")))
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tiny_checkpoint):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(tiny_checkpoint)
 
 
 def test_throughput_args_defaults_and_engine_flags():
@@ -43,41 +27,6 @@ def test_latency_args_and_bad_choices():
                  ["bench", "throughput", "--dataset-name", "sharegpt"], ["bench"]):
         with pytest.raises(SystemExit):
             build_parser().parse_args(argv)
-
-
-def test_length_range():
-    assert length_range(136, 0.88) == (16, 256)
-    assert length_range(10, 0.0) == (10, 10)
-    assert length_range(1, 0.99) == (1, 2)
-    with pytest.raises(ValueError, match="random_range_ratio"):
-        length_range(10, 1.0)
-
-
-def test_random_dataset_lengths_vocab_and_seed(tokenizer):
-    reqs = sample_random_requests(tokenizer, 200, 20, 5, range_ratio=0.5, seed=3)
-    lengths = [r.prompt_len for r in reqs]
-    assert min(lengths) >= 10 and max(lengths) <= 30 and len(set(lengths)) > 5
-    assert all(r.expected_output_len == 5 for r in reqs)
-    ids = {t for r in reqs for t in r.prompt_token_ids}
-    assert not ids & set(tokenizer.all_special_ids) and max(ids) < len(tokenizer)
-    again = sample_random_requests(tokenizer, 200, 20, 5, range_ratio=0.5, seed=3)
-    assert [r.prompt_token_ids for r in again] == [r.prompt_token_ids for r in reqs]
-    other = sample_random_requests(tokenizer, 200, 20, 5, range_ratio=0.5, seed=4)
-    assert [r.prompt_token_ids for r in other] != [r.prompt_token_ids for r in reqs]
-
-
-def test_token_pool_drops_added_special_tokens(tokenizer):
-    tokenizer = type(tokenizer).from_pretrained(tokenizer.name_or_path)
-    tokenizer.add_special_tokens({"additional_special_tokens": ["<|im_start|>"]})
-    marker = tokenizer.convert_tokens_to_ids("<|im_start|>")
-    pool = set(token_pool(tokenizer).tolist())
-    assert marker not in pool and 0 not in pool and 5 in pool
-
-
-def test_left_pad():
-    input_ids, mask = left_pad([[5, 6, 7], [8]], pad_token_id=0)
-    assert input_ids.tolist() == [[5, 6, 7], [0, 0, 8]]
-    assert mask.tolist() == [[1, 1, 1], [0, 0, 1]]
 
 
 def test_throughput_compare_end_to_end(tiny_checkpoint, tmp_path, capsys):
@@ -107,14 +56,6 @@ def test_throughput_rounds_alternate_on_fresh_prompts(tiny_checkpoint, tmp_path,
     assert printed.count("[round ") == 3 and "median of 3 rounds" in printed
     assert main(["bench", "throughput", "--model", tiny_checkpoint, "--rounds", "0"]) == 2
     assert "rounds must be at least 1, got 0" in capsys.readouterr().err
-
-
-def test_rounds_draw_fresh_prompts(tokenizer):
-    args = build_parser().parse_args(["bench", "throughput", "--num-prompts", "4", "--seed", "5"])
-    first, again = get_requests(args, tokenizer), get_requests(args, tokenizer, seed=5)
-    assert [r.prompt_token_ids for r in first] == [r.prompt_token_ids for r in again]
-    assert [r.prompt_token_ids for r in get_requests(args, tokenizer, seed=6)] != \
-        [r.prompt_token_ids for r in first]
 
 
 def test_latency_hf_end_to_end(tiny_checkpoint, tmp_path):

@@ -1,15 +1,10 @@
-"""RMSNorm numerics (vs a reference and transformers), activations, the fused-act-quant hook."""
+"""RMSNorm numerics (vs a reference and transformers), its variants and weight attributes."""
 
 import pytest
 import torch
-import torch.nn.functional as F
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
-from minivllm.model_executor.layers.activation import (GeluAndMul, ReLUSquaredActivation,
-                                                       SiluAndMul)
-from minivllm.model_executor.layers.fusion.fused_act_quant import maybe_fused_act_quant
 from minivllm.model_executor.layers.layernorm import RMSNorm
-from minivllm.model_executor.layers.linear import RowParallelLinear
 from minivllm.model_executor.model_loader.weight_utils import default_weight_loader
 from tests.model_executor.layers._helpers import layer_context
 
@@ -77,17 +72,3 @@ def test_rms_norm_variants_and_weight_attrs():
     torch.testing.assert_close(weightless(x), x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6))
     expected = x * torch.rsqrt(x[:, :4].pow(2).mean(-1, keepdim=True) + 1e-6)
     torch.testing.assert_close(partial(x), expected)
-
-
-def test_activations():
-    with layer_context():
-        silu, gelu, relu2 = SiluAndMul(), GeluAndMul("tanh"), ReLUSquaredActivation()
-        down = RowParallelLinear(4, 4, bias=False)
-    x = torch.randn(3, 2, 8)
-    torch.testing.assert_close(silu(x), F.silu(x[..., :4]) * x[..., 4:])
-    torch.testing.assert_close(gelu(x), F.gelu(x[..., :4], approximate="tanh") * x[..., 4:])
-    torch.testing.assert_close(relu2(x), F.relu(x) ** 2)
-    torch.testing.assert_close(maybe_fused_act_quant(silu, x, down), silu(x))
-    with pytest.raises(ValueError, match="'none' or 'tanh'"):
-        with layer_context():
-            GeluAndMul("fast")

@@ -1,4 +1,5 @@
-"""Shared by the distributed tests: a greedy run with logprobs, and process-tree checks."""
+"""Shared by the multi-process tests (engine/test_multiproc_executor.py, worker/test_launcher.py):
+a greedy run with logprobs, and process-tree checks."""
 
 import time
 

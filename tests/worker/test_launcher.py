@@ -1,4 +1,4 @@
-"""Two "nodes" on 127.0.0.1, the default SmolLM2 split 3 ways, and worker lifetimes."""
+"""Worker processes: two "nodes" on 127.0.0.1 (headless node 1), bad node flags, no orphans."""
 
 import os
 import signal
@@ -8,11 +8,10 @@ import textwrap
 
 import pytest
 
-from minivllm import LLM, SamplingParams
-from minivllm.engine.arg_utils import EngineArgs, apply_torchrun_env
+from minivllm import LLM
 from minivllm.worker.launcher import _free_port
-from tests.distributed._helpers import (TINY, engine_kwargs, greedy_run, live_children, prompts,
-                                        wait_until_gone)
+from tests._parallel_helpers import (TINY, engine_kwargs, greedy_run, live_children, prompts,
+                                     wait_until_gone)
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -71,24 +70,6 @@ def test_node_started_with_other_flags_fails_clearly(tiny_llama_factory):
             node1.wait()
 
 
-def test_smollm2_tp3_matches_tp1(default_model_path):
-    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
-    prompt = "The capital of France is"
-    kwargs = dict(dtype="float32", max_model_len=256, num_gpu_blocks_override=16)
-    ref = LLM(model=default_model_path, **kwargs).generate(prompt, params, use_tqdm=False)
-    llm = LLM(model=default_model_path, tensor_parallel_size=3, **kwargs)
-    out = llm.generate(prompt, params, use_tqdm=False)
-    llm.shutdown()
-    assert out[0].outputs[0].token_ids == ref[0].outputs[0].token_ids
-
-
-def test_smollm2_tp2_fails_at_once_with_valid_sizes(default_model_path):
-    with pytest.raises(ValueError, match=r"attention heads \(9\).*Valid tensor_parallel_size "
-                                         r"values for this model: \[1, 3\]"):
-        LLM(model=default_model_path, tensor_parallel_size=2)
-    assert live_children() == []
-
-
 _SCRIPT = textwrap.dedent("""
     import sys, time
     from minivllm import LLM
@@ -115,15 +96,3 @@ def test_no_orphans_when_the_engine_process_ends(tiny_llama_factory, how):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-
-
-def test_torchrun_environment_fills_node_flags(monkeypatch):
-    monkeypatch.setenv("MASTER_ADDR", "10.0.0.7")
-    monkeypatch.setenv("MASTER_PORT", "29400")
-    monkeypatch.setenv("GROUP_RANK", "1")
-    monkeypatch.setenv("GROUP_WORLD_SIZE", "2")
-    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job")
-    args = apply_torchrun_env(EngineArgs(tensor_parallel_size=2))
-    assert (args.nnodes, args.node_rank, args.master_addr, args.master_port) == (2, 1, "10.0.0.7", 29401)
-    explicit = EngineArgs(nnodes=3, node_rank=2)           # explicit flags win
-    assert apply_torchrun_env(explicit) is explicit

@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from minivllm import _custom_ops as ops
-from minivllm.v1.attention.backends.cpu_attn_metadata import TorchAttentionMetadataBuilder
+from minivllm.model_executor.layers.attention.backends.cpu_attn_metadata import (
+    TorchAttentionMetadataBuilder)
 from tests.model_executor.layers.attention.test_attention import (BLOCK_SIZE, Batch, make_config,
                                                                    make_layer)
 

@@ -5,9 +5,9 @@ from types import SimpleNamespace
 import pytest
 
 from minivllm.engine.llm_engine import LLMEngine
+from minivllm.sampling_params import SamplingParams
 from minivllm.v1.core.sched.output import SchedulerOutput
 from minivllm.v1.outputs import ModelRunnerOutput
-from minivllm.sampling_params import SamplingParams
 
 SCRIPTS = ["Hello world, the quick brown fox", " jumps over the lazy dog.", " Café 中文 🙂 ok"]
 

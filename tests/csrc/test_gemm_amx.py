@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from minivllm import _custom_ops as ops
-from minivllm.model_executor.layers.quantization.unquantized import _cpu_linear, _pack_for_cpu
+from minivllm.model_executor.kernels.cpu_linear import cpu_linear, pack_for_cpu
 
 pytestmark = pytest.mark.requires_native
 
@@ -63,7 +63,7 @@ def test_unsupported_shapes_are_refused():
 def _packed_layer(n: int, k: int) -> torch.nn.Module:
     layer = torch.nn.Module()
     layer.weight = torch.nn.Parameter((torch.randn(n, k) * 0.05).bfloat16(), requires_grad=False)
-    _pack_for_cpu(layer)
+    pack_for_cpu(layer)
     return layer
 
 
@@ -75,22 +75,22 @@ def test_linear_layer_routes_rows_to_gemm_gemv_or_onednn(monkeypatch):
     layer = _packed_layer(96, 64)
     assert layer.weight._amx_rows == ops.GEMM_PROMPT_ROWS          # small weight: prompts too
     x = torch.randn(ops.GEMM_PROMPT_ROWS + 1, 64).bfloat16()
-    prefill = _cpu_linear(x, layer.weight, None)                    # 1025 rows: oneDNN
+    prefill = cpu_linear(x, layer.weight, None)                    # 1025 rows: oneDNN
     assert calls == []
     for rows in (1, 3, 64, 80, ops.GEMM_PROMPT_ROWS):               # AMX GEMM
-        y = _cpu_linear(x[:rows], layer.weight, None)
+        y = cpu_linear(x[:rows], layer.weight, None)
         torch.testing.assert_close(y.float(), prefill[:rows].float(), atol=2e-2, rtol=2e-2)
     assert calls == ["gemm_bf16"] * 5
     calls.clear()
     big = _packed_layer(4096, 576)                                  # over GEMM_PROMPT_WEIGHT
     assert big.weight._amx_rows == ops.GEMM_MAX_ROWS
     xb = torch.randn(80, 576).bfloat16()
-    _cpu_linear(xb[:64], big.weight, None)                          # decode-sized: AMX
-    _cpu_linear(xb, big.weight, None)                               # prompt: oneDNN
+    cpu_linear(xb[:64], big.weight, None)                          # decode-sized: AMX
+    cpu_linear(xb, big.weight, None)                               # prompt: oneDNN
     assert calls == ["gemm_bf16"]
     calls.clear()
     odd = _packed_layer(40, 64)                                     # N % 16 != 0: GEMV at 1 row
     assert odd.weight._amx_rows == 0
-    _cpu_linear(x[:1], odd.weight, None)
-    _cpu_linear(x[:2], odd.weight, None)                            # and oneDNN at 2
+    cpu_linear(x[:1], odd.weight, None)
+    cpu_linear(x[:2], odd.weight, None)                            # and oneDNN at 2
     assert calls == ["gemv_bf16"]

@@ -1,4 +1,5 @@
-"""TP and PP over real worker processes equal the single-process run (fp32, tiny random Llama)."""
+"""TP and PP over real worker processes equal the single-process run (fp32, tiny random Llama;
+the default SmolLM2 split 3 ways), and fail early and cleanly when they cannot."""
 
 import gc
 import os
@@ -7,9 +8,9 @@ import time
 
 import pytest
 
-from minivllm import LLM
-from tests.distributed._helpers import (TINY, engine_kwargs, greedy_run, live_children, prompts,
-                                        wait_until_gone)
+from minivllm import LLM, SamplingParams
+from tests._parallel_helpers import (TINY, engine_kwargs, greedy_run, live_children, prompts,
+                                     wait_until_gone)
 
 
 @pytest.fixture(scope="module")
@@ -91,3 +92,21 @@ def test_killed_worker_raises_quickly_and_leaves_no_process(tiny_path):
     assert wait_until_gone(worker_pids, timeout_s=5) == []
     with pytest.raises(RuntimeError, match="worker processes failed"):
         greedy_run(llm, prompts())                # the executor stays failed, it does not hang
+
+
+def test_smollm2_tp3_matches_tp1(default_model_path):
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    prompt = "The capital of France is"
+    kwargs = dict(dtype="float32", max_model_len=256, num_gpu_blocks_override=16)
+    ref = LLM(model=default_model_path, **kwargs).generate(prompt, params, use_tqdm=False)
+    llm = LLM(model=default_model_path, tensor_parallel_size=3, **kwargs)
+    out = llm.generate(prompt, params, use_tqdm=False)
+    llm.shutdown()
+    assert out[0].outputs[0].token_ids == ref[0].outputs[0].token_ids
+
+
+def test_smollm2_tp2_fails_at_once_with_valid_sizes(default_model_path):
+    with pytest.raises(ValueError, match=r"attention heads \(9\).*Valid tensor_parallel_size "
+                                         r"values for this model: \[1, 3\]"):
+        LLM(model=default_model_path, tensor_parallel_size=2)
+    assert live_children() == []

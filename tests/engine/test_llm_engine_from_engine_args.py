@@ -1,18 +1,13 @@
 """LLMEngine.from_engine_args: the one way every entry point builds an engine."""
 
-import ast
-import os
-
 import pytest
 
-import minivllm
 from minivllm import LLM, SamplingParams
 from minivllm.engine.arg_utils import EngineArgs
 from minivllm.engine.llm_engine import LLMEngine
 
 PARAMS = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
 PROMPTS = [[5, 6, 7, 8], [9, 10, 11]]
-PACKAGE = os.path.dirname(minivllm.__file__)
 
 
 def engine_args(path: str, **kwargs) -> EngineArgs:
@@ -62,28 +57,3 @@ def test_run_until_finished_reports_every_output_and_aborts_on_error(tiny_llama_
 def test_llm_rejects_unknown_arguments_before_loading():
     with pytest.raises(ValueError, match=r"Unknown engine argument\(s\) enforce_eagre"):
         LLM(enforce_eagre=True)
-
-
-def _imported_modules(folder: str) -> set[str]:
-    names: set[str] = set()
-    for root, _, files in os.walk(os.path.join(PACKAGE, folder)):
-        for file in files:
-            if file.endswith(".py"):
-                with open(os.path.join(root, file)) as f:
-                    tree = ast.parse(f.read())
-                for node in ast.walk(tree):
-                    if isinstance(node, ast.ImportFrom) and node.module:
-                        names.add(node.module)
-                    elif isinstance(node, ast.Import):
-                        names.update(a.name for a in node.names)
-    return names
-
-
-@pytest.mark.parametrize("folder, forbidden", [
-    ("worker", ("minivllm.engine", "minivllm.entrypoints", "minivllm.benchmarks")),
-    ("benchmarks", ("minivllm.entrypoints",)),
-    ("engine", ("minivllm.entrypoints", "minivllm.benchmarks")),
-])
-def test_imports_flow_one_way(folder, forbidden):
-    bad = sorted(m for m in _imported_modules(folder) if m.startswith(forbidden))
-    assert bad == []

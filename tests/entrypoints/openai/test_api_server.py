@@ -13,8 +13,8 @@ import openai
 import pytest
 
 from minivllm.engine.arg_utils import EngineArgs
-from minivllm.entrypoints.openai.api_server import build_app
 from minivllm.engine.async_llm import AsyncLLM
+from minivllm.entrypoints.openai.api_server import build_app
 from tests.entrypoints.openai._helpers import ServerThread, write_tiny_checkpoint
 
 MODEL = "tiny"

@@ -6,10 +6,8 @@ import torch
 import torch.nn.functional as F
 
 from minivllm import _custom_ops as ops
+from minivllm.model_executor.kernels.cpu_linear import cpu_linear, cpu_linear_silu_mul, pack_for_cpu
 from minivllm.model_executor.layers.activation import SiluAndMul
-from minivllm.model_executor.layers.quantization.unquantized import (_cpu_linear,
-                                                                     _cpu_linear_silu_mul,
-                                                                     _pack_for_cpu)
 from tests.model_executor.layers._helpers import layer_context
 
 
@@ -86,12 +84,12 @@ def test_fused_linear_op_routes_and_matches_unfused(rows, monkeypatch):
     # activation kernel.
     layer = torch.nn.Module()
     layer.weight = torch.nn.Parameter((torch.randn(96, 64) * 0.1).bfloat16(), requires_grad=False)
-    _pack_for_cpu(layer)
+    pack_for_cpu(layer)
     w = layer.weight
     x = torch.randn(rows, 64).bfloat16()
     calls = []
     real = ops.gemm_silu_mul_bf16
     monkeypatch.setattr(ops, "gemm_silu_mul_bf16", lambda *a: calls.append(1) or real(*a))
-    y = _cpu_linear_silu_mul(x, w, None)
+    y = cpu_linear_silu_mul(x, w, None)
     assert len(calls) == (1 if rows <= ops.GEMM_PROMPT_ROWS and ops._has_amx else 0)
-    assert torch.equal(y, _eager(_cpu_linear(x, w, None)))
+    assert torch.equal(y, _eager(cpu_linear(x, w, None)))

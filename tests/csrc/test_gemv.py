@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from minivllm import _custom_ops as ops
-from minivllm.model_executor.layers.quantization.unquantized import _cpu_linear, _pack_for_cpu
+from minivllm.model_executor.kernels.cpu_linear import cpu_linear, pack_for_cpu
 
 pytestmark = pytest.mark.requires_native
 
@@ -45,14 +45,14 @@ def test_strided_weight_rows_and_unsupported_shapes():
 def test_linear_layer_uses_gemv_for_one_row_only(monkeypatch):
     layer = torch.nn.Module()
     layer.weight = torch.nn.Parameter(torch.randn(96, 64).bfloat16(), requires_grad=False)
-    _pack_for_cpu(layer)
+    pack_for_cpu(layer)
     layer.weight._amx_rows = 0            # as on a CPU without AMX: one row goes to the GEMV
     calls = []
     real = ops.gemv_bf16
     monkeypatch.setattr(ops, "gemv_bf16", lambda *a: calls.append(1) or real(*a))
     x = torch.randn(3, 64).bfloat16()
-    batched = _cpu_linear(x, layer.weight, None)             # oneDNN
+    batched = cpu_linear(x, layer.weight, None)             # oneDNN
     assert calls == []
-    one = _cpu_linear(x[1:2], layer.weight, None)            # native GEMV
+    one = cpu_linear(x[1:2], layer.weight, None)            # native GEMV
     assert calls == [1]
     torch.testing.assert_close(one.float(), batched[1:2].float(), atol=2e-2, rtol=2e-2)

@@ -1,1 +1,0 @@
-"""NOTE(temporary): removed once the kernel tests import the backend's real home."""
