@@ -11,8 +11,10 @@ from typing import Any
 
 import torch
 
+from minivllm.config import ModelConfig
 from minivllm.engine.arg_utils import EngineArgs
 from minivllm.engine.llm_engine import LLMEngine
+from minivllm.transformers_utils.tokenizer import get_tokenizer
 
 BACKENDS = ("minivllm", "hf")
 
@@ -67,16 +69,12 @@ def backends_to_run(args: argparse.Namespace) -> list[str]:
 
 def resolve_checkpoint(args: argparse.Namespace) -> Checkpoint:
     """Model path, tokenizer path and torch dtype exactly as minivllm's ModelConfig resolves them."""
-    from minivllm.config import ModelConfig
-
     cfg = ModelConfig(model=args.model, tokenizer=args.tokenizer, dtype=args.dtype,
                       max_model_len=getattr(args, "max_model_len", None))
     return Checkpoint(cfg.model, cfg.tokenizer, cfg.dtype)
 
 
 def load_tokenizer(ckpt: Checkpoint):
-    from minivllm.transformers_utils.tokenizer import get_tokenizer
-
     return get_tokenizer(ckpt.tokenizer)
 
 

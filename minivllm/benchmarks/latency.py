@@ -14,6 +14,7 @@ from minivllm.benchmarks.backends import (Checkpoint, add_backend_args, hf_gener
                                           load_hf_model, make_engine, maybe_profile, release, report,
                                           start_benchmark)
 from minivllm.benchmarks.datasets import SampleRequest, sample_random_requests
+from minivllm.sampling_params import SamplingParams
 
 
 @dataclass
@@ -33,8 +34,6 @@ def add_latency_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
 
 
 def time_minivllm(args: argparse.Namespace, batches: list[list[SampleRequest]]) -> list[IterTiming]:
-    from minivllm.sampling_params import SamplingParams
-
     engine = make_engine(args)
     params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=args.output_len,
                             detokenize=not args.disable_detokenize)

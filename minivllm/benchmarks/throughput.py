@@ -19,6 +19,7 @@ from minivllm.benchmarks.backends import (Checkpoint, add_backend_args, hf_gener
                                           load_hf_model, make_engine, maybe_profile, release, report,
                                           start_benchmark)
 from minivllm.benchmarks.datasets import SampleRequest, add_dataset_args, get_requests, sample_random_requests
+from minivllm.sampling_params import SamplingParams
 
 # Batch sizes tried for transformers when --hf-max-batch-size is not given, largest first, until
 # one is slower than the best so far; the best one is kept.
@@ -87,8 +88,6 @@ class MinivllmSession:
         self._generate(warmup, use_tqdm=False)
 
     def _generate(self, requests: list[SampleRequest], use_tqdm: bool) -> list:
-        from minivllm.sampling_params import SamplingParams
-
         request_ids = []
         for r in requests:
             request_ids.append(f"thr-{next(self._counter)}")

@@ -14,6 +14,8 @@ import torch
 import torch.nn as nn
 
 from minivllm.compilation.fusion import LinearSiluMulFusionPass
+from minivllm.config import CompilationMode, get_current_vllm_config
+from minivllm.forward_context import get_forward_context, is_forward_context_available
 from minivllm.sequence import IntermediateTensors
 
 _T = TypeVar("_T", bound=type[nn.Module])
@@ -75,7 +77,6 @@ def _decorate_class(cls: _T, dims: dict[str, DimSpec], unbacked: dict[str, DimSp
     old_params = inspect.signature(old_init).parameters
 
     def __init__(self, *args: Any, vllm_config: Any = None, prefix: str = "", **kwargs: Any) -> None:
-        from minivllm.config import CompilationMode, get_current_vllm_config
 
         if vllm_config is None:
             vllm_config = get_current_vllm_config()
@@ -162,8 +163,6 @@ def _mark_dims(bound: dict[str, Any], spec: dict[str, DimSpec], mark: Callable[.
 
 
 def _skip_compiled() -> bool:
-    from minivllm.forward_context import get_forward_context, is_forward_context_available
-
     return is_forward_context_available() and get_forward_context().skip_compiled
 
 
