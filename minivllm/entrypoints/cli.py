@@ -77,13 +77,22 @@ def _add_optional_commands(sub) -> None:
     add_serve_parser(sub)
 
 
+_NODE_FIELDS = ("nnodes", "node_rank", "master_addr", "master_port")
+
+
 def _headless_engine_args(args: argparse.Namespace) -> EngineArgs | None:
-    """Multi-node runs: nodes other than 0 (flags or torchrun's env) only host worker ranks."""
+    """Multi-node runs: nodes other than 0 (flags or torchrun's env) only host worker ranks.
+
+    torchrun's environment is written back into `args`, so node 0's engine (built later from
+    `args` by the command) joins the same world as the headless nodes.
+    """
     if not hasattr(args, "nnodes") or args.command == "bench":
         return None
     if getattr(args, "model_tag", None) is not None and args.model is None:
         args.model = args.model_tag          # `serve MODEL` names the model positionally
     engine_args = apply_torchrun_env(EngineArgs.from_cli_args(args))
+    for name in _NODE_FIELDS:
+        setattr(args, name, getattr(engine_args, name))
     return engine_args if engine_args.nnodes > 1 and engine_args.node_rank > 0 else None
 
 
