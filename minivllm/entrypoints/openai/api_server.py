@@ -14,6 +14,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import minivllm
+from minivllm.engine.arg_utils import EngineArgs
 from minivllm.engine.async_llm import AsyncLLM
 from minivllm.entrypoints.openai.metrics import CONTENT_TYPE, ServerMetrics
 from minivllm.entrypoints.openai.protocol import (ChatCompletionRequest, CompletionRequest,
@@ -82,6 +83,23 @@ def build_app(async_llm: AsyncLLM, served_model_name: str | None = None) -> Fast
     chat = OpenAIServingChat(async_llm, served_model_name)
     base = OpenAIServing(async_llm, served_model_name)
     _install_error_handlers(app)
+    _add_info_routes(app, async_llm, metrics, served_model_name)
+    _add_tokenizer_routes(app, base, async_llm.max_model_len)
+
+    @app.post("/v1/completions")
+    async def create_completion(request: CompletionRequest, raw_request: Request) -> Response:
+        return await completions.create_completion(request, raw_request)
+
+    @app.post("/v1/chat/completions")
+    async def create_chat_completion(request: ChatCompletionRequest, raw_request: Request) -> Response:
+        return await chat.create_chat_completion(request, raw_request)
+
+    return app
+
+
+def _add_info_routes(app: FastAPI, async_llm: AsyncLLM, metrics: ServerMetrics,
+                     served_model_name: str) -> None:
+    """/health, /version, /metrics and /v1/models."""
 
     @app.get("/health")
     async def health() -> Response:
@@ -104,13 +122,9 @@ def build_app(async_llm: AsyncLLM, served_model_name: str | None = None) -> Fast
                          max_model_len=async_llm.max_model_len)
         return ModelList(data=[card]).model_dump()
 
-    @app.post("/v1/completions")
-    async def create_completion(request: CompletionRequest, raw_request: Request) -> Response:
-        return await completions.create_completion(request, raw_request)
 
-    @app.post("/v1/chat/completions")
-    async def create_chat_completion(request: ChatCompletionRequest, raw_request: Request) -> Response:
-        return await chat.create_chat_completion(request, raw_request)
+def _add_tokenizer_routes(app: FastAPI, base: OpenAIServing, max_model_len: int) -> None:
+    """/tokenize and /detokenize."""
 
     @app.post("/tokenize")
     async def tokenize(request: TokenizeRequest) -> dict[str, Any]:
@@ -124,7 +138,7 @@ def build_app(async_llm: AsyncLLM, served_model_name: str | None = None) -> Fast
             ids = list(base.tokenizer.encode(request.prompt,
                                              add_special_tokens=request.add_special_tokens))
         strs = base.tokenizer.convert_ids_to_tokens(ids) if request.return_token_strs else None
-        return TokenizeResponse(count=len(ids), max_model_len=async_llm.max_model_len, tokens=ids,
+        return TokenizeResponse(count=len(ids), max_model_len=max_model_len, tokens=ids,
                                 token_strs=strs).model_dump(exclude_none=True)
 
     @app.post("/detokenize")
@@ -134,14 +148,10 @@ def build_app(async_llm: AsyncLLM, served_model_name: str | None = None) -> Fast
             base.check_token_ids(request.tokens, param="tokens")
         return DetokenizeResponse(prompt=base.tokenizer.decode(request.tokens)).model_dump()
 
-    return app
-
 
 def run_server(args: argparse.Namespace) -> int:
     """Builds the engine from the CLI flags, then serves until interrupted."""
     import uvicorn
-
-    from minivllm.engine.arg_utils import EngineArgs
 
     engine_args = EngineArgs.from_cli_args(args)
     async_llm = AsyncLLM.from_engine_args(engine_args, stall_timeout_s=args.health_stall_timeout)
