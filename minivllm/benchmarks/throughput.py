@@ -13,8 +13,6 @@ import statistics
 import time
 from dataclasses import dataclass, field
 
-from tqdm import tqdm
-
 from minivllm.benchmarks.backends import (Checkpoint, add_backend_args, hf_generate, hf_pad_token_id,
                                           load_hf_model, make_engine, maybe_profile, release, report,
                                           start_benchmark)
@@ -94,11 +92,7 @@ class MinivllmSession:
             params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=r.expected_output_len,
                                     detokenize=not self.args.disable_detokenize)
             self.engine.add_request(request_ids[-1], r.prompt_token_ids, params)
-        if not use_tqdm:
-            return self.engine.run_until_finished(request_ids)
-        with tqdm(total=len(requests), desc="Processed prompts", dynamic_ncols=True) as bar:
-            return self.engine.run_until_finished(
-                request_ids, lambda output: bar.update(1) if output.finished else None)
+        return self.engine.run_until_finished(request_ids, use_tqdm=use_tqdm)
 
     def run(self, requests: list[SampleRequest]) -> ThroughputResult:
         with maybe_profile(self.args, "minivllm-throughput"):

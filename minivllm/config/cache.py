@@ -2,7 +2,7 @@
 
 from dataclasses import dataclass
 
-_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16")
+CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
 @dataclass
@@ -17,7 +17,7 @@ class CacheConfig:
     def __post_init__(self) -> None:
         if self.block_size < 1:
             raise ValueError(f"block_size must be a positive integer, got {self.block_size}")
-        if self.cache_dtype not in _CACHE_DTYPES:
-            raise ValueError(f"cache_dtype must be one of {_CACHE_DTYPES}, got {self.cache_dtype!r}")
+        if self.cache_dtype not in CACHE_DTYPES:
+            raise ValueError(f"cache_dtype must be one of {CACHE_DTYPES}, got {self.cache_dtype!r}")
         if self.num_gpu_blocks_override is not None and self.num_gpu_blocks_override < 1:
             raise ValueError("num_gpu_blocks_override must be >= 1")

@@ -4,7 +4,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-_LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
+LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
 
 
 @dataclass
@@ -13,8 +13,8 @@ class LoadConfig:
     model_loader_extra_config: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.load_format not in _LOAD_FORMATS:
-            raise ValueError(f"load_format must be one of {_LOAD_FORMATS}, got {self.load_format!r}")
+        if self.load_format not in LOAD_FORMATS:
+            raise ValueError(f"load_format must be one of {LOAD_FORMATS}, got {self.load_format!r}")
 
 
 @dataclass

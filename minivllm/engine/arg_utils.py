@@ -15,9 +15,9 @@ from typing import Any
 
 from minivllm.config import (CacheConfig, CompilationConfig, DeviceConfig, LoadConfig, ModelConfig,
                              ParallelConfig, SchedulerConfig, VllmConfig)
-from minivllm.config.cache import _CACHE_DTYPES
+from minivllm.config.cache import CACHE_DTYPES
 from minivllm.config.compilation import CompilationMode
-from minivllm.config.load import _LOAD_FORMATS
+from minivllm.config.load import LOAD_FORMATS
 
 _DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
 _DEVICE_CHOICES = ("cpu", "cuda", "auto")
@@ -54,7 +54,7 @@ class EngineArgs:
                                      "(default: the model's max_position_embeddings)")
     seed: int = _arg(0, "random seed: random weights, the CLI's per-request sampling seed")
     block_size: int = _arg(16, "tokens per KV-cache block")
-    kv_cache_dtype: str = _arg("auto", "KV-cache dtype; auto: the model dtype", choices=_CACHE_DTYPES)
+    kv_cache_dtype: str = _arg("auto", "KV-cache dtype; auto: the model dtype", choices=CACHE_DTYPES)
     enable_prefix_caching: bool = _arg(True, "reuse the KV blocks of shared prompt prefixes")
     num_gpu_blocks_override: int | None = _arg(None, "fix the number of KV blocks "
                                                "(default: from --kv-cache-memory-bytes)")
@@ -81,7 +81,7 @@ class EngineArgs:
     compilation_config: dict[str, Any] | int | CompilationConfig | None = _arg(
         None, "compilation mode 0-3 or a JSON CompilationConfig, e.g. '{\"mode\": 3}'; "
         "overrides --enforce-eager", aliases=("-O",), type=_parse_compilation_config)
-    load_format: str = _arg("auto", "how to read the weights", choices=_LOAD_FORMATS)
+    load_format: str = _arg("auto", "how to read the weights", choices=LOAD_FORMATS)
     device: str = _arg("cpu", "where the model runs; auto: cuda when available",
                        choices=_DEVICE_CHOICES)
 

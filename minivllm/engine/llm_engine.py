@@ -19,6 +19,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from tqdm import tqdm
+
 from minivllm.engine.arg_utils import EngineArgs
 from minivllm.engine.detokenizer import IncrementalDetokenizer
 from minivllm.engine.request import Request, RequestStatus
@@ -158,13 +160,22 @@ class LLMEngine:
         self.scheduler.finish_requests(child_ids, RequestStatus.FINISHED_ABORTED)
 
     def run_until_finished(self, request_ids: list[str],
-                           on_output: Callable[[RequestOutput], None] | None = None
-                           ) -> list[RequestOutput]:
+                           on_output: Callable[[RequestOutput], None] | None = None, *,
+                           use_tqdm: bool = False) -> list[RequestOutput]:
         """Steps until no request is unfinished; the final outputs of `request_ids`, in order.
 
-        `on_output` sees every output of every step (progress bars, first-token clocks). When a
-        step raises, `request_ids` are aborted so the engine stays usable.
+        `on_output` sees every output of every step (first-token clocks); `use_tqdm` shows a bar
+        of finished requests. When a step raises, `request_ids` are aborted so the engine stays
+        usable.
         """
+        if use_tqdm:
+            with tqdm(total=len(request_ids), desc="Processed prompts", dynamic_ncols=True) as bar:
+                def count(output: RequestOutput) -> None:
+                    if output.finished:
+                        bar.update(1)
+                    if on_output is not None:
+                        on_output(output)
+                return self.run_until_finished(request_ids, count)
         finished: dict[str, RequestOutput] = {}
         try:
             while self.has_unfinished_requests():

@@ -4,8 +4,6 @@ import itertools
 from collections.abc import Sequence
 from typing import Any
 
-from tqdm import tqdm
-
 from minivllm.engine.arg_utils import EngineArgs
 from minivllm.engine.llm_engine import LLMEngine, PromptType
 from minivllm.outputs import RequestOutput
@@ -50,7 +48,9 @@ class LLM:
             request_id = str(next(self._counter))
             self.llm_engine.add_request(request_id, prompt, params)
             ids.append(request_id)
-        return self._run_engine(ids, use_tqdm)
+        # A bar only for batches long enough to watch.
+        return self.llm_engine.run_until_finished(
+            ids, use_tqdm=use_tqdm and len(ids) >= _TQDM_MIN_REQUESTS)
 
     def chat(self, messages: list[dict[str, str]] | list[list[dict[str, str]]],
              sampling_params: SamplingParams | None = None, *, use_tqdm: bool = True,
@@ -72,13 +72,6 @@ class LLM:
         if hasattr(ids, "keys"):          # transformers v5 returns a BatchEncoding
             ids = ids["input_ids"]
         return list(ids)
-
-    def _run_engine(self, request_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
-        if not (use_tqdm and len(request_ids) >= _TQDM_MIN_REQUESTS):
-            return self.llm_engine.run_until_finished(request_ids)
-        with tqdm(total=len(request_ids), desc="Processed prompts", dynamic_ncols=True) as bar:
-            return self.llm_engine.run_until_finished(
-                request_ids, lambda output: bar.update(1) if output.finished else None)
 
     def shutdown(self) -> None:
         engine = getattr(self, "llm_engine", None)   # None when __init__ failed
