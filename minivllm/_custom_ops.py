@@ -13,6 +13,7 @@ fails, or `MINIVLLM_CPU_KERNEL=0`, callers keep their pure-PyTorch paths.
 - `silu_and_mul_bf16`: SiluAndMul on bf16 rows (~3x faster than inductor's kernel at [64, 3072]).
 - `prefill_attention_bf16`: causal attention of a fresh prompt over its own keys with AMX tiles.
 - `argmax_bf16`: row argmax of bf16 logits (plain-greedy sampling), ~10x faster than `max`.
+- `minivllm_gguf_*`: linears on GGUF-packed weights (wrapped in `kernels/gguf_linear.py`).
 """
 
 import ctypes
@@ -55,6 +56,17 @@ _SIGNATURES = {
     "minivllm_prefill_attention_bf16": [_PTR, _I64, _PTR, _I64, _PTR, _I64, _PTR, _I64, _I32,
                                         _I32, _I32, _I32, ctypes.c_float, _I32],
     "minivllm_argmax_bf16": [_PTR, _I64, _I64, _I64, _PTR, _I32],
+    # GGUF blocks (kernels/gguf_linear.py): qtype, x, x_row_stride, dtype, w, w_row_stride,
+    # bias, y, y_row_stride, m, n, k, num_threads
+    "minivllm_gguf_gemm": [_I32, _PTR, _I64, _I32, _PTR, _I64, _PTR, _PTR, _I64, _I64, _I64,
+                           _I64, _I32],
+    # qtype, x, x_row_stride, w, w_row_stride, bias, y, y_row_stride, m, n, k, tile_rows,
+    # num_threads
+    "minivllm_gguf_gemm_amx_bf16": [_I32, _PTR, _I64, _PTR, _I64, _PTR, _PTR, _I64, _I64, _I64,
+                                    _I64, _I64, _I32],
+    # qtype, w, w_row_stride, rows, cols, out, out_row_stride, dtype, num_threads
+    "minivllm_gguf_dequant": [_I32, _PTR, _I64, _I64, _I64, _PTR, _I64, _I32, _I32],
+    "minivllm_gguf_has_vnni": [],
 }
 _SIGNATURES["minivllm_paged_decode_f32"] = _SIGNATURES["minivllm_paged_decode_bf16"]
 _ATTN_FUNCS = {torch.bfloat16: "minivllm_paged_decode_bf16",
@@ -134,6 +146,11 @@ def native_available() -> bool:
             logger.warning("Native CPU kernels unavailable (%s); attention uses gather + SDPA "
                            "and linears oneDNN.", e)
     return _lib is not None
+
+
+def native_lib() -> ctypes.CDLL | None:
+    """The loaded kernel library (None: unavailable), for kernel modules' own ctypes wrappers."""
+    return _lib if native_available() else None
 
 
 def attention_supports(dtype: torch.dtype) -> bool:

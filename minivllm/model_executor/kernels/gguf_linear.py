@@ -1,0 +1,173 @@
+"""Linears and embeddings on GGUF-packed weights: uint8 block rows, exactly as in the .gguf file.
+
+- `gguf_linear` on CPU with the native kernels (`csrc/gguf_gemm.cpp`): up to `GGUF_DOT_MAX_ROWS`
+  rows of x (decode steps) multiply the packed blocks directly, x quantized to int8 per 32
+  elements (AVX-512 VNNI, else a scalar loop); more rows (prompt chunks) dequantise the weight
+  tile by tile into bf16 and run the AMX GEMM on each tile (without AMX, or for fp32 / fp16 x:
+  dequantised tiles through `F.linear`). The whole weight is never widened at once.
+- other devices, or no native kernels: `gguf_dequantize` + `F.linear` (correct, not fast).
+- `gguf_dequantize`: native on CPU, else the pure-PyTorch dequantisers of `gguf_dequant`.
+"""
+
+import ctypes
+
+import torch
+import torch.nn.functional as F
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+from minivllm import _custom_ops as ops
+from minivllm.model_executor.kernels.gguf_dequant import DEQUANTIZERS, dequantize_torch
+from minivllm.model_executor.kernels.op_library import register_op
+
+GGUF_KERNEL_TYPES: frozenset[int] = frozenset(int(t) for t in DEQUANTIZERS)
+# (elements, bytes) per block of each supported type: a plain dict, read on every call.
+_BLOCKS: dict[int, tuple[int, int]] = {
+    t: GGML_QUANT_SIZES[GGMLQuantizationType(t)] for t in GGUF_KERNEL_TYPES}
+_DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+# Rows of x up to which the int8 dot kernels beat dequantised tiles + AMX (measured with
+# tests/csrc/bench_gguf_gemm.py on the 2-core box: at 16 rows the dot is still faster).
+GGUF_DOT_MAX_ROWS = 16
+# Bytes of the bf16 tile the AMX path dequantises into (half per thread: fits L2 next to x).
+_TILE_BYTES = 1 << 20
+# Elements of a dequantised tile on the `F.linear` fallback path.
+_FALLBACK_TILE = 1 << 22
+
+
+class _Native:
+    """The kernel library and its capabilities, resolved once (first call)."""
+    resolved = False
+    lib: ctypes.CDLL | None = None
+    amx = False
+    vnni = False
+
+
+def _resolve() -> ctypes.CDLL | None:
+    _Native.resolved = True
+    if ops.native_available():
+        _Native.lib = ops.native_lib()
+        _Native.amx = ops._has_amx
+        _Native.vnni = bool(_Native.lib.minivllm_gguf_has_vnni())
+    return _Native.lib
+
+
+def gguf_block_shape(qtype: int) -> tuple[int, int]:
+    """(elements per block, bytes per block) of a GGML quantization type."""
+    return tuple(GGML_QUANT_SIZES[GGMLQuantizationType(qtype)])
+
+
+def check_gguf_type(qtype: int, name: str = "") -> None:
+    """ValueError, naming the type and the tensor, when no kernel here handles `qtype`."""
+    if qtype in _BLOCKS:
+        return
+    try:
+        type_name = GGMLQuantizationType(qtype).name
+    except ValueError:
+        type_name = f"unknown type {qtype}"
+    supported = ", ".join(GGMLQuantizationType(t).name for t in sorted(GGUF_KERNEL_TYPES))
+    where = f" of tensor {name!r}" if name else ""
+    raise ValueError(f"GGUF quantization type {type_name}{where} is not supported; "
+                     f"supported: {supported}")
+
+
+def _columns(qweight: torch.Tensor, qtype: int) -> int:
+    check_gguf_type(qtype)
+    elems, nbytes = _BLOCKS[qtype]
+    if qweight.dtype != torch.uint8 or qweight.dim() != 2 or qweight.shape[1] % nbytes:
+        raise ValueError(f"GGUF weight must be uint8 [rows, blocks * {nbytes}] for "
+                         f"{GGMLQuantizationType(qtype).name}, got {qweight.dtype} "
+                         f"{list(qweight.shape)}")
+    return qweight.shape[1] // nbytes * elems
+
+
+def gguf_dequantize(qweight: torch.Tensor, qtype: int, dtype: torch.dtype) -> torch.Tensor:
+    """uint8 [rows, row_bytes] block rows -> [rows, cols] in `dtype` (bit-exact to gguf-py's fp32
+    values, then one rounding to `dtype`)."""
+    cols = _columns(qweight, qtype)
+    code = _DTYPE_CODES.get(dtype)
+    lib = _Native.lib if _Native.resolved else _resolve()
+    if lib is None or qweight.device.type != "cpu" or code is None:
+        return dequantize_torch(qweight, qtype).to(dtype)
+    if qweight.stride(1) != 1:
+        qweight = qweight.contiguous()
+    out = torch.empty(qweight.shape[0], cols, dtype=dtype)
+    rc = lib.minivllm_gguf_dequant(qtype, qweight.data_ptr(), qweight.stride(0),
+                                   qweight.shape[0], cols, out.data_ptr(), cols, code,
+                                   torch.get_num_threads())
+    assert rc == 0, f"gguf dequant kernel rc={rc}"
+    return out
+
+
+def gguf_linear(x: torch.Tensor, qweight: torch.Tensor, qtype: int,
+                bias: torch.Tensor | None) -> torch.Tensor:
+    """`F.linear(x, dequantized weight, bias)` for x [..., in] (bf16, fp16 or fp32) and a
+    uint8 [out, row_bytes] GGUF weight (unit-stride rows; a row slice is fine); returns
+    [..., out] in x.dtype."""
+    # NOTE: ~120 calls per decode step: the common path is a few attribute and dict lookups.
+    lib = _Native.lib if _Native.resolved else _resolve()
+    code = _DTYPE_CODES.get(x.dtype)
+    if lib is None or code is None or not x.is_cpu or not qweight.is_cpu or x.dim() != 2:
+        if x.dim() != 2:
+            return gguf_linear(x.reshape(-1, x.shape[-1]), qweight, qtype,
+                               bias).reshape(*x.shape[:-1], qweight.shape[0])
+        return F.linear(x, gguf_dequantize(qweight, qtype, x.dtype), bias)
+    (m, k), n = x.shape, qweight.shape[0]
+    elems, nbytes = _BLOCKS.get(qtype) or _unsupported(qtype)
+    if k % elems or qweight.shape[1] * elems != k * nbytes or qweight.dtype != torch.uint8:
+        raise ValueError(f"x [{m}, {k}] does not match the {GGMLQuantizationType(qtype).name} "
+                         f"weight {qweight.dtype} {list(qweight.shape)}")
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    if bias is not None and (bias.dtype != x.dtype or bias.stride(0) != 1):
+        bias = bias.to(x.dtype).contiguous()
+    if m > GGUF_DOT_MAX_ROWS:
+        return _prompt_linear(lib, x, qweight, qtype, bias)
+    y = torch.empty((m, n), dtype=x.dtype)
+    rc = lib.minivllm_gguf_gemm(qtype, x.data_ptr(), x.stride(0), code, qweight.data_ptr(),
+                                qweight.stride(0), bias.data_ptr() if bias is not None else None,
+                                y.data_ptr(), n, m, n, k, torch.get_num_threads())
+    if rc != 0:
+        raise ValueError(f"gguf_gemm kernel rejected M={m}, N={n}, K={k} (rc={rc})")
+    return y
+
+
+def _unsupported(qtype: int) -> tuple[int, int]:
+    check_gguf_type(qtype)
+    raise AssertionError(qtype)
+
+
+def _prompt_linear(lib: ctypes.CDLL, x: torch.Tensor, qweight: torch.Tensor, qtype: int,
+                   bias: torch.Tensor | None) -> torch.Tensor:
+    """Many rows of x: the weight dequantised one tile of rows at a time (never all of it)."""
+    (m, k), n = x.shape, qweight.shape[0]
+    if _Native.amx and x.dtype == torch.bfloat16 and n % 16 == 0:
+        y = x.new_empty(m, n)
+        tile_rows = max(32, min(1024, _TILE_BYTES // (2 * k) // 32 * 32))
+        rc = lib.minivllm_gguf_gemm_amx_bf16(
+            qtype, x.data_ptr(), x.stride(0), qweight.data_ptr(), qweight.stride(0),
+            None if bias is None else bias.data_ptr(), y.data_ptr(), n, m, n, k, tile_rows,
+            torch.get_num_threads())
+        if rc == 0:
+            return y
+    tile_rows = max(16, _FALLBACK_TILE // k)
+    parts = [F.linear(x, gguf_dequantize(qweight[n0:n0 + tile_rows], qtype, x.dtype))
+             for n0 in range(0, n, tile_rows)]
+    y = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+    return y if bias is None else y + bias
+
+
+def gguf_embedding(ids: torch.Tensor, qweight: torch.Tensor, qtype: int,
+                   dtype: torch.dtype) -> torch.Tensor:
+    """ids int64 [...] -> [..., hidden]: the ids' rows of a GGUF table, only those dequantised."""
+    rows = qweight.index_select(0, ids.reshape(-1))
+    return gguf_dequantize(rows, qtype, dtype).reshape(*ids.shape, -1)
+
+
+def _gguf_linear_fake(x: torch.Tensor, qweight: torch.Tensor, qtype: int,
+                      bias: torch.Tensor | None) -> torch.Tensor:
+    return x.new_empty(*x.shape[:-1], qweight.shape[0])
+
+
+# `torch.ops.minivllm.gguf_linear`: opaque to compiled graphs (inductor must not try to lower
+# the block decoding).
+register_op("gguf_linear(Tensor x, Tensor qweight, int qtype, Tensor? bias) -> Tensor",
+            gguf_linear, _gguf_linear_fake)

@@ -1,0 +1,157 @@
+"""The native GGUF kernels (csrc/gguf_gemm.cpp): dequantisation bit-exact to gguf-py, int8 dot
+products within the bound their activation quantization implies, the AMX prompt path, row
+slices, bias, dtypes, the portable (non-VNNI) build, and the default model's first layer."""
+
+import ctypes
+import os
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from gguf import GGMLQuantizationType as T, GGUFReader, quants
+
+from minivllm import _custom_ops as ops
+from minivllm.model_executor.kernels import gguf_linear as gl
+
+pytestmark = pytest.mark.requires_native
+
+LEGACY = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0]
+K_QUANTS = [T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K]
+# offsets of the fp16 scale fields of each K-quant super-block (the other bytes: random bits)
+K_HALVES = {T.Q2_K: (80, 82), T.Q3_K: (108,), T.Q4_K: (0, 2), T.Q5_K: (0, 2), T.Q6_K: (208,)}
+
+
+def random_weight(qtype: int, rows: int, cols: int, seed: int = 0) -> np.ndarray:
+    """uint8 [rows, row_bytes]: gguf-py's quantization of Gaussian values (legacy types), or
+    random valid blocks (K-quants, which gguf-py cannot quantize): random quant bits, small
+    random fp16 scales."""
+    rng = np.random.default_rng(seed)
+    if qtype in LEGACY:
+        return quants.quantize(rng.standard_normal((rows, cols)).astype(np.float32) * 0.1, qtype)
+    elems, nbytes = gl.gguf_block_shape(qtype)
+    raw = rng.integers(0, 256, (rows, cols // elems, nbytes), dtype=np.uint8)
+    for at in K_HALVES[qtype]:
+        half = (rng.standard_normal(raw.shape[:2]) * 2e-3).astype(np.float16)
+        raw[..., at:at + 2] = half.view(np.uint8).reshape(*raw.shape[:2], 2)
+    return raw.reshape(rows, -1)
+
+
+def dot_bound(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """[M, N]: the most int8 activation quantization can move x @ w.T. Each 32-block of a row of
+    x is rounded to a multiple of dx = amax / 127, so each element moves <= amax / 254 and an
+    output <= sum over blocks of amax_b / 254 * sum_b |w|."""
+    m, k = x.shape
+    amax = x.float().abs().reshape(m, k // 32, 32).amax(-1)                  # [M, K/32]
+    wsum = w.float().abs().reshape(w.shape[0], k // 32, 32).sum(-1)           # [N, K/32]
+    return amax @ wsum.T / 254
+
+
+def check_linear(y: torch.Tensor, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None):
+    ref = F.linear(x.float(), w.float(), None if bias is None else bias.float())
+    # + fp32 summation slack, + one rounding of the output to x.dtype
+    ulp = 2 ** -8 if x.dtype == torch.bfloat16 else 2 ** -20
+    tol = dot_bound(x, w) * 1.01 + 1e-5 * ref.abs().amax() + ulp * ref.abs()
+    assert y.shape == ref.shape and y.dtype == x.dtype
+    excess = (y.float() - ref).abs() - tol
+    assert excess.max() <= 0, f"max excess over the bound {excess.max().item():.3g}"
+
+
+@pytest.mark.parametrize("qtype", LEGACY + K_QUANTS, ids=lambda t: T(t).name)
+def test_dequantize_is_bit_exact(qtype):
+    cols = 512 if qtype in K_QUANTS else 544            # 17 legacy blocks: a ragged last unit
+    qw = random_weight(qtype, 37, cols)
+    ref = quants.dequantize(qw, qtype)
+    out = gl.gguf_dequantize(torch.from_numpy(qw), qtype, torch.float32)
+    np.testing.assert_array_equal(out.numpy(), ref)
+    for dtype in (torch.bfloat16, torch.float16):
+        got = gl.gguf_dequantize(torch.from_numpy(qw), qtype, dtype)
+        assert got.dtype == dtype and torch.equal(got, torch.from_numpy(ref).to(dtype))
+
+
+@pytest.mark.parametrize("qtype", LEGACY + K_QUANTS, ids=lambda t: T(t).name)
+@pytest.mark.parametrize("m", [1, 3, 16, 17, 80])
+def test_linear_within_activation_quantization_bound(qtype, m):
+    cols = 512 if qtype in K_QUANTS else 608            # 19 legacy blocks
+    qw = torch.from_numpy(random_weight(qtype, 96, cols, seed=m))
+    w = torch.from_numpy(quants.dequantize(qw.numpy(), qtype))
+    gen = torch.Generator().manual_seed(m)
+    for dtype in (torch.float32, torch.bfloat16):
+        x = torch.randn(m, cols, generator=gen).to(dtype)
+        bias = torch.randn(96, generator=gen).to(dtype)
+        y = gl.gguf_linear(x, qw, qtype, bias)
+        if m <= gl.GGUF_DOT_MAX_ROWS:
+            check_linear(y, x, w, bias)
+        else:                # dequantised tiles: bf16 weights, fp32 sums (no int8 step)
+            ref = F.linear(x.float(), w.to(dtype).float(), bias.float())
+            torch.testing.assert_close(y.float(), ref, atol=2e-2, rtol=1e-2)
+
+
+def test_row_slices_strided_x_and_thread_count():
+    qw = torch.from_numpy(random_weight(T.Q4_1, 200, 576))
+    w = torch.from_numpy(quants.dequantize(qw.numpy(), T.Q4_1))
+    x_full = torch.randn(4, 700)
+    x = x_full[:, :576]                                  # rows 700 apart
+    part = qw[40:136]                                    # a TP shard of rows
+    y = gl.gguf_linear(x, part, T.Q4_1, None)
+    check_linear(y, x, w[40:136], None)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)                         # same per-row arithmetic
+        assert torch.equal(gl.gguf_linear(x, part, T.Q4_1, None), y)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_amx_prompt_path_matches_dequantised_linear():
+    if not ops._has_amx:
+        pytest.skip("no AMX here: prompt chunks use dequantised tiles + F.linear")
+    qw = torch.from_numpy(random_weight(T.Q8_0, 2048 + 96, 576))  # several tiles, ragged last
+    w = gl.gguf_dequantize(qw, T.Q8_0, torch.bfloat16)
+    x = torch.randn(70, 576).bfloat16()
+    b = torch.randn(qw.shape[0]).bfloat16()
+    y = gl.gguf_linear(x, qw, T.Q8_0, b)
+    torch.testing.assert_close(y, ops.gemm_bf16(x, w, b), atol=0, rtol=0)
+
+
+def _portable_library(tmp_path) -> ctypes.CDLL:
+    """The kernels built without AVX-512 VNNI: the scalar dot and dequant loops."""
+    flags = ops._FLAGS + ["-mno-avx512vnni"]
+    out = tmp_path / "portable.so"
+    import subprocess
+    sources = sorted(map(str, ops._CSRC.glob("*.cpp")))
+    subprocess.run([ops.cxx_compiler(), *flags, *sources, "-o", str(out)], check=True,
+                   capture_output=True, timeout=300)
+    lib = ctypes.CDLL(str(out))
+    for name, argtypes in ops._SIGNATURES.items():
+        fn = getattr(lib, name)
+        fn.argtypes, fn.restype = argtypes, ctypes.c_int
+    return lib
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="-mno-avx512vnni is an x86 flag")
+def test_portable_build_agrees(tmp_path, monkeypatch):
+    lib = _portable_library(tmp_path)
+    assert lib.minivllm_gguf_has_vnni() == 0
+    monkeypatch.setattr(gl._Native, "lib", lib)
+    monkeypatch.setattr(gl._Native, "amx", False)
+    for qtype in (T.Q4_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q6_K):
+        cols = 512 if qtype in K_QUANTS else 544
+        qw = torch.from_numpy(random_weight(qtype, 20, cols))
+        ref = quants.dequantize(qw.numpy(), qtype)
+        np.testing.assert_array_equal(gl.gguf_dequantize(qw, qtype, torch.float32).numpy(), ref)
+        x = torch.randn(5, cols)
+        check_linear(gl.gguf_linear(x, qw, qtype, None), x, torch.from_numpy(ref), None)
+
+
+def test_default_model_first_layer(default_model_path):
+    reader = GGUFReader(default_model_path)
+    tensors = {t.name: t for t in reader.tensors}
+    gen = torch.Generator().manual_seed(0)
+    for name in ("blk.0.attn_q.weight", "blk.0.ffn_down.weight", "token_embd.weight"):
+        t = tensors[name]
+        qw = torch.from_numpy(np.array(t.data))                        # [out, row_bytes]
+        ref = torch.from_numpy(quants.dequantize(np.array(t.data), t.tensor_type)).reshape(
+            qw.shape[0], -1)
+        x = torch.randn(2, ref.shape[1], generator=gen).bfloat16()
+        check_linear(gl.gguf_linear(x, qw, int(t.tensor_type), None), x, ref, None)
