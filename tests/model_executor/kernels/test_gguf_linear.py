@@ -1,0 +1,109 @@
+"""The GGUF kernel API: block shapes, the unsupported-type error, the pure-PyTorch dequantisers
+(bit-exact to gguf-py, no native code), the fallback path without native kernels, embeddings,
+and `torch.ops.minivllm.gguf_linear` eagerly and under torch.compile."""
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T, quants
+
+from minivllm.model_executor.kernels import gguf_linear as gl
+from minivllm.model_executor.kernels.gguf_dequant import dequantize_torch
+
+LEGACY = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0]
+K_QUANTS = [T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K]
+K_HALVES = {T.Q2_K: (80, 82), T.Q3_K: (108,), T.Q4_K: (0, 2), T.Q5_K: (0, 2), T.Q6_K: (208,)}
+
+
+def random_weight(qtype: int, rows: int, cols: int, seed: int = 0) -> np.ndarray:
+    """uint8 [rows, row_bytes]: gguf-py's quantization (legacy types) or random valid blocks
+    (K-quants: random quant bits, small random fp16 scales; gguf-py only dequantizes these)."""
+    rng = np.random.default_rng(seed)
+    if qtype in LEGACY:
+        return quants.quantize(rng.standard_normal((rows, cols)).astype(np.float32), qtype)
+    elems, nbytes = GGML_QUANT_SIZES[qtype]
+    raw = rng.integers(0, 256, (rows, cols // elems, nbytes), dtype=np.uint8)
+    for at in K_HALVES[qtype]:
+        half = (rng.standard_normal(raw.shape[:2]) * 2e-3).astype(np.float16)
+        raw[..., at:at + 2] = half.view(np.uint8).reshape(*raw.shape[:2], 2)
+    return raw.reshape(rows, -1)
+
+
+@pytest.fixture
+def no_native(monkeypatch):
+    """As on a machine without a compiler: every call takes the PyTorch paths."""
+    monkeypatch.setattr(gl._Native, "resolved", True)
+    monkeypatch.setattr(gl._Native, "lib", None)
+
+
+def test_kernel_types_and_block_shapes():
+    assert gl.GGUF_KERNEL_TYPES == frozenset(int(t) for t in LEGACY + K_QUANTS)
+    assert gl.gguf_block_shape(T.Q4_1) == (32, 20)
+    assert gl.gguf_block_shape(T.Q8_0) == (32, 34)
+    assert gl.gguf_block_shape(T.Q6_K) == (256, 210)
+
+
+def test_unsupported_type_error_names_type_tensor_and_choices():
+    with pytest.raises(ValueError, match=r"IQ2_XS of tensor 'blk.0.attn_q.weight'.*Q4_K"):
+        gl.check_gguf_type(T.IQ2_XS, "blk.0.attn_q.weight")
+    with pytest.raises(ValueError, match="unknown type 999"):
+        gl.check_gguf_type(999)
+    with pytest.raises(ValueError, match="IQ4_NL"):
+        gl.gguf_linear(torch.randn(1, 32), torch.zeros(4, 18, dtype=torch.uint8), T.IQ4_NL, None)
+    for qtype in gl.GGUF_KERNEL_TYPES:
+        gl.check_gguf_type(qtype)
+
+
+@pytest.mark.parametrize("qtype", LEGACY + K_QUANTS, ids=lambda t: T(t).name)
+def test_torch_dequantizer_is_bit_exact(qtype):
+    qw = random_weight(qtype, 9, 512)
+    out = dequantize_torch(torch.from_numpy(qw), qtype)
+    assert out.dtype == torch.float32
+    np.testing.assert_array_equal(out.numpy(), quants.dequantize(qw, qtype))
+
+
+def test_fallback_paths_without_native(no_native):
+    qw = torch.from_numpy(random_weight(T.Q4_K, 24, 512))
+    ref = torch.from_numpy(quants.dequantize(qw.numpy(), T.Q4_K))
+    assert torch.equal(gl.gguf_dequantize(qw, T.Q4_K, torch.bfloat16), ref.bfloat16())
+    x, b = torch.randn(3, 512), torch.randn(24)
+    torch.testing.assert_close(gl.gguf_linear(x, qw, T.Q4_K, b), F.linear(x, ref, b))
+    x3 = torch.randn(2, 3, 512)                                   # leading dims kept
+    torch.testing.assert_close(gl.gguf_linear(x3, qw, T.Q4_K, None), F.linear(x3, ref))
+
+
+def test_linear_reshapes_and_rejects_mismatched_shapes():
+    qw = torch.from_numpy(random_weight(T.Q8_0, 16, 64))
+    ref = torch.from_numpy(quants.dequantize(qw.numpy(), T.Q8_0))
+    x3 = torch.randn(2, 3, 64)
+    y = gl.gguf_linear(x3, qw, T.Q8_0, None)
+    assert y.shape == (2, 3, 16)
+    # int8 activations (native path): each element within amax / 254 (~0.01 here) per block
+    torch.testing.assert_close(y, F.linear(x3, ref), atol=0.5, rtol=0.02)
+    with pytest.raises(ValueError, match="Q8_0"):
+        gl.gguf_linear(torch.randn(1, 96), qw, T.Q8_0, None)
+
+
+def test_embedding_dequantizes_only_the_looked_up_rows():
+    qw = torch.from_numpy(random_weight(T.Q8_0, 50, 64))
+    ref = torch.from_numpy(quants.dequantize(qw.numpy(), T.Q8_0))
+    ids = torch.tensor([3, 0, 49, 3])
+    out = gl.gguf_embedding(ids, qw, T.Q8_0, torch.bfloat16)
+    assert out.shape == (4, 64) and out.dtype == torch.bfloat16
+    assert torch.equal(out, ref[ids].bfloat16())
+    assert gl.gguf_embedding(ids.reshape(2, 2), qw, T.Q8_0, torch.float32).shape == (2, 2, 64)
+
+
+def test_custom_op_eager_and_compiled():
+    qw = torch.from_numpy(random_weight(T.Q4_1, 32, 128))
+    ref = torch.from_numpy(quants.dequantize(qw.numpy(), T.Q4_1))
+    x, b = torch.randn(2, 128), torch.randn(32)
+    eager = torch.ops.minivllm.gguf_linear(x, qw, int(T.Q4_1), b)
+    torch.testing.assert_close(eager, F.linear(x, ref, b), atol=0.5, rtol=0.02)
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.minivllm.gguf_linear(x * 2, qw, int(T.Q4_1), b).relu()
+
+    compiled = torch.compile(f, backend="aot_eager", fullgraph=True)
+    torch.testing.assert_close(compiled(x), f(x))
