@@ -15,6 +15,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
+from minivllm import LLM, SamplingParams
+
 LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
            "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)   # nibble i of an int32 holds column AWQ_ORDER[i]
@@ -44,13 +46,15 @@ def pack_nibbles(codes: torch.Tensor, order: tuple[int, ...] = tuple(range(8))) 
 
 
 def quantize_linear(weight: torch.Tensor, method: str, group_size: int, *, sym: bool = False,
-                    desc_act: bool = False, zero_offset: int = 1,
-                    gen: torch.Generator | None = None) -> tuple[dict, torch.Tensor]:
-    """weight [out, in] -> (the format's tensors, the dequantised fp32 weight [out, in])."""
+                    order: torch.Tensor | None = None,
+                    zero_offset: int = 1) -> tuple[dict, torch.Tensor]:
+    """weight [out, in] -> (the format's tensors, the dequantised fp32 weight [out, in]).
+
+    `order`: the input columns in the order they were grouped (act-order); None: as they are.
+    """
     num_out, num_in = weight.shape
     group = num_in if group_size == -1 else group_size
-    # Order in which input columns were grouped: act-order quantizes a permutation.
-    order = torch.randperm(num_in, generator=gen) if desc_act else torch.arange(num_in)
+    order = torch.arange(num_in) if order is None else order
     g_idx = torch.empty(num_in, dtype=torch.int32)
     g_idx[order] = torch.arange(num_in, dtype=torch.int32) // group
     codes_t = torch.empty(num_in, num_out, dtype=torch.int32)    # [in, out]
@@ -84,12 +88,17 @@ def write_quantized_llama(src: str, dst: str, method: str, group_size: int, *,
     state = load_file(os.path.join(src, "model.safetensors"))
     quantized, dequantized = dict(state), dict(state)
     gen = torch.Generator().manual_seed(seed)
+    orders: dict[str, torch.Tensor] = {}
     for name in list(state):
         module = name.removesuffix(".weight")
         if not module.endswith(LINEARS) or any(s in module for s in skip):
             continue
+        order = None
+        if desc_act:
+            order = orders.setdefault(_input_key(module),
+                                      torch.randperm(state[name].shape[1], generator=gen))
         tensors, dequant = quantize_linear(
-            state[name], method, group_size, sym=sym, desc_act=desc_act, gen=gen,
+            state[name], method, group_size, sym=sym, order=order,
             zero_offset=0 if checkpoint_format == "gptq_v2" else 1)
         del quantized[name]
         quantized.update({f"{module}.{k}": v for k, v in tensors.items()})
@@ -108,6 +117,13 @@ def write_quantized_llama(src: str, dst: str, method: str, group_size: int, *,
     with open(os.path.join(quant_dir, "config.json"), "w") as f:
         json.dump(config, f)
     return quant_dir, dequant_dir
+
+
+def _input_key(module: str) -> str:
+    """Act-order permutes by the input's Hessian: projections of one input (q/k/v, gate/up)
+    share the permutation, so a fused layer has one g_idx."""
+    parent, _, proj = module.rpartition(".")
+    return module if proj in ("o_proj", "down_proj") else parent
 
 
 def _quant_config(method: str, group_size: int, sym: bool, desc_act: bool,
@@ -132,8 +148,50 @@ def hf_greedy(path: str, prompts: list[list[int]], num_tokens: int) -> list[list
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     outs = []
     for ids in prompts:
-        seq = torch.tensor([ids])
-        out = model.generate(seq, max_new_tokens=num_tokens, min_new_tokens=num_tokens,
-                             do_sample=False, pad_token_id=0)
-        outs.append(out[0, len(ids):].tolist())
+        seq = list(ids)
+        for _ in range(num_tokens):
+            seq.append(int(model(torch.tensor([seq])).logits[0, -1].argmax()))
+        outs.append(seq[len(ids):])
     return outs
+
+
+def prompts(vocab_size: int = 1000) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(1)
+    return [torch.randint(3, vocab_size, (n,), generator=gen).tolist() for n in (7, 30)]
+
+
+def run_llm(path: str, prompt_ids: list[list[int]], dtype: str = "bfloat16",
+            num_tokens: int = 8, **kwargs) -> tuple[LLM, list[tuple[list[int], torch.Tensor]]]:
+    """The engine, and per prompt its greedy tokens and the logprob of every prompt and
+    generated token ([len(prompt) - 1 + num_tokens])."""
+    llm = LLM(model=path, dtype=dtype, block_size=4, **kwargs)
+    params = SamplingParams(temperature=0, max_tokens=num_tokens, ignore_eos=True,
+                            logprobs=0, prompt_logprobs=0)
+    results = []
+    for ids, out in zip(prompt_ids, llm.generate(prompt_ids, params)):
+        comp = out.outputs[0]
+        lps = [out.prompt_logprobs[i][ids[i]].logprob for i in range(1, len(ids))]
+        lps += [step[tok].logprob for step, tok in zip(comp.logprobs, comp.token_ids)]
+        results.append((list(comp.token_ids), torch.tensor(lps, dtype=torch.float64)))
+    return llm, results
+
+
+def check_against_hf(path: str, ref_path: str, dtype: str, atol: float, **kwargs) -> LLM:
+    """Our run of `path` scores its tokens as transformers does on `ref_path` (fp32), within
+    `atol`, and each greedy pick is transformers' best up to `atol` (a near-tie may differ);
+    in fp32 the greedy tokens are transformers' own."""
+    prompt_ids = prompts()
+    llm, ours = run_llm(path, prompt_ids, dtype, **kwargs)
+    refs = hf_logprobs(ref_path, [ids + tokens for ids, (tokens, _) in zip(prompt_ids, ours)])
+    for ids, (tokens, lps), ref in zip(prompt_ids, ours, refs):
+        chosen = ref.gather(1, torch.tensor(ids[1:] + tokens)[:, None])[:, 0]
+        assert (lps - chosen).abs().max().item() <= atol
+        best = ref[len(ids) - 1:].max(-1).values
+        assert (best - chosen[len(ids) - 1:]).max().item() <= atol
+    if dtype == "float32":
+        assert [tokens for tokens, _ in ours] == hf_greedy(ref_path, prompt_ids, len(ours[0][0]))
+    return llm
+
+
+def model_of(llm: LLM) -> torch.nn.Module:
+    return llm.llm_engine.executor.worker.model_runner.model
