@@ -8,7 +8,7 @@ Every int4 method converts its checkpoint tensors once after loading (`pack_int4
   (`W = (q - zp) * s`) becomes `z = (8 - zp) * s`.
 `int4_linear(x, packed, scales_and_zeros, group_size)` then computes `x @ W^T`:
 - on CPU, for N % 64 == 0, `packed` is torch's int4pack layout (blocks of 64 rows, row i and
-  row i + 32 in one byte) and up to `INT4PACK_MAX_ROWS` rows go through
+  row i + 32 in one byte) and up to `INT4PACK_MAX_ROWS` rows of x go through
   `_weight_int4pack_mm_for_cpu`, which streams 4-bit weights (decode is bound by weight bytes);
 - more rows (prompts), other devices and other N dequantise the weight tile by tile in torch
   and run a dense matmul (the int4pack kernel's cost grows about linearly with the rows).
@@ -26,9 +26,11 @@ from minivllm.model_executor.kernels.op_library import register_op
 # the largest of these that divides it, its scale repeated.
 KERNEL_GROUP_SIZES = (256, 128, 64, 32)
 # Rows up to which the int4pack kernel beats dequantise + dense matmul. Measured for a
-# [3072, 576] weight, one thread: at M=1 the kernel takes ~110 us against ~260 us for bf16
-# F.linear; it grows ~50-70 us per row while dequantising costs ~2.5 ms once: they cross near 32.
-INT4PACK_MAX_ROWS = 32
+# [3072, 576] weight, one thread: the kernel takes ~120 us at M=1 (bf16: ~160 us through the AMX
+# GEMM, ~270 us through F.linear) and grows ~50 us per row; dequantising tiles in torch costs
+# ~3.5 ms whatever M: they cross near 64 rows. (Both lose to the bf16 AMX GEMM beyond ~2 rows:
+# prompts want a native dequantise-into-AMX kernel.)
+INT4PACK_MAX_ROWS = 64
 # Weight elements dequantised at once: a [~448, 576] fp32 tile (1 MiB) stays in L2.
 _TILE_ELEMENTS = 1 << 18
 _BLOCK_N = 64   # rows per block of the int4pack layout

@@ -40,7 +40,7 @@ def test_int4pack_layout_is_the_one_the_dequantiser_reads():
 
 
 @pytest.mark.parametrize("group_size", [32, 64, 128])
-@pytest.mark.parametrize("rows", [1, 5, 40])            # int4pack kernel, kernel, dequant tiles
+@pytest.mark.parametrize("rows", [1, 5, 80])            # int4pack kernel twice, dequant tiles
 @pytest.mark.parametrize("num_out", [128, 48])          # int4pack layout, plain layout
 def test_int4_linear_matches_the_dequantised_matmul(group_size: int, rows: int, num_out: int):
     codes, scales, zero_points, weight = _random_int4(num_out, 256, group_size)
