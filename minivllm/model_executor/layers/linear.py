@@ -3,9 +3,11 @@
 Notation: T = TP size, r = TP rank. Weights are `[out, in]` (`output_dim=0`, `input_dim=1`); each
 rank holds only its shard, and every parameter's `weight_loader` narrows the full checkpoint tensor
 to this rank's slice. `forward` returns `(output, output_bias)` unless `return_bias=False`.
+Quant methods listed in `WEIGHT_LOADER_V2_SUPPORTED` get `weight_loader_v2` instead: their
+parameters (`parameter.BasevLLMParameter`) narrow themselves (`linear_v2_loader.py`).
 """
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 import torch.nn as nn
@@ -15,6 +17,7 @@ from minivllm.distributed import (divide, get_tensor_model_parallel_rank,
                                   tensor_model_parallel_all_gather,
                                   tensor_model_parallel_all_reduce)
 from minivllm.model_executor.custom_op import PluggableLayer
+from minivllm.model_executor.layers import linear_v2_loader as v2
 from minivllm.model_executor.layers.quantization import (QuantizationConfig,
                                                          UnquantizedLinearMethod,
                                                          resolve_quant_method)
@@ -62,6 +65,10 @@ class LinearBase(PluggableLayer):
             if self.quant_method is None:
                 raise ValueError("All linear layers should support quant method.")
 
+    def _create_weights_loader(self) -> Callable[..., None]:
+        """What `create_weights` attaches: `weight_loader_v2` for v2 quant methods, else v1."""
+        return self.weight_loader_v2 if v2.uses_weight_loader_v2(self.quant_method) else self.weight_loader
+
     def update_param_tp_status(self) -> None:
         """Stamp this layer's TP coordinates on its parameters (re-run after post-processing)."""
         for param in self.parameters():
@@ -104,12 +111,15 @@ class ReplicatedLinear(LinearBase):
                          prefix, return_bias=return_bias, disable_tp=disable_tp)
         self.output_partition_sizes = [output_size]
         self.quant_method.create_weights(self, input_size, [output_size], input_size, output_size,
-                                         self.params_dtype, weight_loader=self.weight_loader)
+                                         self.params_dtype, weight_loader=self._create_weights_loader())
         self._make_bias(output_size)
         self.update_param_tp_status()
 
     def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor) -> None:
         self._load_rank_slice(param, loaded_weight, split_dim=None)
+
+    def weight_loader_v2(self, param: nn.Parameter, loaded_weight: torch.Tensor) -> None:
+        v2.load_replicated(param, loaded_weight)
 
     def forward(self, x: torch.Tensor) -> LinearOutput:
         bias = self.bias if not self.skip_bias_add else None
@@ -141,12 +151,15 @@ class ColumnParallelLinear(LinearBase):
         self.output_partition_sizes = [divide(s, self.tp_size) for s in self.output_sizes]
         self.quant_method.create_weights(self, self.input_size_per_partition,
                                          self.output_partition_sizes, input_size, output_size,
-                                         self.params_dtype, weight_loader=self.weight_loader)
+                                         self.params_dtype, weight_loader=self._create_weights_loader())
         self._make_bias(self.output_size_per_partition)
         self.update_param_tp_status()
 
     def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor) -> None:
         self._load_rank_slice(param, loaded_weight, split_dim=getattr(param, "output_dim", None))
+
+    def weight_loader_v2(self, param: nn.Parameter, loaded_weight: torch.Tensor) -> None:
+        v2.load_column(param, loaded_weight)
 
     def forward(self, x: torch.Tensor) -> LinearOutput:
         bias = self.bias if not self.skip_bias_add else None
@@ -237,6 +250,10 @@ class MergedColumnParallelLinear(_FusedShardsMixin, ColumnParallelLinear):
             loaded_weight = loaded_weight.narrow(output_dim, self.tp_rank * shard_size, shard_size)
         default_weight_loader(param_data, loaded_weight)
 
+    def weight_loader_v2(self, param: nn.Parameter, loaded_weight: torch.Tensor,
+                         loaded_shard_id: int | tuple[int, ...] | None = None) -> None:
+        v2.load_merged_column(self, param, loaded_weight, loaded_shard_id)
+
 
 class QKVParallelLinear(_FusedShardsMixin, ColumnParallelLinear):
     """Fused q/k/v projection; local rows `[q_r | k_r | v_r]`, each matrix sharded by heads.
@@ -310,6 +327,10 @@ class QKVParallelLinear(_FusedShardsMixin, ColumnParallelLinear):
             loaded_weight = loaded_weight.narrow(output_dim, source_start, shard_size)
         default_weight_loader(param_data, loaded_weight)
 
+    def weight_loader_v2(self, param: nn.Parameter, loaded_weight: torch.Tensor,
+                         loaded_shard_id: str | None = None) -> None:
+        v2.load_qkv(self, param, loaded_weight, loaded_shard_id)
+
 
 @PluggableLayer.register("row_parallel_linear")
 class RowParallelLinear(LinearBase):
@@ -335,12 +356,15 @@ class RowParallelLinear(LinearBase):
         self.output_partition_sizes = [output_size]
         self.quant_method.create_weights(self, self.input_size_per_partition,
                                          self.output_partition_sizes, input_size, output_size,
-                                         self.params_dtype, weight_loader=self.weight_loader)
+                                         self.params_dtype, weight_loader=self._create_weights_loader())
         self._make_bias(output_size)  # not split: [out]
         self.update_param_tp_status()
 
     def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor) -> None:
         self._load_rank_slice(param, loaded_weight, split_dim=getattr(param, "input_dim", None))
+
+    def weight_loader_v2(self, param: nn.Parameter, loaded_weight: torch.Tensor) -> None:
+        v2.load_row(param, loaded_weight)
 
     def forward(self, x: torch.Tensor) -> LinearOutput:
         if not self.input_is_parallel and self.tp_size > 1:

@@ -1,0 +1,194 @@
+"""Matmuls with 8-bit weights (fp8 e4m3, int8) in plain PyTorch, tuned for CPU; the quant methods'
+kernels (fp8, compressed-tensors, online int8).
+
+Measured on the 2-core AVX-512/AMX box, one thread, a [3072, 576] weight (docs: see the report in
+the fp8 / int8 tests' module docstrings):
+- torch 2.13's fp8 -> bf16 cast on CPU is scalar (~25 ns per element, 38 ms for this weight) and
+  `torch._scaled_mm` on CPU is slower still (40 ms at M=1, seconds at M=64), so fp8 weights are
+  widened with a bit trick (`fp8_e4m3_to_bf16`, ~1.8 ms, exact) one row tile at a time;
+- `torch._weight_int8pack_mm` beats widening int8 up to a few rows (0.2 ms vs 1.5 ms at M=1) and
+  loses beyond (10 ms vs 3.8 ms at M=64), hence `_INT8PACK_MAX_ROWS`.
+No dequantised copy of a weight outlives a call: tiles are at most `_TILE_ELEMS` elements.
+"""
+
+import torch
+import torch.nn.functional as F
+
+FP8_DTYPE = torch.float8_e4m3fn
+FP8_MAX = 448.0          # largest finite e4m3fn value
+INT8_MAX = 127.0
+# Dequantised weight tiles stay around L2 size (2 MiB in bf16) and bound the transient memory.
+_TILE_ELEMS = 1 << 20
+# Up to this many rows `_weight_int8pack_mm` wins over widening the int8 weight (see above).
+_INT8PACK_MAX_ROWS = 4
+# e4m3 bits placed in a bf16's exponent/mantissa read as value * 2^-120 (bias 7 vs 127).
+_BF16_REBIAS = 2.0 ** 120
+
+
+def fp8_e4m3_to_bf16(weight: torch.Tensor) -> torch.Tensor:
+    """Exact e4m3fn -> bf16 (any shape). On CPU: sign-extend the byte to int16, shift the
+    exponent and mantissa into bf16's fields, keep the sign bit; that reads as value * 2^-120,
+    which one multiply by 2^120 (exact, a power of two) undoes. Subnormals stay exact too."""
+    if weight.device.type != "cpu":
+        return weight.to(torch.bfloat16)
+    bits = weight.view(torch.int8).to(torch.int16)
+    bits.bitwise_left_shift_(4).bitwise_and_(0x87F0)     # sign | 4 exponent | 3 mantissa bits
+    return bits.view(torch.bfloat16).mul_(_BF16_REBIAS)
+
+
+def fp8_to_dtype(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The exact fp8 values in `dtype` (bf16 / fp16 / fp32 hold every e4m3 value)."""
+    widened = fp8_e4m3_to_bf16(weight)
+    return widened if dtype == torch.bfloat16 else widened.to(dtype)
+
+
+def scaled_fp8_quant(x: torch.Tensor, scale: torch.Tensor | None = None,
+                     use_per_token_if_dynamic: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] -> (x / scale as e4m3 [M, K], scale fp32). A given `scale` is static; None makes
+    it dynamic: one for the tensor ([1]) or, per token, one per row ([M, 1])."""
+    if scale is None:
+        amax = (x.abs().amax(dim=-1, keepdim=True) if use_per_token_if_dynamic
+                else x.abs().amax().reshape(1))
+        scale = (amax.float() / FP8_MAX).clamp_(min=1e-12)
+    q = (x.float() / scale).clamp_(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+    return q, scale.float()
+
+
+def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
+               bias: torch.Tensor | None = None, *, input_scale: torch.Tensor | None = None,
+               quantize_input: bool = False, per_token: bool = False) -> torch.Tensor:
+    """`y = x W^T * scales + b` for an e4m3 weight [N, K] with a per-tensor ([1]) or per-channel
+    ([N]) fp32 `weight_scale`. With `quantize_input` (W8A8, vLLM's fp8 semantics) x is first
+    rounded to e4m3 with `input_scale` (static) or a dynamic per-tensor / per-token scale; both
+    operands then hold exact fp8 values and every scale is applied once, on the fp32 output."""
+    k = x.shape[-1]
+    x2 = x.reshape(-1, k)                                          # [M, K]
+    scale = weight_scale.float().reshape(1, -1)                    # [1, 1] or [1, N]
+    if quantize_input:
+        xq, x_scale = scaled_fp8_quant(x2, input_scale, per_token)  # x_scale [1] or [M, 1]
+        x2 = fp8_to_dtype(xq, x.dtype)
+        scale = scale * x_scale.reshape(-1, 1)                     # [1 or M, 1 or N]
+    out = _matmul_fp8_weight(x2, weight)                           # [M, N], unscaled
+    out.mul_(scale)
+    if bias is not None:
+        out.add_(bias)
+    return out.reshape(*x.shape[:-1], weight.shape[0])
+
+
+def fp8_block_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tensor,
+                     block_size: list[int], bias: torch.Tensor | None = None, *,
+                     quantize_input: bool = True) -> torch.Tensor:
+    """Block-wise fp8 (DeepSeek style): `weight_scale_inv` [ceil(N/bn), ceil(K/bk)] scales each
+    [bn, bk] block. Activations get vLLM's dynamic per-token-group (1 x bk) fp8 rounding."""
+    block_n, block_k = block_size
+    k = x.shape[-1]
+    x2 = x.reshape(-1, k)
+    if quantize_input:
+        x2 = _fake_quant_fp8_groups(x2, block_k)
+    n = weight.shape[0]
+    rows = max(block_n, (_TILE_ELEMS // k) // block_n * block_n)   # tiles start on block rows
+    out = x2.new_empty(x2.shape[0], n)
+    for start in range(0, n, rows):
+        stop = min(start + rows, n)
+        scales = weight_scale_inv[start // block_n:(stop + block_n - 1) // block_n].float()
+        scales = scales.repeat_interleave(block_n, 0)[:stop - start]
+        scales = scales.repeat_interleave(block_k, 1)[:, :k]               # [rows, K]
+        tile = fp8_to_dtype(weight[start:stop], torch.float32).mul_(scales).to(x.dtype)
+        out[:, start:stop] = F.linear(x2, tile)
+    if bias is not None:
+        out.add_(bias)
+    return out.reshape(*x.shape[:-1], n)
+
+
+def per_tensor_fp8_quant(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Online fp8: (e4m3 weight, fp32 scale [1]) with the scale `max|W| / 448`."""
+    scale = (weight.abs().amax().float() / FP8_MAX).clamp_(min=1e-12).reshape(1)
+    return _quantize_rows(weight, scale.reshape(1, 1), FP8_DTYPE, FP8_MAX), scale
+
+
+def per_channel_fp8_quant(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Online fp8, per output channel: (e4m3 weight [N, K], fp32 scale [N])."""
+    scale = (weight.abs().amax(dim=1).float() / FP8_MAX).clamp_(min=1e-12)
+    return _quantize_rows(weight, scale.reshape(-1, 1), FP8_DTYPE, FP8_MAX), scale
+
+
+def per_channel_int8_quant(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric per-channel int8: (int8 [N, K], fp32 scale [N]). Each scale is rounded UP to a
+    bf16 value, so the bf16 kernel's scales are exact and no value clips."""
+    scale = (weight.abs().amax(dim=1).float() / INT8_MAX).clamp_(min=1e-8)
+    rounded = scale.to(torch.bfloat16).float()
+    low = rounded < scale
+    # one bf16 ulp up: bf16 is the top half of an fp32, so its ulp is bit 16 (scales are > 0)
+    rounded[low] = (rounded[low].view(torch.int32) + (1 << 16)).view(torch.float32)
+    return _quantize_rows(weight, rounded.reshape(-1, 1), torch.int8, INT8_MAX), rounded
+
+
+def scaled_int8_quant(x: torch.Tensor,
+                      scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric int8 activations x [M, K] -> (int8 [M, K], fp32 scale): a given per-tensor
+    scale (static), else dynamic per token ([M, 1])."""
+    if scale is None:
+        scale = (x.abs().amax(dim=-1, keepdim=True).float() / INT8_MAX).clamp_(min=1e-10)
+    q = torch.round(x.float() / scale).clamp_(-INT8_MAX, INT8_MAX).to(torch.int8)
+    return q, scale.float()
+
+
+def int8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
+                bias: torch.Tensor | None = None, *, input_scale: torch.Tensor | None = None,
+                quantize_input: bool = False) -> torch.Tensor:
+    """`y = x W^T * scale + b` for an int8 weight [N, K] with fp32 per-channel scales [N] (or [1]).
+    With `quantize_input` (W8A8) x is rounded to int8 per token (or with the static
+    `input_scale`) and fed as exact integers; the activation scale is applied to the output."""
+    k, n = x.shape[-1], weight.shape[0]
+    x2 = x.reshape(-1, k)                                          # [M, K]
+    x_scale = None
+    if quantize_input:
+        xq, x_scale = scaled_int8_quant(x2, input_scale)
+        x2 = xq.to(x.dtype)                                        # |q| <= 127: exact in bf16
+    scale = weight_scale.float().reshape(-1).expand(n)             # [N]
+    if (x2.device.type == "cpu" and x2.shape[0] <= _INT8PACK_MAX_ROWS
+            and x2.dtype in (torch.bfloat16, torch.float16)):
+        out = torch._weight_int8pack_mm(x2.contiguous(), weight, scale.to(x2.dtype))
+    else:
+        out = F.linear(x2, weight.to(x2.dtype)).mul_(scale)
+    if x_scale is not None:
+        out.mul_(x_scale.reshape(-1, 1))
+    if bias is not None:
+        out.add_(bias)
+    return out.reshape(*x.shape[:-1], n)
+
+
+def _matmul_fp8_weight(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x [M, K] @ fp8 weight [N, K]^T with the weight's exact values, one row tile at a time."""
+    n, k = weight.shape
+    rows = max(1, _TILE_ELEMS // k)
+    if rows >= n:
+        return F.linear(x, fp8_to_dtype(weight, x.dtype))
+    out = x.new_empty(x.shape[0], n)
+    for start in range(0, n, rows):
+        out[:, start:start + rows] = F.linear(x, fp8_to_dtype(weight[start:start + rows], x.dtype))
+    return out
+
+
+def _fake_quant_fp8_groups(x: torch.Tensor, group: int) -> torch.Tensor:
+    """x [M, K] rounded to e4m3 with one dynamic scale per (token, group of `group` columns)."""
+    m, k = x.shape
+    padded = F.pad(x.float(), (0, (-k) % group)).reshape(m, -1, group)   # [M, K/g, g]
+    scale = (padded.abs().amax(dim=-1, keepdim=True) / FP8_MAX).clamp_(min=1e-12)
+    q = (padded / scale).clamp_(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+    return (fp8_to_dtype(q, torch.float32) * scale).reshape(m, -1)[:, :k].to(x.dtype)
+
+
+def _quantize_rows(weight: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype,
+                   qmax: float) -> torch.Tensor:
+    """weight / scale rounded to `dtype` (fp8 rounds itself; int8 via round-half-even), a row
+    tile at a time so that no fp32 copy of a large weight is made. scale: [1, 1] or [N, 1]."""
+    out = torch.empty(weight.shape, dtype=dtype, device=weight.device)
+    rows = max(1, _TILE_ELEMS // max(1, weight.shape[1]))
+    for start in range(0, weight.shape[0], rows):
+        tile_scale = scale if scale.shape[0] == 1 else scale[start:start + rows]
+        tile = weight[start:start + rows].float() / tile_scale
+        if dtype == torch.int8:
+            tile = torch.round(tile)
+        out[start:start + rows] = tile.clamp_(-qmax, qmax).to(dtype)
+    return out
