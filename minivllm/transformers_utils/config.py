@@ -1,13 +1,30 @@
 """Loading Hugging Face configs (folders and GGUF files) and normalising their RoPE fields."""
 
+import importlib
 import os
 from typing import Any
 
-from transformers import AutoConfig, PretrainedConfig
+from transformers import PretrainedConfig
 
-# GGUF metadata names no architecture; map llama.cpp's model_type to the HF class name.
-_GGUF_ARCHS = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
-               "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+from minivllm.transformers_utils.gguf_file import GGUFFile, open_gguf
+
+# llama.cpp architecture -> (transformers model folder, config class, HF architecture name).
+_GGUF_ARCHS = {"llama": ("llama", "LlamaConfig", "LlamaForCausalLM"),
+               "mistral": ("mistral", "MistralConfig", "MistralForCausalLM"),
+               "qwen2": ("qwen2", "Qwen2Config", "Qwen2ForCausalLM"),
+               "qwen3": ("qwen3", "Qwen3Config", "Qwen3ForCausalLM")}
+# `<arch>.<key>` metadata -> config field, as transformers' GGUF loader maps them. Qwen's
+# rope.dimension_count is not its head_dim (transformers skips it there too).
+_GGUF_ARCH_KEYS = {
+    "context_length": "max_position_embeddings", "block_count": "num_hidden_layers",
+    "feed_forward_length": "intermediate_size", "embedding_length": "hidden_size",
+    "rope.freq_base": "rope_theta", "attention.head_count": "num_attention_heads",
+    "attention.head_count_kv": "num_key_value_heads",
+    "attention.layer_norm_rms_epsilon": "rms_norm_eps", "vocab_size": "vocab_size",
+}
+_GGUF_HEAD_DIM_ARCHS = ("llama", "mistral")
+_GGUF_TOKEN_IDS = {"bos_token_id": "bos_token_id", "eos_token_id": "eos_token_id",
+                   "unknown_token_id": "unk_token_id", "padding_token_id": "pad_token_id"}
 
 
 def is_gguf(model: str) -> bool:
@@ -17,19 +34,57 @@ def is_gguf(model: str) -> bool:
 def get_config(model: str) -> PretrainedConfig:
     """Read the HF config of a checkpoint folder or of a `.gguf` file's metadata."""
     if is_gguf(model):
-        config = AutoConfig.from_pretrained(os.path.dirname(os.path.abspath(model)),
-                                            gguf_file=os.path.basename(model))
-        if not getattr(config, "architectures", None):
-            arch = _GGUF_ARCHS.get(config.model_type)
-            config.architectures = [arch] if arch else [config.model_type]
+        config = _gguf_config(model)
     elif os.path.isdir(model):
         if not os.path.isfile(os.path.join(model, "config.json")):
             raise ValueError(f"{model!r} has no config.json; pass a HF checkpoint folder or a .gguf file")
+        # Imported here for start-up time: the auto tables cost ~0.3 s and GGUF runs skip them.
+        from transformers import AutoConfig
+
         config = AutoConfig.from_pretrained(model)
     else:
         raise ValueError(f"Model path {model!r} is neither a folder nor a .gguf file "
                          "(minivllm never downloads from a hub)")
     patch_rope_parameters(config)
+    return config
+
+
+def gguf_config_dict(gguf_file: GGUFFile) -> dict[str, Any]:
+    """The config fields llama.cpp's metadata states, named as transformers' GGUF loader names them."""
+    meta, arch = gguf_file.metadata, gguf_file.architecture
+    keys = dict(_GGUF_ARCH_KEYS)
+    if arch in _GGUF_HEAD_DIM_ARCHS:
+        keys["rope.dimension_count"] = "head_dim"
+    # llama.cpp writes output.weight only when it is not the embedding matrix.
+    fields: dict[str, Any] = {"tie_word_embeddings": gguf_file.get_tensor("output.weight") is None}
+    if "general.name" in meta:
+        fields["_model_name_or_path"] = meta["general.name"]
+    fields.update({name: meta[f"{arch}.{key}"] for key, name in keys.items() if f"{arch}.{key}" in meta})
+    fields.update({name: meta[f"tokenizer.ggml.{key}"] for key, name in _GGUF_TOKEN_IDS.items()
+                   if f"tokenizer.ggml.{key}" in meta})
+    if "vocab_size" not in fields and "tokenizer.ggml.tokens" in meta:
+        fields["vocab_size"] = len(meta["tokenizer.ggml.tokens"])
+    return fields
+
+
+def _gguf_config(path: str) -> PretrainedConfig:
+    path = os.path.abspath(path)
+    gguf_file = open_gguf(path)
+    arch = gguf_file.architecture
+    if arch not in _GGUF_ARCHS:
+        # Other architectures: transformers' own (slower) GGUF conversion, when it knows them.
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))
+        if not getattr(config, "architectures", None):
+            config.architectures = [config.model_type]
+        return config
+    folder, class_name, hf_arch = _GGUF_ARCHS[arch]
+    # Only this family's config module: `AutoConfig` would import every family's table.
+    module = importlib.import_module(f"transformers.models.{folder}.configuration_{folder}")
+    config = getattr(module, class_name)(**gguf_config_dict(gguf_file))
+    config.architectures = [hf_arch]
+    config.name_or_path = os.path.dirname(path)       # what AutoConfig(gguf_file=) records
     return config
 
 

@@ -11,6 +11,7 @@ Where madvise is unavailable or refused, the arena is ordinary memory: only spee
 
 import ctypes
 import ctypes.util
+import mmap
 import os
 import sys
 
@@ -48,8 +49,13 @@ def enabled() -> bool:
 
 def arena(nbytes: int) -> torch.Tensor:
     """A zeroed uint8 [nbytes] CPU tensor; its 2 MB-aligned span is madvised for huge pages
-    before anything touches it (so the zeroing faults it in as 2 MB pages)."""
-    raw = torch.empty(nbytes + HUGE_PAGE, dtype=torch.uint8)
+    before anything touches it.
+
+    The memory is an anonymous mapping, which the kernel fills with zeros page by page on first
+    touch: a 2 GiB KV budget costs no time and no resident memory until blocks are written (a
+    `zero_()` here took ~1 s and made the whole budget resident at start-up)."""
+    # MAP_PRIVATE | MAP_ANONYMOUS; the tensor keeps the mmap object (and so the mapping) alive.
+    raw = torch.frombuffer(mmap.mmap(-1, nbytes + HUGE_PAGE), dtype=torch.uint8)
     offset = (-raw.data_ptr()) % HUGE_PAGE
     buf = raw[offset:offset + nbytes]
     madvise = _libc_madvise()
@@ -57,7 +63,7 @@ def arena(nbytes: int) -> torch.Tensor:
         span = (nbytes + HUGE_PAGE - 1) // HUGE_PAGE * HUGE_PAGE  # inside raw: offset + span <= len
         if madvise(buf.data_ptr(), span, _MADV_HUGEPAGE) != 0:
             logger.debug("madvise(MADV_HUGEPAGE) refused (errno %d)", ctypes.get_errno())
-    return buf.zero_()
+    return buf
 
 
 def _aligned(n: int) -> int:

@@ -53,6 +53,34 @@ def test_arena_is_advised_for_huge_pages(monkeypatch):
     assert len(calls) == 1 and bool((plain == 0).all())
 
 
+def _rss_kb(addr: int) -> int:
+    """Resident kB of the mapping that holds `addr` (Linux /proc/self/smaps)."""
+    current = None
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()[0]
+            if "-" in head and ":" not in head:
+                lo, hi = (int(x, 16) for x in head.split("-"))
+                current = lo <= addr < hi
+            elif current and line.startswith("Rss:"):
+                return int(line.split()[1])
+    raise AssertionError("address not mapped")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="smaps is Linux's")
+def test_arena_is_resident_only_where_touched(monkeypatch):
+    # The KV budget (2 GiB by default) must cost neither start-up time nor memory until used.
+    # (Advised, the arena is a mapping of its own: smaps then counts it alone.)
+    monkeypatch.setenv("MINIVLLM_HUGEPAGES", "1")
+    buf = hugepages.arena(256 << 20)
+    before = _rss_kb(buf.data_ptr())
+    assert before < (256 << 10) // 8                  # not resident (zeroing made all of it so)
+    buf[:10].fill_(1)
+    buf[-10:].fill_(2)
+    assert 0 < _rss_kb(buf.data_ptr()) - before <= 2 * hugepages.HUGE_PAGE // 1024   # 2 pages
+    assert bool((buf[10:-10] == 0).all()) and int(buf[:10].sum()) == 10
+
+
 class _Tied(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()

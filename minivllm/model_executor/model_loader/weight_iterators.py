@@ -10,6 +10,7 @@ import torch
 from transformers import PretrainedConfig
 
 from minivllm.logger import init_logger
+from minivllm.transformers_utils.gguf_file import open_gguf
 
 logger = init_logger(__name__)
 
@@ -58,13 +59,12 @@ def gguf_weights_iterator(path: str, hf_config: PretrainedConfig) -> Weights:
     """
     import gguf
 
-    reader = gguf.GGUFReader(path)
-    arch_field = reader.fields.get("general.architecture")
-    arch = bytes(arch_field.parts[arch_field.data[0]]).decode() if arch_field else "llama"
+    gguf_file = open_gguf(path)    # parsed once per process, shared with the config and tokenizer
+    arch = gguf_file.architecture
     text_config = hf_config.get_text_config()
     num_heads = text_config.num_attention_heads
     num_kv_heads = getattr(text_config, "num_key_value_heads", None) or num_heads
-    for tensor in reader.tensors:
+    for tensor in gguf_file.tensors:
         if tensor.name in _GGUF_UNUSED:
             continue
         name = _gguf_to_hf_name(tensor.name)

@@ -1,0 +1,74 @@
+"""get_config: GGUF metadata gives the config transformers' GGUF loader gives; folders as before."""
+
+import os
+
+import pytest
+from transformers import AutoConfig
+
+from minivllm.transformers_utils import config as config_module
+from minivllm.transformers_utils.config import get_config, patch_rope_parameters
+
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
+                 "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+
+
+def _reference(path: str, architecture: str):
+    """What `AutoConfig.from_pretrained(folder, gguf_file=...)` gives, as get_config delivers it."""
+    ref = AutoConfig.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))
+    ref.architectures = [architecture]
+    patch_rope_parameters(ref)
+    return ref
+
+
+def test_default_model_config_equals_transformers(default_model_path):
+    ours = get_config(default_model_path)
+    ref = _reference(default_model_path, "LlamaForCausalLM")
+    assert type(ours) is type(ref)
+    assert ours.to_dict() == ref.to_dict()
+    assert (ours.num_hidden_layers, ours.hidden_size, ours.num_key_value_heads, ours.head_dim) == (30, 576, 3, 64)
+    assert ours.tie_word_embeddings and ours.vocab_size == 49152
+    assert ours.rope_parameters == {"rope_type": "default", "rope_theta": 100000.0}
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHITECTURES))
+@pytest.mark.parametrize("tied", [False, True])
+def test_synthetic_files_equal_transformers(tiny_gguf, arch, tied):
+    path = tiny_gguf(arch, arch=arch, tied=tied)
+    ours = get_config(path)
+    ref = _reference(path, ARCHITECTURES[arch])
+    assert type(ours) is type(ref) and ours.to_dict() == ref.to_dict()
+    assert ours.architectures == [ARCHITECTURES[arch]] and ours.tie_word_embeddings is tied
+    assert ours.vocab_size == 14 and ours.bos_token_id == 1 and ours.eos_token_id == 0
+
+
+def test_gguf_config_skips_auto_config(tiny_gguf, monkeypatch):
+    # The known families build their config class directly: AutoConfig's GGUF path re-parses.
+    import transformers
+
+    def fail(*args, **kwargs):
+        raise AssertionError("AutoConfig.from_pretrained was called")
+
+    monkeypatch.setattr(transformers.AutoConfig, "from_pretrained", fail)
+    assert get_config(tiny_gguf()).architectures == ["LlamaForCausalLM"]
+
+
+def test_other_architectures_use_transformers_converter(tiny_gguf, monkeypatch):
+    path = tiny_gguf("phi3", arch="phi3")
+    assert "phi3" not in config_module._GGUF_ARCHS
+    config = get_config(path)
+    assert config.model_type == "phi3" and config.architectures == ["phi3"]
+
+
+def test_folder_config_is_auto_config(tiny_llama_factory):
+    folder = tiny_llama_factory()
+    ours = get_config(folder)
+    ref = AutoConfig.from_pretrained(folder)
+    patch_rope_parameters(ref)
+    assert ours.to_dict() == ref.to_dict()
+
+
+def test_bad_paths_raise(tmp_path):
+    with pytest.raises(ValueError, match="no config.json"):
+        get_config(str(tmp_path))
+    with pytest.raises(ValueError, match="neither a folder nor a .gguf"):
+        get_config(str(tmp_path / "missing"))
