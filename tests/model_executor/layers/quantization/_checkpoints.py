@@ -30,9 +30,9 @@ def is_linear_weight(name: str) -> bool:
 
 
 def write_quantized(src: str, dst: str, quantize: Quantizer, quant_config: dict,
-                    skip: tuple[str, ...] = ()) -> str:
+                    skip: tuple[str, ...] = (), other_dtype: torch.dtype = torch.bfloat16) -> str:
     """`dst`: src's linears through `quantize` (modules in `skip` stay bf16), every other tensor in
-    bf16, config.json with `quantization_config`; `dst + "_ref"`: the dequantised fp32 weights."""
+    `other_dtype`, config.json with `quantization_config`; `dst + "_ref"`: the dequantised fp32 weights."""
     state = load_file(os.path.join(src, "model.safetensors"))
     stored, reference = {}, {}
     for name, tensor in state.items():
@@ -42,7 +42,7 @@ def write_quantized(src: str, dst: str, quantize: Quantizer, quant_config: dict,
             stored.update({f"{module}.{suffix}": t.contiguous() for suffix, t in tensors.items()})
             reference[name] = dequantised.float()
         else:
-            stored[name] = tensor.to(torch.bfloat16)
+            stored[name] = tensor.to(other_dtype)
             reference[name] = stored[name].float()
     for folder, tensors, extra in ((dst, stored, {"quantization_config": quant_config}),
                                    (dst + "_ref", reference, {})):
@@ -56,6 +56,24 @@ def write_quantized(src: str, dst: str, quantize: Quantizer, quant_config: dict,
             shutil.copy(os.path.join(src, "generation_config.json"), folder)
         save_file(tensors, os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
     return dst
+
+
+def write_reference_from_model(model: torch.nn.Module, src: str, dst: str) -> None:
+    """`dst + "_ref"`: src with each quantized linear replaced by the weight the model holds,
+    dequantised (fused layers split back into their checkpoint matrices)."""
+    from minivllm.model_executor.models.llama import LlamaForCausalLM
+
+    state = load_file(os.path.join(src, "model.safetensors"))
+    for name, module in model.named_modules():
+        method = getattr(module, "quant_method", None)
+        if method is None or not hasattr(module, "logical_widths"):
+            continue   # unquantized layers keep the checkpoint's weights
+        parent, _, leaf = name.rpartition(".")
+        shards = LlamaForCausalLM.packed_modules_mapping.get(leaf, [leaf])
+        for shard, part in zip(shards, method.dequantize_weight(module).split(module.logical_widths)):
+            state[f"{parent}.{shard}.weight"] = part
+    dtype = next(p.dtype for n, p in model.named_parameters() if n.endswith("norm.weight"))
+    write_quantized(src, dst, lambda n, w: ({"weight": state[n]}, state[n]), {}, other_dtype=dtype)
 
 
 def fp8_per_tensor(name: str, w: torch.Tensor) -> tuple[dict[str, torch.Tensor], torch.Tensor]:

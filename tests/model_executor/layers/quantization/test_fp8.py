@@ -125,22 +125,6 @@ def test_config_errors():
     assert not online.is_checkpoint_fp8_serialized and online.activation_scheme == "dynamic"
 
 
-def _reference_from_model(model: nn.Module, src: str, dst: str) -> None:
-    """Write src with every fp8 linear replaced by what the model holds, dequantised."""
-    from safetensors.torch import load_file
-
-    state = load_file(f"{src}/model.safetensors")
-    for name, module in model.named_modules():
-        if not isinstance(getattr(module, "quant_method", None), Fp8LinearMethod):
-            continue
-        weight = module.quant_method.dequantize_weight(module)
-        shards = llama_module.LlamaForCausalLM.packed_modules_mapping.get(name.rsplit(".", 1)[-1])
-        parts = weight.split(module.logical_widths) if shards else [weight]
-        for shard, part in zip(shards or [name.rsplit(".", 1)[-1]], parts):
-            state[f"{name.rsplit('.', 1)[0]}.{shard}.weight"] = part
-    ck.write_quantized(src, dst, lambda n, w: ({"weight": state[n]}, state[n]), {})
-
-
 def test_online_fp8_matches_transformers(tiny_llama_factory, tmp_path):
     src = tiny_llama_factory()
     llm = LLM(model=src, quantization="fp8", dtype="bfloat16", enforce_eager=True, block_size=4)
@@ -148,7 +132,7 @@ def test_online_fp8_matches_transformers(tiny_llama_factory, tmp_path):
     qkv = model.model.layers[0].self_attn.qkv_proj
     assert qkv.weight.dtype == torch.float8_e4m3fn and qkv.weight_scale.numel() == 1
     results = ck.run_greedy(llm, ck.prompts())
-    _reference_from_model(model, src, str(tmp_path / "online"))
+    ck.write_reference_from_model(model, src, str(tmp_path / "online"))
     ck.check_against_transformers(str(tmp_path / "online_ref"), ck.prompts(), results, W8A8_ATOL,
                                   prepare=lambda m: ck.fake_quant_inputs(m, fake_fp8_per_tensor))
 
