@@ -26,42 +26,44 @@ void dequant_row_scalar(int qtype, const uint8_t* w, int64_t cols, void* out, in
 }
 
 #if MINIVLLM_GGUF_VNNI
-inline void store16(void* out, int64_t at, int dt, __m512 v) {
+// 32 consecutive outputs (lo: the first 16) at out[at..].
+inline void store32(void* out, int64_t at, int dt, __m512 lo, __m512 hi) {
   if (dt == kF32) {
-    _mm512_storeu_ps(static_cast<float*>(out) + at, v);
-  } else if (dt == kF16) {
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(static_cast<uint16_t*>(out) + at),
-                        _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-  } else {
+    _mm512_storeu_ps(static_cast<float*>(out) + at, lo);
+    _mm512_storeu_ps(static_cast<float*>(out) + at + 16, hi);
+    return;
+  }
+  uint16_t* o = static_cast<uint16_t*>(out) + at;
+  if (dt == kF16) {
+    constexpr int kRound = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(o), _mm512_cvtps_ph(lo, kRound));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + 16), _mm512_cvtps_ph(hi, kRound));
+    return;
+  }
 #if defined(__AVX512BF16__)
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(static_cast<uint16_t*>(out) + at),
-                        (__m256i)_mm512_cvtneps_pbh(v));
+  _mm512_storeu_si512(o, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));  // one op for 32 roundings
 #else
-    alignas(64) float f[16];
-    _mm512_store_ps(f, v);
-    for (int i = 0; i < 16; ++i) store_elem(out, at + i, dt, f[i]);
+  alignas(64) float f[32];
+  _mm512_store_ps(f, lo);
+  _mm512_store_ps(f + 16, hi);
+  for (int i = 0; i < 32; ++i) minivllm::store(f[i], o + i);
 #endif
-  }
 }
 
-// 16 quants (slice s of u) as fp32.
-inline __m512 slice_ps(__m512i u, int s) {
-  __m128i part;
-  switch (s) {  // the extract's lane must be a literal
-    case 0: part = _mm512_extracti32x4_epi32(u, 0); break;
-    case 1: part = _mm512_extracti32x4_epi32(u, 1); break;
-    case 2: part = _mm512_extracti32x4_epi32(u, 2); break;
-    default: part = _mm512_extracti32x4_epi32(u, 3);
-  }
-  return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(part));
+// fma(a, u, b) for the 16 quants at u (lanes of a, b: one value for all 16).
+inline __m512 dequant16(const uint8_t* u, __m512 a, __m512 b) {
+  const __m512 q = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_load_si128((const __m128i*)u)));
+  return _mm512_fmadd_ps(a, q, b);
 }
 
+// One row. Every 16 quants of a register share one (a, b) (a block's half, or a K-quant
+// 16-group), broadcast from its first lane; in the split layout block s's two halves (u[0],
+// u[1] at 16s) are its 32 consecutive outputs, else slices s, s + 1 of u[0] are.
 template <int Q>
 void dequant_row_vnni(const Unit<Q>& unit, const uint8_t* w, RowShape rs, int64_t cols,
                       void* out, int64_t at, int dt) {
   using U = Unit<Q>;
-  const __m512i lane4 = _mm512_srli_epi32(
-      _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), 2);
+  alignas(64) uint8_t ub[U::kRegs][64];
   for (int64_t un = 0; un < rs.units; ++un) {
     const int nb = un + 1 == rs.units ? rs.nb_last : U::kBlocks;
     const uint8_t* p = w + un * U::kUnitBytes;
@@ -71,18 +73,28 @@ void dequant_row_vnni(const Unit<Q>& unit, const uint8_t* w, RowShape rs, int64_
       __m512i u[U::kRegs];
       __m512 a, b;
       unit.chunk(p, nb, c, st, u, &a, &b);
-      for (int g = 0; g < U::kRegs; ++g)
-        for (int s = 0; s < 4; ++s) {  // 16 quants: lanes 4s..4s+3 hold their a, b
-          // split layout: block s's half g; else elements in order
-          const int64_t e = U::kSplit ? un * 128 + 32 * s + 16 * g : (un * U::kChunks + c) * 64 + 16 * s;
-          if (e >= cols) continue;
-          const __m512i idx = _mm512_add_epi32(lane4, _mm512_set1_epi32(4 * s));
-          const __m512 x = _mm512_fmadd_ps(_mm512_permutexvar_ps(idx, a), slice_ps(u[g], s),
-                                           _mm512_permutexvar_ps(idx, b));
-          store16(out, at + e, dt, x);
+      for (int g = 0; g < U::kRegs; ++g) _mm512_store_si512(ub[g], u[g]);
+      const int64_t e0 = (un * U::kChunks + c) * 64 * U::kRegs;  // first output of the chunk
+      if constexpr (U::kSplit) {
+        for (int s = 0; s < nb; ++s) {
+          const __m512i lane = _mm512_set1_epi32(4 * s);
+          const __m512 as = _mm512_permutexvar_ps(lane, a), bs = _mm512_permutexvar_ps(lane, b);
+          store32(out, at + e0 + 32 * s, dt, dequant16(ub[0] + 16 * s, as, bs),
+                  dequant16(ub[1] + 16 * s, as, bs));
         }
+      } else {
+        for (int s = 0; s < 4; s += 2) {
+          const __m512i l0 = _mm512_set1_epi32(4 * s), l1 = _mm512_set1_epi32(4 * s + 4);
+          store32(out, at + e0 + 16 * s, dt,
+                  dequant16(ub[0] + 16 * s, _mm512_permutexvar_ps(l0, a),
+                            _mm512_permutexvar_ps(l0, b)),
+                  dequant16(ub[0] + 16 * s + 16, _mm512_permutexvar_ps(l1, a),
+                            _mm512_permutexvar_ps(l1, b)));
+        }
+      }
     }
   }
+  (void)cols;
 }
 #endif  // MINIVLLM_GGUF_VNNI
 

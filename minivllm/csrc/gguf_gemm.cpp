@@ -60,7 +60,7 @@ struct RowShape {
 RowShape row_shape(int qtype, int64_t k, bool simd) {
   const Geometry g = geometry(qtype);
   if (g.elems == 256) return {k / 256, k, k / 4, 1, false};
-  const int per_unit = simd && qtype != kQ8_0 ? 4 : 2;
+  const int per_unit = simd ? 4 : 2;
   const int64_t blocks = k / 32, units = (blocks + per_unit - 1) / per_unit;
   const int64_t kp = units * per_unit * 32;
   const int nb_last = static_cast<int>(blocks - (units - 1) * per_unit);

@@ -35,12 +35,6 @@ inline __m512i word_table(F f) {
   return _mm512_load_si512(t);
 }
 
-inline int int32_at(const uint8_t* p) {
-  int v;
-  std::memcpy(&v, p, 4);
-  return v;
-}
-
 inline __mmask64 first_bytes(int n) { return n >= 64 ? ~0ull : n <= 0 ? 0 : (1ull << n) - 1; }
 
 // 16 fp16 values (256 bits) -> 16 fp32 lanes.
@@ -52,10 +46,9 @@ inline __m512 halves(__m256i h) { return _mm512_cvtph_ps(h); }
 template <int N>
 inline void load_unit(const uint8_t* p, int bytes, bool whole, __m512i* lo, __m512i* hi) {
   static_assert(N > 64 && N <= 128);
-  if (whole && (N == 68 || N == 72 || N == 80 || N == 96)) {
+  if (whole && (N == 72 || N == 80 || N == 96)) {
     *lo = _mm512_loadu_si512(p);
-    if constexpr (N == 68) *hi = _mm512_zextsi128_si512(_mm_cvtsi32_si128(int32_at(p + 64)));
-    else if constexpr (N == 72) *hi = _mm512_zextsi128_si512(_mm_loadl_epi64((const __m128i*)(p + 64)));
+    if constexpr (N == 72) *hi = _mm512_zextsi128_si512(_mm_loadl_epi64((const __m128i*)(p + 64)));
     else if constexpr (N == 80) *hi = _mm512_zextsi128_si512(_mm_loadu_si128((const __m128i*)(p + 64)));
     else *hi = _mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i*)(p + 64)));
     return;
@@ -112,27 +105,43 @@ struct NibbleUnit {
   }
 };
 
-// Q8_0: a unit is two blocks (one at the end of a row with an odd block count), one chunk of
-// 64 elements in element order; u = q + 128.
+// Q8_0: a unit is four blocks (fewer at the end of a row), one chunk of 128 elements in the
+// split layout of NibbleUnit: u[0] the blocks' elements 0..15, u[1] their elements 16..31, so
+// one scale conversion serves four blocks. u = q + 128.
 struct Q8Unit {
   static constexpr int kBytes = 34;
-  static constexpr int kChunks = 1, kRegs = 1, kBlocks = 2, kUnitBytes = 2 * kBytes;
-  static constexpr bool kSplit = false;
+  static constexpr int kChunks = 1, kRegs = 2, kBlocks = 4, kUnitBytes = 4 * kBytes;
+  static constexpr bool kSplit = true;
   struct State {};
   static inline void begin(const uint8_t*, State*) {}
 
-  __m512i spread, scale_idx;
+  __m512i first, second, scale_idx;
   Q8Unit() {
-    spread = byte_table([](int t) { return (t / 32) * kBytes + 2 + t % 32; });
-    scale_idx = word_table([](int w) { return (w % 16) / 8 * (kBytes / 2); });
+    // first halves from bytes p[0..128), second halves from p[8..136)
+    first = byte_table([](int t) { return (t / 16) * kBytes + 2 + t % 16; });
+    second = byte_table([](int t) { return (t / 16) * kBytes + 10 + t % 16; });
+    scale_idx = word_table([](int w) { return (w % 16) / 4 * (kBytes / 2); });
   }
 
   inline void chunk(const uint8_t* p, int nb, int, const State&, __m512i* u, __m512* a,
                     __m512* b) const {
-    __m512i lo, hi;
-    load_unit<kUnitBytes>(p, nb * kBytes, nb == kBlocks, &lo, &hi);
-    u[0] = _mm512_xor_si512(_mm512_permutex2var_epi8(lo, spread, hi), _mm512_set1_epi8(-128));
-    *a = halves(_mm512_castsi512_si256(_mm512_permutexvar_epi16(scale_idx, lo)));
+    __m512i r0, r1, r2, r3;  // bytes [0, 64), [64, 128), [8, 72), [72, 136) of the unit
+    if (nb == kBlocks) {
+      r0 = _mm512_loadu_si512(p);
+      r1 = _mm512_loadu_si512(p + 64);
+      r2 = _mm512_loadu_si512(p + 8);
+      r3 = _mm512_loadu_si512(p + 72);
+    } else {
+      const int bytes = nb * kBytes;
+      r0 = _mm512_maskz_loadu_epi8(first_bytes(bytes), p);
+      r1 = _mm512_maskz_loadu_epi8(first_bytes(bytes - 64), p + 64);
+      r2 = _mm512_maskz_loadu_epi8(first_bytes(bytes - 8), p + 8);
+      r3 = _mm512_maskz_loadu_epi8(first_bytes(bytes - 72), p + 72);
+    }
+    const __m512i flip = _mm512_set1_epi8(-128);
+    u[0] = _mm512_xor_si512(_mm512_permutex2var_epi8(r0, first, r1), flip);
+    u[1] = _mm512_xor_si512(_mm512_permutex2var_epi8(r2, second, r3), flip);
+    *a = halves(_mm512_castsi512_si256(_mm512_permutex2var_epi16(r0, scale_idx, r1)));
     *b = _mm512_mul_ps(*a, _mm512_set1_ps(-128.0f));
   }
 };

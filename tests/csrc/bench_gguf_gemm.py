@@ -1,6 +1,6 @@
 """Micro-benchmark (not a test): GGUF linears on the default model's shapes, against bf16.
 
-Run: PYTHONPATH=. [THREADS=2] python tests/csrc/bench_gguf_gemm.py [M ...]
+Run: PYTHONPATH=. [THREADS=2] python tests/csrc/bench_gguf_gemm.py [M ...]  (THREADS=1: CPU time)
 For each shape (SmolLM2-135M: qkv, o, gate_up, down in Q4_1, the tied LM head in Q8_0) and row
 count M: microseconds per `gguf_linear` call, the packed weight's bytes per second, and the same
 run's bf16 path on the dequantised weight (M <= 64: the native AMX GEMM / GEMV; more rows:
@@ -27,15 +27,18 @@ PER_STEP = {"qkv": 30, "o": 30, "gate_up": 30, "down": 30, "lm_head": 1}
 
 
 def interleaved(fns: dict, reps: int) -> dict[str, float]:
-    """Median us per call of each fn, calls interleaved round-robin."""
+    """Median us per call of each fn, calls interleaved round-robin. With one thread the clock is
+    the thread's CPU time (which other processes on the shared host barely disturb), else wall
+    time."""
+    clock = time.thread_time if torch.get_num_threads() == 1 else time.perf_counter
     times = {name: [] for name in fns}
     for fn in fns.values():
         fn()
     for _ in range(reps):
         for name, fn in fns.items():
-            t0 = time.perf_counter()
+            t0 = clock()
             fn()
-            times[name].append((time.perf_counter() - t0) * 1e6)
+            times[name].append((clock() - t0) * 1e6)
     return {name: statistics.median(v) for name, v in times.items()}
 
 

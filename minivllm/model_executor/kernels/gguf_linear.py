@@ -24,9 +24,11 @@ GGUF_KERNEL_TYPES: frozenset[int] = frozenset(int(t) for t in DEQUANTIZERS)
 _BLOCKS: dict[int, tuple[int, int]] = {
     t: GGML_QUANT_SIZES[GGMLQuantizationType(t)] for t in GGUF_KERNEL_TYPES}
 _DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
-# Rows of x up to which the int8 dot kernels beat dequantised tiles + AMX (measured with
-# tests/csrc/bench_gguf_gemm.py on the 2-core box: at 16 rows the dot is still faster).
-GGUF_DOT_MAX_ROWS = 16
+# Rows of x up to which the int8 dot kernels beat dequantised tiles + AMX. The dot's cost grows
+# with each row of x (6 vector ops per 128 weights and row), the tiles' stays at the
+# dequantisation (~25 per 128): on the 2-core box (one thread, CPU time) the int8 dot is
+# 1.7-3x faster at 1-4 rows, even at 8, and 1.4-2x slower at 16 (Q4_1 gate_up / down, Q8_0).
+GGUF_DOT_MAX_ROWS = 8
 # Bytes of the bf16 tile the AMX path dequantises into (half per thread: fits L2 next to x).
 _TILE_BYTES = 1 << 20
 # Elements of a dequantised tile on the `F.linear` fallback path.
