@@ -1,8 +1,11 @@
 """GPTQ checkpoints: parsing, the input-dim packing and zero convention, act-order (desc_act)
 with a random g_idx, whole models against transformers running the dequantised weights."""
 
+import os
+
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from minivllm import LLM
 from minivllm.model_executor.layers.quantization import get_quantization_config
@@ -64,6 +67,12 @@ def test_gptq_model_matches_transformers_fp32(tiny_llama_factory, tmp_path, grou
     assert not {"qzeros", "scales", "g_idx"} & set(layer._parameters)
     # act-order keeps the permutation that makes each group's input rows contiguous
     assert (layer.input_perm is not None) == (desc_act and group_size != -1)
+    # dequantize_weight undoes it: the fused q/k/v rows of the dequantised checkpoint
+    qkv = model_of(llm).model.layers[0].self_attn.qkv_proj
+    ref = load_file(os.path.join(dequant_dir, "model.safetensors"))
+    expected = torch.cat([ref[f"model.layers.0.self_attn.{p}_proj.weight"] for p in "qkv"])
+    torch.testing.assert_close(qkv.quant_method.dequantize_weight(qkv), expected,
+                               atol=1e-6, rtol=0)
 
 
 def test_gptq_v2_zeros_and_bf16(tiny_llama_factory, tmp_path):
