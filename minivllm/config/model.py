@@ -27,13 +27,18 @@ def default_model_path() -> str:
                      "(a HF checkpoint folder or a .gguf file).")
 
 
-def resolve_dtype(dtype: str | torch.dtype, hf_config: PretrainedConfig) -> torch.dtype:
+def resolve_dtype(dtype: str | torch.dtype, hf_config: PretrainedConfig,
+                  packed_gguf: bool = False) -> torch.dtype:
     if isinstance(dtype, torch.dtype):
         if dtype not in _DTYPES.values():
             raise ValueError(f"dtype {dtype} is not supported; choose one of auto, {', '.join(_DTYPES)}")
         return dtype
     if dtype == "auto":
-        # A checkpoint saved in half precision runs in it; everything else (fp32, GGUF) in fp32.
+        # A checkpoint saved in half precision runs in it; a GGUF file run packed in bf16 where
+        # the CPU computes bf16 natively (fp32 activations take the exact, slow reference path
+        # of the GGUF kernels); everything else in fp32.
+        if packed_gguf and torch.ops.mkldnn._is_mkldnn_bf16_supported():
+            return torch.bfloat16
         cfg_dtype = getattr(hf_config, "dtype", None)
         if isinstance(cfg_dtype, str):
             cfg_dtype = _DTYPES.get(cfg_dtype)
@@ -41,6 +46,36 @@ def resolve_dtype(dtype: str | torch.dtype, hf_config: PretrainedConfig) -> torc
     if dtype not in _DTYPES:
         raise ValueError(f"Unknown dtype {dtype!r}; choose one of auto, {', '.join(_DTYPES)}")
     return _DTYPES[dtype]
+
+
+def checkpoint_quant_method(hf_config: PretrainedConfig) -> str | None:
+    """`quantization_config.quant_method` of a HF config (lower case), None when unquantized."""
+    quant_cfg = getattr(hf_config, "quantization_config", None)
+    if quant_cfg is None:
+        return None
+    if not isinstance(quant_cfg, dict):
+        quant_cfg = quant_cfg.to_dict()
+    method = quant_cfg.get("quant_method")
+    return str(method).lower().replace("_", "-") if method else None
+
+
+def resolve_quantization(quantization: str | None, hf_config: PretrainedConfig,
+                         gguf_file: bool) -> str | None:
+    """The method the model runs with (None: unquantized), checked against the checkpoint."""
+    requested = None if quantization is None else str(quantization).lower()
+    stored = "gguf" if gguf_file else checkpoint_quant_method(hf_config)
+    if requested in ("none", "null"):
+        if stored not in (None, "gguf"):
+            raise ValueError(f"The checkpoint is quantized with {stored!r}; --quantization none "
+                             "only dequantises GGUF files. Omit it or pass "
+                             f"--quantization {stored}")
+        return None
+    if requested is None or requested == stored:
+        return stored
+    if stored is not None:
+        raise ValueError(f"The checkpoint is quantized with {stored!r}, but quantization="
+                         f"{requested!r} was requested; omit --quantization or pass {stored!r}")
+    return requested
 
 
 @dataclass
@@ -52,6 +87,10 @@ class ModelConfig:
     dtype: str | torch.dtype = "auto"
     max_model_len: int | None = None   # defaults to the config's max_position_embeddings
     seed: int = 0
+    # None: the checkpoint's own method (config.json's quantization_config, "gguf" for .gguf
+    # files); "none": dequantise a GGUF file (reference runs); fp8/int8/int4 on an unquantized
+    # checkpoint: online quantization. Validated against the registry when the engine is built.
+    quantization: str | None = None
     hf_config: PretrainedConfig | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -62,7 +101,9 @@ class ModelConfig:
             self.hf_config = get_config(self.model)
         if self.tokenizer is None:
             self.tokenizer = self.model
-        self.dtype = resolve_dtype(self.dtype, self.hf_config)
+        self.quantization = resolve_quantization(self.quantization, self.hf_config,
+                                                 is_gguf(self.model))
+        self.dtype = resolve_dtype(self.dtype, self.hf_config, self.quantization == "gguf")
         limit = getattr(self.hf_config, "max_position_embeddings", None) or 2048
         if self.max_model_len is None:
             self.max_model_len = limit

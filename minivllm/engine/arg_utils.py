@@ -18,6 +18,9 @@ from minivllm.config import (CacheConfig, CompilationConfig, DeviceConfig, LoadC
 from minivllm.config.cache import CACHE_DTYPES
 from minivllm.config.compilation import CompilationMode
 from minivllm.config.load import LOAD_FORMATS
+from minivllm.model_executor.layers.quantization import (QUANTIZATION_METHODS,
+                                                         get_quantization_config)
+from minivllm.model_executor.model_loader.weight_utils import get_quant_config
 
 _DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
 _DEVICE_CHOICES = ("cpu", "cuda", "auto")
@@ -48,8 +51,9 @@ class EngineArgs:
     model: str | None = _arg(None, "HF checkpoint folder or .gguf file "
                              "(default: the embedded SmolLM2-135M-Instruct)")
     tokenizer: str | None = _arg(None, "tokenizer folder (default: the model's)")
-    dtype: str = _arg("auto", "weight and activation dtype; auto: the checkpoint's half "
-                      "precision, else float32", choices=_DTYPE_CHOICES)
+    dtype: str = _arg("auto", "activation (and unquantized weight) dtype; auto: the "
+                      "checkpoint's half precision, bfloat16 for packed GGUF where the CPU has "
+                      "native bf16, else float32", choices=_DTYPE_CHOICES)
     max_model_len: int | None = _arg(None, "longest sequence, prompt plus output "
                                      "(default: the model's max_position_embeddings)")
     seed: int = _arg(0, "random seed: random weights, the CLI's per-request sampling seed")
@@ -82,13 +86,22 @@ class EngineArgs:
         None, "compilation mode 0-3 or a JSON CompilationConfig, e.g. '{\"mode\": 3}'; "
         "overrides --enforce-eager", aliases=("-O",), type=_parse_compilation_config)
     load_format: str = _arg("auto", "how to read the weights", choices=LOAD_FORMATS)
+    quantization: str | None = _arg(None, "weight quantization; default: the checkpoint's own "
+                                    "(config.json, GGUF tensor types); fp8/int8/int4 quantize an "
+                                    "unquantized checkpoint online; none: dequantise a GGUF file",
+                                    aliases=("-q",), choices=[*QUANTIZATION_METHODS, "none"])
     device: str = _arg("cpu", "where the model runs; auto: cuda when available",
                        choices=_DEVICE_CHOICES)
 
     def create_engine_config(self) -> VllmConfig:
         """Validate every part once and assemble the VllmConfig."""
+        if self.quantization not in (None, "none", *QUANTIZATION_METHODS):
+            get_quantization_config(self.quantization)   # raises, listing the known names
         model_config = ModelConfig(model=self.model, tokenizer=self.tokenizer, dtype=self.dtype,
-                                   max_model_len=self.max_model_len, seed=self.seed)
+                                   max_model_len=self.max_model_len, seed=self.seed,
+                                   quantization=self.quantization)
+        load_config = LoadConfig(load_format=self.load_format)
+        device_config = DeviceConfig(self.device)
         return VllmConfig(
             model_config=model_config,
             cache_config=CacheConfig(block_size=self.block_size, cache_dtype=self.kv_cache_dtype,
@@ -106,9 +119,10 @@ class EngineArgs:
                 max_num_queued_requests=self.max_num_queued_requests,
                 enable_chunked_prefill=self.enable_chunked_prefill,
                 long_prefill_token_threshold=self.long_prefill_token_threshold),
-            device_config=DeviceConfig(self.device),
-            load_config=LoadConfig(load_format=self.load_format),
-            compilation_config=self._compilation_config())
+            device_config=device_config,
+            load_config=load_config,
+            compilation_config=self._compilation_config(),
+            quant_config=get_quant_config(model_config, load_config, device_config.device))
 
     def _compilation_config(self) -> CompilationConfig:
         """An explicit compilation_config wins; otherwise enforce_eager picks mode 0 or 3."""

@@ -7,6 +7,7 @@ import torch.nn as nn
 
 from minivllm.config import LoadConfig, ModelConfig, VllmConfig
 from minivllm.logger import init_logger
+from minivllm.model_executor.model_loader.gguf_loader import gguf_quant_weights_iterator
 from minivllm.model_executor.model_loader.utils import initialize_model, process_weights_after_loading
 from minivllm.model_executor.model_loader.weight_iterators import (gguf_weights_iterator,
                                                                    safetensors_weights_iterator)
@@ -42,7 +43,10 @@ class DefaultModelLoader(BaseModelLoader):
             if fmt not in ("auto", "gguf"):
                 raise ValueError(f"load_format={fmt!r} cannot read the GGUF file {model_config.model!r}; "
                                  "use 'auto' or 'gguf'")
-            weights = gguf_weights_iterator(model_config.model, model_config.hf_config)
+            # quantization="gguf" keeps the blocks packed; "none" dequantises (reference runs).
+            reader = (gguf_quant_weights_iterator if model_config.quantization == "gguf"
+                      else gguf_weights_iterator)
+            weights = reader(model_config.model, model_config.hf_config)
         else:
             if fmt == "gguf":
                 raise ValueError(f"load_format='gguf' needs a .gguf file, got {model_config.model!r}")

@@ -12,6 +12,7 @@ import torch.nn as nn
 from minivllm.config import ModelConfig, VllmConfig, set_current_vllm_config
 from minivllm.logger import init_logger
 from minivllm.model_executor.models.interfaces import supports_quant
+from minivllm.model_executor.model_loader.weight_utils import get_quant_config
 from minivllm.model_executor.models.registry import ModelRegistry
 
 logger = init_logger(__name__)
@@ -42,6 +43,10 @@ def initialize_model(vllm_config: VllmConfig, *, prefix: str = "", model_class: 
     model_config = model_config or vllm_config.model_config
     if model_class is None:
         model_class, _ = get_model_architecture(model_config)
+    if vllm_config.quant_config is None and model_config.quantization is not None:
+        # A VllmConfig assembled by hand (EngineArgs fills this in itself).
+        vllm_config.quant_config = get_quant_config(model_config, vllm_config.load_config,
+                                                    vllm_config.device_config.device)
     if vllm_config.quant_config is not None:
         _configure_quant_config(vllm_config.quant_config, model_class)
     device = torch.device(vllm_config.device_config.device)

@@ -111,3 +111,11 @@ def _checkpoint_files(folder: str, index_name: str, pattern: str) -> list[str]:
             weight_map = json.load(f)["weight_map"]
         return [os.path.join(folder, name) for name in sorted(set(weight_map.values()))]
     return sorted(glob.glob(os.path.join(folder, pattern)))
+
+
+
+# Shared with the packed GGUF reader (model_loader/gguf_loader.py).
+GGUF_PERMUTED_ARCHS = _GGUF_PERMUTED_ARCHS
+GGUF_UNUSED = _GGUF_UNUSED
+gguf_to_hf_name = _gguf_to_hf_name
+unpermute_rows = _unpermute_rows

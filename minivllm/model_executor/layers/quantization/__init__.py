@@ -1,4 +1,10 @@
-"""Quantization hooks: config base class, per-layer methods, and the unquantized defaults."""
+"""Quantization: config base class, per-layer methods, the unquantized defaults, the method registry.
+
+Each method lives in its own module, imported on first use (`get_quantization_config`), so a run
+without quantization never loads fp8 / int4 / GGUF code.
+"""
+
+import importlib
 
 from minivllm.model_executor.layers.quantization.base_config import (QuantizationConfig,
                                                                      QuantizeMethodBase,
@@ -8,13 +14,29 @@ from minivllm.model_executor.layers.quantization.base_config import (Quantizatio
 from minivllm.model_executor.layers.quantization.unquantized import (UnquantizedEmbeddingMethod,
                                                                      UnquantizedLinearMethod)
 
-# Names accepted by `--quantization`; minivllm ships no quantized kernels yet.
-QUANTIZATION_METHODS: list[str] = []
+# `--quantization` name -> "module:Class" under this package. A checkpoint's
+# `quantization_config.quant_method` (or a .gguf file) picks one; for an unquantized checkpoint
+# fp8 / int8 / int4 quantize the weights online, after loading.
+_METHODS: dict[str, str] = {
+    "gguf": "gguf:GGUFConfig",
+    "fp8": "fp8:Fp8Config",
+    "compressed-tensors": "compressed_tensors:CompressedTensorsConfig",
+    "awq": "awq:AWQConfig",
+    "gptq": "gptq:GPTQConfig",
+    "int8": "int8:Int8Config",
+    "int4": "int4:Int4Config",
+}
+QUANTIZATION_METHODS: list[str] = list(_METHODS)
 
 
 def get_quantization_config(quantization: str) -> type[QuantizationConfig]:
-    raise ValueError(f"Invalid quantization method {quantization!r}. "
-                     f"Available methods: {QUANTIZATION_METHODS or 'none'}")
+    """The QuantizationConfig class registered as `quantization` (ValueError naming the known)."""
+    if quantization not in _METHODS:
+        raise ValueError(f"Invalid quantization method {quantization!r}. Available methods: "
+                         f"{', '.join(QUANTIZATION_METHODS)} (or 'none')")
+    module_name, _, class_name = _METHODS[quantization].partition(":")
+    module = importlib.import_module(f"{__name__}.{module_name}")
+    return getattr(module, class_name)
 
 
 __all__ = [

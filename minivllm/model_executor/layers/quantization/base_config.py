@@ -115,6 +115,23 @@ class QuantizationConfig(ABC):
         """Checkpoint names to drop or rename (a WeightsMapper); None for now."""
         return None
 
+    def verify_runtime(self, device: str, act_dtype: torch.dtype) -> None:
+        """Fail before the model is built when this method cannot run here: the activation dtype
+        (`--dtype`) and, on CUDA, the GPU's compute capability. Methods with CPU-feature needs
+        extend this and name the method that would run instead."""
+        supported = self.get_supported_act_dtypes()
+        if act_dtype not in supported:
+            names = ", ".join(str(d).removeprefix("torch.") for d in supported)
+            raise ValueError(f"Quantization method {self.get_name()!r} runs with activations in "
+                             f"{names}, not {str(act_dtype).removeprefix('torch.')}; pass "
+                             f"--dtype {names.split(', ')[0]}")
+        if device == "cuda" and torch.cuda.is_available():
+            major, minor = torch.cuda.get_device_capability()
+            if major * 10 + minor < self.get_min_capability():
+                raise ValueError(f"Quantization method {self.get_name()!r} needs GPU compute "
+                                 f"capability >= {self.get_min_capability()}, this GPU has "
+                                 f"{major * 10 + minor}")
+
 
 def resolve_quant_method(quant_config: QuantizationConfig, layer: nn.Module,
                          prefix: str) -> QuantizeMethodBase | None:
@@ -147,6 +164,8 @@ def is_layer_skipped(prefix: str, ignored_layers: list[str],
     shard_prefixes = [prefix.replace(proj_name, shard) for shard in fused_mapping[proj_name]]
     skipped = {matches(p) for p in shard_prefixes}
     if len(skipped) > 1:
-        raise ValueError(f"Detected some but not all shards of {prefix} are quantized. All shards "
-                         "of fused layers to have the same precision.")
+        listed = ", ".join(f"{p} ({'skipped' if matches(p) else 'quantized'})"
+                           for p in shard_prefixes)
+        raise ValueError(f"Detected some but not all shards of {prefix} are quantized: {listed}. "
+                         "All shards of a fused layer must have the same precision.")
     return skipped.pop()
