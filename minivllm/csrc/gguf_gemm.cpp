@@ -1,13 +1,14 @@
 // Linears and dequantisation straight from GGUF-packed weights (uint8 block rows as in the file).
 //
 // Decode steps (few rows of x) are bound by streaming the packed weight once, so they never
-// widen it: x is quantized to int8 per 32 elements (scale amax / 127, as llama.cpp's Q8_0), and
-// each weight chunk of 64 quants (unsigned bytes, gguf_simd.h) meets x's int8 through
-// vpdpbusd (64 multiply-adds per instruction, int32 sums per 4 elements). With the common form
-// x_w = a * u + b per element, a 4-element lane adds a * dx * sum(u * q) + b * dx * sum(q), so
-// the per-block scales cost two fp32 FMAs per 64 elements and per token. Without AVX-512 VNNI a
-// scalar loop computes the same sums. Prompt chunks instead dequantise the weight 16 rows at a
-// time into an L2-sized bf16 tile and run the AMX GEMM (gemm_amx.cpp) on it, tile by tile.
+// widen it: x is quantized to int8 per 32 elements (scale amax / 127, as llama.cpp's Q8_0;
+// gguf_activation.h), and the weight's quants, unpacked 64 to a register as unsigned bytes
+// (gguf_simd.h), meet x's int8 through vpdpbusd (64 multiply-adds per instruction, int32 sums per
+// 4 elements). With the common form w = a * u + b per element (gguf_blocks.h), an int32 lane
+// adds a * dx * sum(u * q) + b * dx * sum(q): the per-block scales cost one multiply and two FMAs
+// per 16 lanes and row of x. Without AVX-512 VNNI / VBMI a scalar loop computes the same sums.
+// Prompt chunks instead dequantise the weight into a bf16 tile of L2 size (gguf_dequant.h) and
+// run the AMX GEMM (gemm_amx.cpp) on it, tile by tile.
 
 #include <algorithm>
 #include <cmath>
@@ -25,6 +26,8 @@
 #include "gguf_simd.h"
 #endif
 
+#include "gguf_activation.h"
+
 extern "C" int minivllm_gemm_amx_bf16(const uint16_t*, int64_t, const uint16_t*, int64_t,
                                       const uint16_t*, uint16_t*, int64_t, int64_t, int64_t,
                                       int64_t, int32_t);
@@ -32,152 +35,6 @@ extern "C" int minivllm_gemm_amx_bf16(const uint16_t*, int64_t, const uint16_t*,
 namespace {
 
 using namespace minivllm::gguf;
-
-enum DType : int { kF32 = 0, kBF16 = 1, kF16 = 2 };  // element types of x, bias, y, outputs
-
-inline float load_elem(const void* p, int64_t i, int dt) {
-  if (dt == kF32) return static_cast<const float*>(p)[i];
-  if (dt == kBF16) return minivllm::to_float(static_cast<const uint16_t*>(p)[i]);
-  _Float16 h = static_cast<const _Float16*>(p)[i];
-  return static_cast<float>(h);
-}
-
-inline void store_elem(void* p, int64_t i, int dt, float v) {
-  if (dt == kF32) static_cast<float*>(p)[i] = v;
-  else if (dt == kBF16) minivllm::store(v, static_cast<uint16_t*>(p) + i);
-  else static_cast<_Float16*>(p)[i] = static_cast<_Float16>(v);
-}
-
-// Geometry of a row for the kernels: units of `blocks` blocks (the last unit of a row may hold
-// fewer, nb_last), kp = k padded to whole units, lanes = fp32 lanes of dx / s4 per row.
-// split: the activation layout of NibbleUnit (each block's two halves in separate registers).
-struct RowShape {
-  int64_t units, kp, lanes;
-  int nb_last;
-  bool split;
-};
-
-RowShape row_shape(int qtype, int64_t k, bool simd) {
-  const Geometry g = geometry(qtype);
-  if (g.elems == 256) return {k / 256, k, k / 4, 1, false};
-  const int per_unit = simd ? 4 : 2;
-  const int64_t blocks = k / 32, units = (blocks + per_unit - 1) / per_unit;
-  const int64_t kp = units * per_unit * 32;
-  const int nb_last = static_cast<int>(blocks - (units - 1) * per_unit);
-  return {units, kp, per_unit == 4 ? kp / 8 : kp / 4, nb_last, per_unit == 4};
-}
-
-// x quantized per 32 elements: q [m, kp] int8 (zeros past k), and per fp32 lane (4 elements of
-// one vpdpbusd lane; in the split layout, 4 of each half) dx [m, lanes] (the block's scale) and
-// s4 [m, lanes] (dx * the sum of the lane's q). One copy per thread: a copy written by one core
-// made the other core fetch it line by line, every call (as in gemm_amx.cpp).
-struct Activation {
-  std::vector<int8_t> q;
-  std::vector<float> dx, s4;
-};
-
-#if MINIVLLM_GGUF_VNNI
-inline __m512 load16(const void* x, int64_t at, int dt) {
-  if (dt == kF32) return _mm512_loadu_ps(static_cast<const float*>(x) + at);
-  const __m256i h = _mm256_loadu_si256((const __m256i*)(static_cast<const uint16_t*>(x) + at));
-  if (dt == kF16) return _mm512_cvtph_ps(h);
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
-
-// quantize_block below, vectorised (the same values: round to nearest even either way).
-void quantize_block_simd(const void* x, int64_t at, int dt, int64_t blk, bool split, int8_t* q,
-                         float* dx, float* s4) {
-  const __m512 v0 = load16(x, at, dt), v1 = load16(x, at + 16, dt);
-  const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
-  const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
-  const __m128i q0 = _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(v0, _mm512_set1_ps(id))));
-  const __m128i q1 = _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(v1, _mm512_set1_ps(id))));
-  const __m128i ones = _mm_set1_epi8(1), zero = _mm_setzero_si128();
-  if (!split) {  // 8 lanes: sums of 4 consecutive q
-    _mm_storeu_si128((__m128i*)(q + 32 * blk), q0);
-    _mm_storeu_si128((__m128i*)(q + 32 * blk + 16), q1);
-    const __m256i sums = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(1),
-                                             _mm256_set_m128i(q1, q0));
-    _mm256_storeu_ps(dx + 8 * blk, _mm256_set1_ps(d));
-    _mm256_storeu_ps(s4 + 8 * blk, _mm256_mul_ps(_mm256_cvtepi32_ps(sums), _mm256_set1_ps(d)));
-    return;
-  }
-  const int64_t unit = blk / 4, jb = blk % 4;  // 4 lanes: 4 q of each half
-  _mm_storeu_si128((__m128i*)(q + 128 * unit + 16 * jb), q0);
-  _mm_storeu_si128((__m128i*)(q + 128 * unit + 64 + 16 * jb), q1);
-  const __m128i sums = _mm_dpbusd_epi32(_mm_dpbusd_epi32(zero, ones, q0), ones, q1);
-  _mm_storeu_ps(dx + 16 * unit + 4 * jb, _mm_set1_ps(d));
-  _mm_storeu_ps(s4 + 16 * unit + 4 * jb, _mm_mul_ps(_mm_cvtepi32_ps(sums), _mm_set1_ps(d)));
-}
-#endif
-
-// Block `blk` of one row of x (elements from `at`) into row buffers q, dx, s4.
-void quantize_block(const void* x, int64_t at, int dt, int64_t blk, bool split, int8_t* q,
-                    float* dx, float* s4) {
-#if MINIVLLM_GGUF_VNNI
-  return quantize_block_simd(x, at, dt, blk, split, q, dx, s4);
-#endif
-  float v[32], amax = 0.0f;
-  for (int i = 0; i < 32; ++i) {
-    v[i] = load_elem(x, at + i, dt);
-    amax = std::max(amax, std::fabs(v[i]));
-  }
-  const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
-  int8_t qb[32];
-  for (int i = 0; i < 32; ++i) qb[i] = static_cast<int8_t>(std::nearbyint(v[i] * id));
-  if (!split) {
-    std::memcpy(q + 32 * blk, qb, 32);
-    for (int j = 0; j < 8; ++j) {
-      dx[8 * blk + j] = d;
-      s4[8 * blk + j] = d * static_cast<float>(qb[4 * j] + qb[4 * j + 1] + qb[4 * j + 2] +
-                                               qb[4 * j + 3]);
-    }
-    return;
-  }
-  const int64_t unit = blk / 4, jb = blk % 4;  // 128-element unit, block in it
-  std::memcpy(q + 128 * unit + 16 * jb, qb, 16);
-  std::memcpy(q + 128 * unit + 64 + 16 * jb, qb + 16, 16);
-  for (int j = 0; j < 4; ++j) {
-    int sum = 0;
-    for (int i = 0; i < 4; ++i) sum += qb[4 * j + i] + qb[16 + 4 * j + i];
-    dx[16 * unit + 4 * jb + j] = d;
-    s4[16 * unit + 4 * jb + j] = d * static_cast<float>(sum);
-  }
-}
-
-// A padding block past k: q = 0 and finite scales (the weight's padding is zero: 0 * finite).
-void zero_block(int64_t blk, bool split, int8_t* q, float* dx, float* s4) {
-  const int64_t unit = blk / 4, jb = blk % 4;
-  if (!split) {
-    std::fill_n(q + 32 * blk, 32, 0);
-    std::fill_n(dx + 8 * blk, 8, 0.0f);
-    std::fill_n(s4 + 8 * blk, 8, 0.0f);
-    return;
-  }
-  std::fill_n(q + 128 * unit + 16 * jb, 16, 0);
-  std::fill_n(q + 128 * unit + 64 + 16 * jb, 16, 0);
-  std::fill_n(dx + 16 * unit + 4 * jb, 4, 0.0f);
-  std::fill_n(s4 + 16 * unit + 4 * jb, 4, 0.0f);
-}
-
-bool quantize_rows(const void* x, int64_t x_stride, int dt, int64_t m, int64_t k, RowShape rs,
-                   Activation* act) {
-  try {  // NOTE: resize, then zero only the padding: every other entry is written below
-    act->q.resize(m * rs.kp);
-    act->dx.resize(m * rs.lanes);
-    act->s4.resize(m * rs.lanes);
-  } catch (...) {
-    return false;
-  }
-  for (int64_t r = 0; r < m; ++r) {
-    int8_t* q = act->q.data() + r * rs.kp;
-    float *dx = act->dx.data() + r * rs.lanes, *s4 = act->s4.data() + r * rs.lanes;
-    for (int64_t c = 0; c < k; c += 32)
-      quantize_block(x, r * x_stride + c, dt, c / 32, rs.split, q, dx, s4);
-    for (int64_t c = k; c < rs.kp; c += 32) zero_block(c / 32, rs.split, q, dx, s4);
-  }
-  return true;
-}
 
 // out[r][mm] = sum over k of row (n0 + r) of the weight times token (m0 + mm) of x, for
 // r < rows and mm < mc, from the int8 sums (scalar: any CPU).

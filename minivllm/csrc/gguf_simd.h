@@ -48,9 +48,10 @@ inline void load_unit(const uint8_t* p, int bytes, bool whole, __m512i* lo, __m5
   static_assert(N > 64 && N <= 128);
   if (whole && (N == 72 || N == 80 || N == 96)) {
     *lo = _mm512_loadu_si512(p);
-    if constexpr (N == 72) *hi = _mm512_zextsi128_si512(_mm_loadl_epi64((const __m128i*)(p + 64)));
-    else if constexpr (N == 80) *hi = _mm512_zextsi128_si512(_mm_loadu_si128((const __m128i*)(p + 64)));
-    else *hi = _mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i*)(p + 64)));
+    const void* tail = p + 64;
+    if constexpr (N == 72) *hi = _mm512_zextsi128_si512(_mm_loadl_epi64((const __m128i*)tail));
+    else if constexpr (N == 80) *hi = _mm512_zextsi128_si512(_mm_loadu_si128((const __m128i*)tail));
+    else *hi = _mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i*)tail));
     return;
   }
   *lo = _mm512_maskz_loadu_epi8(first_bytes(bytes), p);
@@ -101,7 +102,8 @@ struct NibbleUnit {
     }
     const __m512i s = _mm512_permutex2var_epi16(lo, scale_idx, hi);
     *a = halves(_mm512_castsi512_si256(s));
-    *b = kMin ? halves(_mm512_extracti64x4_epi64(s, 1)) : _mm512_mul_ps(*a, _mm512_set1_ps(kOffset));
+    *b = kMin ? halves(_mm512_extracti64x4_epi64(s, 1))
+              : _mm512_mul_ps(*a, _mm512_set1_ps(kOffset));
   }
 };
 
@@ -157,11 +159,54 @@ struct KUnit {
     __m512 a, b;  // a, b of the current super-block, per 16 elements
   };
 
+  // NOTE: vectorised: scalar stores of a[16] read back as one vector stalled (no store
+  // forwarding) and made K-quants 3x slower than Q4_1 per byte.
   static inline void begin(const uint8_t* p, State* st) {
-    alignas(64) float a[16], b[16];
-    k_scales(Q, p, a, b);
-    st->a = _mm512_load_ps(a);
-    st->b = _mm512_load_ps(b);
+    const __m128i f = _mm_set1_epi8(0x0F);
+    const auto to_ps = [](__m128i bytes) {
+      return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(bytes));
+    };
+    if constexpr (Q == kQ4_K || Q == kQ5_K) {  // a: 8 scales x d, then 8 mins x -dmin
+      const __m128i v = _mm_loadu_si128((const __m128i*)(p + 4));  // scale bytes s[0..12)
+      const __m128i lo = _mm_shuffle_epi8(v, _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7,
+                                                            8, 9, 10, 11));
+      const __m128i up = _mm_shuffle_epi8(v, _mm_setr_epi8(-1, -1, -1, -1, 0, 1, 2, 3, -1, -1,
+                                                            -1, -1, 4, 5, 6, 7));
+      const __m128i keep = _mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 0, 0,
+                                         0, 0);
+      const __m128i mins_hi = _mm_and_si128(_mm_srli_epi16(lo, 4),
+                                            _mm_setr_epi32(0, 0, 0, 0x0F0F0F0F));
+      const __m128i six = _mm_or_si128(
+          _mm_or_si128(_mm_and_si128(lo, keep), mins_hi),
+          _mm_and_si128(_mm_srli_epi16(up, 2), _mm_set1_epi8(0x30)));
+      const __m512 dd = _mm512_insertf32x8(_mm512_set1_ps(half_at(p)),
+                                           _mm256_set1_ps(-half_at(p + 2)), 1);
+      st->a = _mm512_mul_ps(to_ps(six), dd);
+    } else if constexpr (Q == kQ6_K) {
+      st->a = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+                                _mm_loadu_si128((const __m128i*)(p + 192)))),
+                            _mm512_set1_ps(half_at(p + 208)));
+      st->b = _mm512_mul_ps(st->a, _mm512_set1_ps(-32.0f));
+    } else if constexpr (Q == kQ2_K) {
+      const __m128i v = _mm_loadu_si128((const __m128i*)p);
+      st->a = _mm512_mul_ps(to_ps(_mm_and_si128(v, f)), _mm512_set1_ps(half_at(p + 80)));
+      st->b = _mm512_mul_ps(to_ps(_mm_and_si128(_mm_srli_epi16(v, 4), f)),
+                            _mm512_set1_ps(-half_at(p + 82)));
+    } else {  // Q3_K: 4 low bits from s[i % 8] >> 4 (i / 8), 2 high from s[8 + i % 4] >> 2 (i / 4)
+      const __m128i v = _mm_loadu_si128((const __m128i*)(p + 96 - 4));  // bytes 92..108
+      const __m128i low = _mm_and_si128(
+          _mm_srlv_epi16(_mm_shuffle_epi8(v, _mm_setr_epi8(4, 5, 6, 7, 8, 9, 10, 11, 4, 5, 6, 7,
+                                                           8, 9, 10, 11)),
+                         _mm_setr_epi16(0, 0, 0, 0, 4, 4, 4, 4)), f);
+      const __m128i high = _mm_and_si128(
+          _mm_srlv_epi16(_mm_shuffle_epi8(v, _mm_setr_epi8(12, 13, 14, 15, 12, 13, 14, 15, 12,
+                                                           13, 14, 15, 12, 13, 14, 15)),
+                         _mm_setr_epi16(0, 0, 2, 2, 4, 4, 6, 6)), _mm_set1_epi8(3));
+      const __m512i sc = _mm512_sub_epi32(
+          _mm512_cvtepu8_epi32(_mm_or_si128(low, _mm_slli_epi16(high, 4))), _mm512_set1_epi32(32));
+      st->a = _mm512_mul_ps(_mm512_cvtepi32_ps(sc), _mm512_set1_ps(half_at(p + 108)));
+      st->b = _mm512_mul_ps(st->a, _mm512_set1_ps(-4.0f));
+    }
   }
 
   // Two 32-element groups from one 32-byte span: element 32g + l of the chunk is
@@ -202,13 +247,16 @@ struct KUnit {
       q = _mm512_or_si512(nib, _mm512_slli_epi16(qh, 4));
     }
     u[0] = q;
-    // lane j of chunk c covers elements 64c + 4j..: 16-element group 4c + j / 4
-    const __m512i idx = _mm512_add_epi32(_mm512_set1_epi32(4 * c),
-                                         _mm512_srli_epi32(_mm512_setr_epi32(
-                                             0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14,
-                                             15), 2));
-    *a = _mm512_permutexvar_ps(idx, st.a);
-    *b = _mm512_permutexvar_ps(idx, st.b);
+    const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    if constexpr (Q == kQ4_K || Q == kQ5_K) {  // lane j: 32-group 2c + j / 8 (st.a: a, then b)
+      const __m512i idx = _mm512_add_epi32(_mm512_set1_epi32(2 * c), _mm512_srli_epi32(lane, 3));
+      *a = _mm512_permutexvar_ps(idx, st.a);
+      *b = _mm512_permutexvar_ps(_mm512_add_epi32(idx, _mm512_set1_epi32(8)), st.a);
+    } else {  // lane j of chunk c covers elements 64c + 4j..: 16-element group 4c + j / 4
+      const __m512i idx = _mm512_add_epi32(_mm512_set1_epi32(4 * c), _mm512_srli_epi32(lane, 2));
+      *a = _mm512_permutexvar_ps(idx, st.a);
+      *b = _mm512_permutexvar_ps(idx, st.b);
+    }
   }
 };
 

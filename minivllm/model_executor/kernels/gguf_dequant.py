@@ -22,7 +22,7 @@ def _shifts(*values: int, device: torch.device) -> torch.Tensor:
 
 
 def _nibbles(qs: torch.Tensor, group: int) -> torch.Tensor:
-    """uint8 [..., n] -> [..., n // group, 2, group]: low then high nibbles of each `group` bytes."""
+    """uint8 [..., n] -> [..., n // group, 2, group]: low, then high nibbles of `group` bytes."""
     qs = qs.reshape(*qs.shape[:-1], -1, 1, group)
     return (qs >> _shifts(0, 4, device=qs.device).reshape(2, 1)) & 0x0F
 
