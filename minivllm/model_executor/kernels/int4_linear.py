@@ -52,9 +52,11 @@ def pack_int4(codes: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tens
     zeros = (8.0 - zero_points.float().repeat_interleave(repeat, dim=1)) * scales
     # [K/kg, N, 2]
     scales_and_zeros = torch.stack((scales, zeros), dim=-1).transpose(0, 1).contiguous().to(dtype)
-    codes = codes.to(torch.int32)
+    # NOTE: contiguous before widening: callers pass transposed uint8 codes, and a 4-byte copy
+    # of a big layer is the load-time peak.
+    codes = codes.contiguous()
     if uses_int4pack(codes.device, num_out):
-        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.contiguous(), 1)
+        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32), 1)
     else:
         # plain layout: byte j of row n holds q[n, 2j] (low nibble) and q[n, 2j + 1]
         pairs = codes.view(num_out, num_in // 2, 2).to(torch.uint8)

@@ -138,8 +138,9 @@ class AWQLinearMethod(Int4LinearKernelMixin, QuantizeMethodBase):
 
 
 def unpack_awq(packed: torch.Tensor) -> torch.Tensor:
-    """int32 [R, C] in AWQ's nibble order -> int32 codes [R, 8 C] in column order."""
+    """int32 [R, C] in AWQ's nibble order -> uint8 codes [R, 8 C] in column order."""
     shifts = torch.arange(0, 32, 4, dtype=torch.int32, device=packed.device)
-    nibbles = (packed.unsqueeze(-1) >> shifts) & 15            # [R, C, 8] in pack order
+    # [R, C, 8] in pack order; uint8 at once: one byte per code while the layer is repacked
+    nibbles = ((packed.unsqueeze(-1) >> shifts) & 15).to(torch.uint8)
     order = torch.tensor(_AWQ_REVERSE_ORDER, device=packed.device)
     return nibbles.index_select(-1, order).reshape(packed.shape[0], -1)

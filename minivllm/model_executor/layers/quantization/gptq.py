@@ -152,10 +152,10 @@ class GPTQLinearMethod(Int4LinearKernelMixin, QuantizeMethodBase):
 
 
 def unpack_gptq_qweight(qweight: torch.Tensor) -> torch.Tensor:
-    """int32 [K/8, N] packed along the input dim -> int32 codes [K, N]."""
+    """int32 [K/8, N] packed along the input dim -> uint8 codes [K, N]."""
     shifts = torch.arange(0, 32, 4, dtype=torch.int32, device=qweight.device)
     nibbles = (qweight.unsqueeze(1) >> shifts.view(1, 8, 1)) & 15   # [K/8, 8, N]
-    return nibbles.reshape(-1, qweight.shape[1])
+    return nibbles.to(torch.uint8).reshape(-1, qweight.shape[1])
 
 
 def unpack_gptq_qzeros(qzeros: torch.Tensor) -> torch.Tensor:

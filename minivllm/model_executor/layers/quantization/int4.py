@@ -19,6 +19,8 @@ from minivllm.model_executor.layers.quantization.unquantized import UnquantizedL
 
 SUPPORTED_GROUP_SIZES = (32, 64, 128)
 ACT_DTYPES = [torch.bfloat16, torch.float16, torch.float32]
+# Weights quantized at once (whole rows): the fp32 temporaries of a big layer stay ~128 MB.
+_QUANTIZE_CHUNK = 1 << 24
 
 
 class Int4Config(QuantizationConfig):
@@ -105,14 +107,24 @@ def quantize_int4(weight: torch.Tensor, group_size: int,
                   sym: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Round-to-nearest int4 of `weight` [N, K] per group of `group_size` columns.
 
-    Returns (codes [N, K] int32 in [0, 16), scales and zero points [N, K/g] fp32) with
+    Returns (codes [N, K] uint8 in [0, 16), scales and zero points [N, K/g] fp32) with
     `weight ~ (codes - zp) * scale`. Symmetric: `zp = 8`, scale = amax / 7.5 (codes -8 .. 7).
     """
     num_out, num_in = weight.shape
     if num_in % group_size != 0:
         raise ValueError(f"The input size {num_in} is not a multiple of the int4 group size "
                          f"{group_size}; choose one of {SUPPORTED_GROUP_SIZES} that divides it")
-    groups = weight.float().view(num_out, num_in // group_size, group_size)
+    step = max(1, _QUANTIZE_CHUNK // num_in)
+    parts = [_quantize_rows(weight[start:start + step], group_size, sym)
+             for start in range(0, num_out, step)]
+    codes, scales, zero_points = (torch.cat(p) for p in zip(*parts))
+    return codes, scales, zero_points
+
+
+def _quantize_rows(weight: torch.Tensor, group_size: int,
+                   sym: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    rows, num_in = weight.shape
+    groups = weight.float().view(rows, num_in // group_size, group_size)
     if sym:
         scales = groups.abs().amax(dim=-1) / 7.5
         zero_points = torch.full_like(scales, 8.0)
@@ -122,9 +134,8 @@ def quantize_int4(weight: torch.Tensor, group_size: int,
         scales = (high - low) / 15.0
         zero_points = torch.round(-low / scales.clamp(min=1e-12)).clamp(0, 15)
     scales = scales.clamp(min=1e-12)                     # an all-zero group: codes = zp
-    codes = torch.round(groups / scales[..., None]) + zero_points[..., None]
-    codes = codes.clamp(0, 15).to(torch.int32).view(num_out, num_in)
-    return codes, scales, zero_points
+    codes = torch.round(groups / scales[..., None]).add_(zero_points[..., None])
+    return codes.clamp_(0, 15).to(torch.uint8).view(rows, num_in), scales, zero_points
 
 
 def set_int4_weights(layer: nn.Module, codes: torch.Tensor, scales: torch.Tensor,

@@ -8,6 +8,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from minivllm.model_executor.layers.quantization import get_quantization_config
+from minivllm.model_executor.layers.quantization import int4
 from minivllm.model_executor.layers.quantization.int4 import Int4Config, quantize_int4
 
 from tests.model_executor.layers.quantization._int4_checkpoints import (LINEARS, check_against_hf,
@@ -22,7 +23,7 @@ def test_quantize_int4_rounds_to_nearest(group_size: int, sym: bool):
     weight = torch.randn(96, 256)
     weight[:, :group_size] = 0.0                              # an all-zero group
     codes, scales, zero_points = quantize_int4(weight, group_size, sym)
-    assert codes.dtype == torch.int32 and 0 <= int(codes.min()) and int(codes.max()) <= 15
+    assert codes.dtype == torch.uint8 and int(codes.max()) <= 15
     assert scales.shape == zero_points.shape == (96, 256 // group_size)
     if sym:
         assert bool((zero_points == 8).all())
@@ -31,6 +32,14 @@ def test_quantize_int4_rounds_to_nearest(group_size: int, sym: bool):
     err = (deq - weight.view(96, -1, group_size)).abs()
     assert bool((err <= scales[..., None] * 0.5 + 1e-6).all())
     assert bool((deq[:, 0] == 0).all())
+
+
+def test_quantize_int4_in_row_chunks_is_the_same(monkeypatch):
+    weight = torch.randn(96, 256)
+    whole = quantize_int4(weight, 64, False)
+    monkeypatch.setattr(int4, "_QUANTIZE_CHUNK", 256 * 10)     # 10 rows at a time
+    for a, b in zip(quantize_int4(weight, 64, False), whole):
+        assert torch.equal(a, b)
 
 
 def test_config_defaults_and_errors():
