@@ -24,12 +24,17 @@ _QUANTIZE_CHUNK = 1 << 24
 
 
 class Int4Config(QuantizationConfig):
-    """Online int4: `group_size` input columns share a scale (and a zero point unless `sym`)."""
+    """Online int4: `group_size` input columns share a scale (and a zero point unless `sym`).
 
-    def __init__(self, group_size: int = 128, sym: bool = False,
+    `group_size` None (the default): per layer the largest of 128, 64, 32 that divides its input
+    size (SmolLM2's hidden size 576 takes 64).
+    """
+
+    def __init__(self, group_size: int | None = None, sym: bool = False,
                  ignored_layers: list[str] | None = None) -> None:
         super().__init__()
-        check_group_size("int4", group_size, SUPPORTED_GROUP_SIZES)
+        if group_size is not None:
+            check_group_size("int4", group_size, SUPPORTED_GROUP_SIZES)
         self.group_size = group_size
         self.sym = sym
         self.ignored_layers = list(ignored_layers or [])
@@ -58,7 +63,7 @@ class Int4Config(QuantizationConfig):
             raise ValueError(f"This checkpoint is already quantized ({method!r}); --quantization "
                              f"int4 quantizes unquantized checkpoints: drop it or pass "
                              f"--quantization {method}")
-        return cls(group_size=cls.get_from_keys_or(config, ["group_size"], 128),
+        return cls(group_size=cls.get_from_keys_or(config, ["group_size"], None),
                    sym=cls.get_from_keys_or(config, ["sym"], False),
                    ignored_layers=cls.get_from_keys_or(config, ["ignored_layers"], None))
 
@@ -96,11 +101,11 @@ class Int4LinearMethod(Int4LinearKernelMixin, UnquantizedLinearMethod):
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         weight = layer.weight.data                       # [N, K]
-        codes, scales, zero_points = quantize_int4(weight, self.quant_config.group_size,
-                                                   self.quant_config.sym)
+        group_size = self.quant_config.group_size or _default_group_size(
+            weight.shape[1], getattr(layer, "prefix", ""))
+        codes, scales, zero_points = quantize_int4(weight, group_size, self.quant_config.sym)
         del layer.weight                                 # no dense copy stays behind
-        set_int4_weights(layer, codes, scales, zero_points, self.quant_config.group_size,
-                         weight.dtype)
+        set_int4_weights(layer, codes, scales, zero_points, group_size, weight.dtype)
 
 
 def quantize_int4(weight: torch.Tensor, group_size: int,
@@ -155,6 +160,16 @@ def set_int4_weights(layer: nn.Module, codes: torch.Tensor, scales: torch.Tensor
     layer.scales_and_zeros = nn.Parameter(scales_and_zeros, requires_grad=False)
     layer.register_buffer("input_perm", perm, persistent=False)
     layer.int4_group_size = kernel_group
+
+
+def _default_group_size(num_in: int, prefix: str) -> int:
+    for group_size in sorted(SUPPORTED_GROUP_SIZES, reverse=True):
+        if num_in % group_size == 0:
+            return group_size
+    sizes = ", ".join(map(str, SUPPORTED_GROUP_SIZES))
+    raise ValueError(f"int4 cannot quantize {prefix or 'a linear'}: its input size {num_in} is "
+                     f"not a multiple of any group size ({sizes}); leave it out with "
+                     "ignored_layers")
 
 
 def check_group_size(method: str, group_size: int, supported: tuple[int, ...]) -> None:

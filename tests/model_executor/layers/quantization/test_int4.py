@@ -45,7 +45,7 @@ def test_quantize_int4_in_row_chunks_is_the_same(monkeypatch):
 def test_config_defaults_and_errors():
     assert get_quantization_config("int4") is Int4Config
     config = Int4Config.from_config({})
-    assert (config.group_size, config.sym) == (128, False)
+    assert (config.group_size, config.sym) == (None, False)   # per layer: 128, else 64, 32
     assert Int4Config.from_config({"group_size": 32, "sym": True}).sym
     with pytest.raises(ValueError, match="group_size 96 is not supported.*32, 64, 128"):
         Int4Config.from_config({"group_size": 96})
@@ -108,3 +108,13 @@ def test_compiled_model_runs_the_int4_op_as_eager(tiny_llama_factory):
     for (eager_tokens, eager_lp), (tokens, lp) in zip(eager, compiled):
         assert tokens == eager_tokens
         torch.testing.assert_close(lp, eager_lp, atol=1e-3, rtol=0)
+
+
+def test_default_group_is_the_largest_dividing_each_layer(tiny_llama_factory):
+    # hidden 96: q/k/v/gate/up take groups of 32, o_proj too, down_proj (in 256) 128
+    path = tiny_llama_factory("int4_h96", hidden_size=96, intermediate_size=256,
+                              num_attention_heads=4, num_key_value_heads=2)
+    llm, _ = run_llm(path, prompts(), quantization="int4")
+    layer = model_of(llm).model.layers[0]
+    assert layer.self_attn.qkv_proj.int4_group_size == 32
+    assert layer.mlp.down_proj.int4_group_size == 128
