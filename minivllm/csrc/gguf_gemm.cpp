@@ -67,6 +67,10 @@ void dot_rows_scalar(int qtype, const uint8_t* w, int64_t w_stride, int64_t k,
 }
 
 #if MINIVLLM_GGUF_VNNI
+// Rows ahead the dot kernels prefetch: the hardware prefetcher alone left a 30 MB Q8_0 LM head
+// at 6.7 GB/s on one thread, 8 rows ahead 13-15 GB/s (4: 10.7; 16, 32: no better).
+constexpr int kAhead = 8;
+
 // As dot_rows_scalar for R rows (rows < R: the last row is repeated, its extra sums dropped)
 // and MC tokens, with vpdpbusd: the R rows' chunks are unpacked once per MC tokens.
 template <int Q, int R, int MC>
@@ -87,7 +91,13 @@ void dot_rows_vnni(const Unit<Q>& unit, const uint8_t* w, int64_t w_stride, RowS
     const int nb = un + 1 == rs.units ? rs.nb_last : Unit<Q>::kBlocks;
     State st[R];
     #pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) Unit<Q>::begin(row[r] + un * Unit<Q>::kUnitBytes, &st[r]);
+    for (int r = 0; r < R; ++r) {
+      const uint8_t* p = row[r] + un * Unit<Q>::kUnitBytes;
+      // the same unit of the rows kAhead rows on (past the end: a prefetch never faults)
+      for (int off = 0; off < Unit<Q>::kUnitBytes; off += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(p + kAhead * w_stride + off), _MM_HINT_T0);
+      Unit<Q>::begin(p, &st[r]);
+    }
     for (int c = 0; c < Unit<Q>::kChunks; ++c) {
       const int64_t e = un * Unit<Q>::kChunks + c;  // 64-element chunk of the row
       __m512i u[R][Unit<Q>::kRegs];

@@ -26,9 +26,9 @@ _BLOCKS: dict[int, tuple[int, int]] = {
 _DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 # Rows of x up to which the int8 dot kernels beat dequantised tiles + AMX. The dot's cost grows
 # with each row of x (6 vector ops per 128 weights and row), the tiles' stays at the
-# dequantisation (~25 per 128): on the 2-core box (one thread, CPU time) the int8 dot is
-# 1.7-3x faster at 1-4 rows, even at 8, and 1.4-2x slower at 16 (Q4_1 gate_up / down, Q8_0).
-GGUF_DOT_MAX_ROWS = 8
+# dequantisation (~25 per 128): on the 2-core box (one thread, CPU time; Q4_1 gate_up / down,
+# Q8_0 LM head) the dot is 1.4-1.7x faster at 4 rows, even at 6 and 1.2-2x slower from 8.
+GGUF_DOT_MAX_ROWS = 4
 # Bytes of the bf16 tile the AMX path dequantises into (half per thread: fits L2 next to x).
 _TILE_BYTES = 1 << 20
 # Elements of a dequantised tile on the `F.linear` fallback path.
@@ -124,6 +124,8 @@ def gguf_linear(x: torch.Tensor, qweight: torch.Tensor, qtype: int,
     if m > GGUF_DOT_MAX_ROWS:
         return _prompt_linear(lib, x, qweight, qtype, bias)
     y = torch.empty((m, n), dtype=x.dtype)
+    if m == 0:
+        return y
     rc = lib.minivllm_gguf_gemm(qtype, x.data_ptr(), x.stride(0), code, qweight.data_ptr(),
                                 qweight.stride(0), bias.data_ptr() if bias is not None else None,
                                 y.data_ptr(), n, m, n, k, torch.get_num_threads())
