@@ -1,8 +1,9 @@
-"""`minivllm bench {throughput,latency,serve}`: the parsers, registered under the `minivllm` command."""
+"""`minivllm bench {throughput,latency,serve,make-gguf}`: the parsers, under the `minivllm` command."""
 
 import argparse
 import sys
 
+from minivllm.benchmarks.gguf_variants import add_make_gguf_args, run_make_gguf
 from minivllm.benchmarks.latency import add_latency_args, run_latency
 from minivllm.benchmarks.throughput import add_throughput_args, run_throughput
 
@@ -17,6 +18,11 @@ def _cmd_latency(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_make_gguf(args: argparse.Namespace) -> int:
+    run_make_gguf(args)
+    return 0
+
+
 def add_bench_parser(subparsers) -> argparse.ArgumentParser:
     """Adds `bench` and its sub-commands to the `minivllm` sub-parsers; returns the `bench` parser."""
     bench = subparsers.add_parser("bench", help="benchmark throughput, latency or a running server")
@@ -25,9 +31,14 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
                                 "(as `vllm bench throughput`); --backend hf runs transformers")
     add_throughput_args(throughput)
     throughput.set_defaults(func=_cmd_throughput)
-    latency = sub.add_parser("latency", help="one batch end to end: prompt and decode tokens/s")
+    latency = sub.add_parser("latency", help="one batch end to end: prompt and decode tokens/s; "
+                             "--compare llama.cpp against llama.cpp on the same GGUF file")
     add_latency_args(latency)
     latency.set_defaults(func=_cmd_latency)
+    make_gguf = sub.add_parser("make-gguf", help="write a re-quantized GGUF variant (Q8_0, Q4_K, "
+                               "...) of a GGUF model, for the latency comparisons")
+    add_make_gguf_args(make_gguf)
+    make_gguf.set_defaults(func=_cmd_make_gguf)
     _add_serve(sub)
     return bench
 
