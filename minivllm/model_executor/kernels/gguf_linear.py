@@ -104,21 +104,25 @@ def gguf_linear(x: torch.Tensor, qweight: torch.Tensor, qtype: int,
     """`F.linear(x, dequantized weight, bias)` for x [..., in] (bf16, fp16 or fp32) and a
     uint8 [out, row_bytes] GGUF weight (unit-stride rows; a row slice is fine); returns
     [..., out] in x.dtype."""
-    # NOTE: ~120 calls per decode step: the common path is a few attribute and dict lookups.
+    # NOTE: ~120 calls per decode step: the common path is a few attribute and dict lookups
+    # (each tensor property read once).
     lib = _Native.lib if _Native.resolved else _resolve()
     code = _DTYPE_CODES.get(x.dtype)
-    if lib is None or code is None or not x.is_cpu or not qweight.is_cpu or x.dim() != 2:
-        if x.dim() != 2:
-            return gguf_linear(x.reshape(-1, x.shape[-1]), qweight, qtype,
-                               bias).reshape(*x.shape[:-1], qweight.shape[0])
+    shape = x.shape
+    if lib is None or code is None or len(shape) != 2 or not x.is_cpu or not qweight.is_cpu:
+        if len(shape) != 2:
+            return gguf_linear(x.reshape(-1, shape[-1]), qweight, qtype,
+                               bias).reshape(*shape[:-1], qweight.shape[0])
         return F.linear(x, gguf_dequantize(qweight, qtype, x.dtype), bias)
-    (m, k), n = x.shape, qweight.shape[0]
+    (m, k), (n, row_bytes) = shape, qweight.shape
     elems, nbytes = _BLOCKS.get(qtype) or _unsupported(qtype)
-    if k % elems or qweight.shape[1] * elems != k * nbytes or qweight.dtype != torch.uint8:
+    if k % elems or row_bytes * elems != k * nbytes or qweight.dtype != torch.uint8:
         raise ValueError(f"x [{m}, {k}] does not match the {GGMLQuantizationType(qtype).name} "
                          f"weight {qweight.dtype} {list(qweight.shape)}")
-    if x.stride(1) != 1:
+    x_stride = x.stride()
+    if x_stride[1] != 1:
         x = x.contiguous()
+        x_stride = x.stride()
     if bias is not None and (bias.dtype != x.dtype or bias.stride(0) != 1):
         bias = bias.to(x.dtype).contiguous()
     if m > GGUF_DOT_MAX_ROWS:
@@ -126,7 +130,7 @@ def gguf_linear(x: torch.Tensor, qweight: torch.Tensor, qtype: int,
     y = torch.empty((m, n), dtype=x.dtype)
     if m == 0:
         return y
-    rc = lib.minivllm_gguf_gemm(qtype, x.data_ptr(), x.stride(0), code, qweight.data_ptr(),
+    rc = lib.minivllm_gguf_gemm(qtype, x.data_ptr(), x_stride[0], code, qweight.data_ptr(),
                                 qweight.stride(0), bias.data_ptr() if bias is not None else None,
                                 y.data_ptr(), n, m, n, k, torch.get_num_threads())
     if rc != 0:
