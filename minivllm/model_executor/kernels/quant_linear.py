@@ -1,13 +1,19 @@
 """Matmuls with 8-bit weights (fp8 e4m3, int8) in plain PyTorch, tuned for CPU; the quant methods'
 kernels (fp8, compressed-tensors, online int8).
 
-Measured on the 2-core AVX-512/AMX box, one thread, a [3072, 576] weight (docs: see the report in
-the fp8 / int8 tests' module docstrings):
-- torch 2.13's fp8 -> bf16 cast on CPU is scalar (~25 ns per element, 38 ms for this weight) and
-  `torch._scaled_mm` on CPU is slower still (40 ms at M=1, seconds at M=64), so fp8 weights are
-  widened with a bit trick (`fp8_e4m3_to_bf16`, ~1.8 ms, exact) one row tile at a time;
-- `torch._weight_int8pack_mm` beats widening int8 up to a few rows (0.2 ms vs 1.5 ms at M=1) and
-  loses beyond (10 ms vs 3.8 ms at M=64), hence `_INT8PACK_MAX_ROWS`.
+Measured on the shared 2-core AVX-512/AMX box, one thread, a [3072, 576] weight, bf16 x:
+
+| path                                   | M=1    | M=64   |
+|----------------------------------------|--------|--------|
+| bf16 F.linear / oneDNN packed (ref.)   | 0.8 / 0.45 ms | 1.6 / 1.0 ms |
+| fp8: torch's fp8 -> bf16 cast + linear | 32 ms  | 35 ms  |
+| fp8: `torch._scaled_mm` (W8A8)         | 40 ms  | seconds |
+| fp8: bit-trick tiles (W8A16 / W8A8)    | 4.5 / 5.0 ms | 6.5 / 6.9 ms |
+| int8: `_weight_int8pack_mm` / widened  | 0.44 / 1.5 ms | 10.6 / 3.5 ms |
+
+torch 2.13's fp8 -> wider casts on CPU are scalar (~25 ns per element), so fp8 weights are widened
+with integer ops (`fp8_e4m3_to_bf16`, exact) one row tile at a time; `_weight_int8pack_mm` wins
+up to a few rows (`_INT8PACK_MAX_ROWS`), widening beyond.
 No dequantised copy of a weight outlives a call: tiles are at most `_TILE_ELEMS` elements.
 """
 

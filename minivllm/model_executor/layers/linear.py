@@ -67,7 +67,8 @@ class LinearBase(PluggableLayer):
 
     def _create_weights_loader(self) -> Callable[..., None]:
         """What `create_weights` attaches: `weight_loader_v2` for v2 quant methods, else v1."""
-        return self.weight_loader_v2 if v2.uses_weight_loader_v2(self.quant_method) else self.weight_loader
+        v2_method = v2.uses_weight_loader_v2(self.quant_method)
+        return self.weight_loader_v2 if v2_method else self.weight_loader
 
     def update_param_tp_status(self) -> None:
         """Stamp this layer's TP coordinates on its parameters (re-run after post-processing)."""
