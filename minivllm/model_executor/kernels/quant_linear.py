@@ -69,6 +69,8 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor
     operands then hold exact fp8 values and every scale is applied once, on the fp32 output."""
     k = x.shape[-1]
     x2 = x.reshape(-1, k)                                          # [M, K]
+    if x2.shape[0] == 0:                                           # no rows: nothing to scale by
+        return x.new_empty(*x.shape[:-1], weight.shape[0])
     scale = weight_scale.float().reshape(1, -1)                    # [1, 1] or [1, N]
     if quantize_input:
         xq, x_scale = scaled_fp8_quant(x2, input_scale, per_token)  # x_scale [1] or [M, 1]
@@ -87,11 +89,12 @@ def fp8_block_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: to
     """Block-wise fp8 (DeepSeek style): `weight_scale_inv` [ceil(N/bn), ceil(K/bk)] scales each
     [bn, bk] block. Activations get vLLM's dynamic per-token-group (1 x bk) fp8 rounding."""
     block_n, block_k = block_size
-    k = x.shape[-1]
+    k, n = x.shape[-1], weight.shape[0]
     x2 = x.reshape(-1, k)
+    if x2.shape[0] == 0:
+        return x.new_empty(*x.shape[:-1], n)
     if quantize_input:
         x2 = _fake_quant_fp8_groups(x2, block_k)
-    n = weight.shape[0]
     rows = max(block_n, (_TILE_ELEMS // k) // block_n * block_n)   # tiles start on block rows
     out = x2.new_empty(x2.shape[0], n)
     for start in range(0, n, rows):
@@ -147,6 +150,8 @@ def int8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tenso
     `input_scale`) and fed as exact integers; the activation scale is applied to the output."""
     k, n = x.shape[-1], weight.shape[0]
     x2 = x.reshape(-1, k)                                          # [M, K]
+    if x2.shape[0] == 0:
+        return x.new_empty(*x.shape[:-1], n)
     x_scale = None
     if quantize_input:
         xq, x_scale = scaled_int8_quant(x2, input_scale)

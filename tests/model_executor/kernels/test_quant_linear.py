@@ -103,3 +103,12 @@ def test_int8_linear_float32():
     x = torch.randn(3, K)
     torch.testing.assert_close(ql.int8_linear(x, q, scale), x @ (q.float() * scale[:, None]).t(),
                                rtol=1e-5, atol=1e-5)
+
+
+def test_no_rows():
+    wq, scale = ql.per_tensor_fp8_quant(torch.randn(N, K))
+    q, s = ql.per_channel_int8_quant(torch.randn(N, K))
+    x = torch.empty(0, K, dtype=torch.bfloat16)
+    assert ql.fp8_linear(x, wq, scale, quantize_input=True).shape == (0, N)
+    assert ql.fp8_block_linear(x, wq, torch.ones(3, 3), [32, 32]).shape == (0, N)
+    assert ql.int8_linear(x, q, s, quantize_input=True).shape == (0, N)
