@@ -36,7 +36,7 @@ _NOT_GPTQ = ("This checkpoint is not a GPTQ checkpoint (config.json has no GPTQ 
 
 
 class GPTQConfig(QuantizationConfig):
-    """GPTQ: 4-bit weights packed along the input dim, group scales and zeros, optional act-order."""
+    """GPTQ: 4-bit weights packed along the input dim, group scales and zeros, act-order."""
 
     def __init__(self, weight_bits: int, group_size: int, desc_act: bool, sym: bool = True,
                  lm_head_quantized: bool = False, checkpoint_format: str = "gptq") -> None:
