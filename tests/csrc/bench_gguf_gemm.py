@@ -68,7 +68,7 @@ def main() -> None:
                    "bf16": lambda: bf16_path(x, w)}
             if m > 1:
                 fns["deq"] = lambda: F.linear(x, gguf_dequantize(qw, qtype, torch.bfloat16))
-            reps = max(5, min(400, int(2e5 / (n * k / 1e3) / max(1, m / 16))))
+            reps = max(15, min(400, int(2e5 / (n * k / 1e3) / max(1, m / 16))))
             t = interleaved(fns, reps)
             gbs = qw.numel() / t["gguf"] / 1e3
             deq = f" | {t['deq']:9.1f}" if "deq" in t else ""

@@ -126,6 +126,15 @@ def test_amx_prompt_path_matches_dequantised_linear():
     torch.testing.assert_close(y, ops.gemm_bf16(x, w, b), atol=0, rtol=0)
 
 
+def test_prompt_path_without_amx_uses_dequantised_tiles(monkeypatch):
+    monkeypatch.setattr(gl._Native, "amx", False)             # as on Zen 4: no AMX
+    monkeypatch.setattr(gl, "_FALLBACK_TILE", 64 * 576)       # 64-row tiles: several of them
+    qw = torch.from_numpy(random_weight(T.Q4_1, 200, 576))
+    w = gl.gguf_dequantize(qw, T.Q4_1, torch.bfloat16)
+    x, b = torch.randn(40, 576).bfloat16(), torch.randn(200).bfloat16()
+    torch.testing.assert_close(gl.gguf_linear(x, qw, T.Q4_1, b), F.linear(x, w) + b)
+
+
 def _portable_library(tmp_path) -> ctypes.CDLL:
     """The kernels built without AVX-512 VNNI: the scalar dot and dequant loops."""
     flags = ops._FLAGS + ["-mno-avx512vnni"]
