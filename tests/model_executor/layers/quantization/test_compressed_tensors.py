@@ -13,8 +13,9 @@ from tests.model_executor.layers.quantization import _checkpoints as ck
 
 # Weight-only runs differ from transformers by bf16 roundings; W8A8 runs also by activations
 # that a bf16 rounding moves across an 8-bit rounding edge (see test_fp8.py).
+# (measured: W8A16 <= 0.03; int8 W8A8 0.05; fp8 W8A8 0.14, an e4m3 step being 6-12%)
 ATOL_W8A16 = 0.06
-ATOL_W8A8 = 0.35
+ATOL_W8A8 = {"float": 0.35, "int": 0.1}
 
 
 def _args(type_: str, strategy: str, dynamic: bool = False, **extra) -> dict:
@@ -77,7 +78,7 @@ def test_scheme_matches_transformers(tiny_llama_factory, tmp_path, case):
     results = ck.run_greedy(llm, ck.prompts())
     prepare = (lambda m: ck.fake_quant_inputs(m, _fake_quant(type_, True))) if w8a8 else None
     ck.check_against_transformers(path + "_ref", ck.prompts(), results,
-                                  ATOL_W8A8 if w8a8 else ATOL_W8A16, prepare=prepare)
+                                  ATOL_W8A8[type_] if w8a8 else ATOL_W8A16, prepare=prepare)
 
 
 def test_ignore_by_name_and_regex(tiny_llama_factory, tmp_path):
