@@ -147,10 +147,11 @@ void gemm_rows_vnni(const uint8_t* w, int64_t w_stride, const Activation& act, R
     const uint8_t* wn = w + n * w_stride;
     for (int64_t m0 = 0; m0 < m;) {
       const int64_t left = m - m0;
-      const int mc = left >= 8 ? 8 : left >= 4 ? 4 : left >= 2 ? 2 : 1;
+      const int mc = left >= 8 ? 8 : left >= 4 ? 4 : static_cast<int>(left);  // 3: one pass
       if (R == 4) dot_rows_vnni<Q, 4, 1>(unit, wn, w_stride, rs, act, m0, rows, out);
       else if (mc == 8) dot_rows_vnni<Q, 2, 8>(unit, wn, w_stride, rs, act, m0, rows, out);
       else if (mc == 4) dot_rows_vnni<Q, 2, 4>(unit, wn, w_stride, rs, act, m0, rows, out);
+      else if (mc == 3) dot_rows_vnni<Q, 2, 3>(unit, wn, w_stride, rs, act, m0, rows, out);
       else if (mc == 2) dot_rows_vnni<Q, 2, 2>(unit, wn, w_stride, rs, act, m0, rows, out);
       else dot_rows_vnni<Q, 2, 1>(unit, wn, w_stride, rs, act, m0, rows, out);
       for (int r = 0; r < rows; ++r) {
