@@ -100,6 +100,8 @@ def _open_cached(path: str, mtime_ns: int, size: int) -> GGUFFile:
         try:
             # Copy-on-write: the views are writable (torch.from_numpy takes them without a
             # warning) while the file itself can never change through them.
+            # NOTE: a write still reaches every later reader in this process (one cached
+            # mapping), so readers treat the views as read-only.
             buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
         except ValueError as err:        # an empty file cannot be mapped
             raise ValueError(f"{path} is not a GGUF file ({err})") from err

@@ -25,7 +25,8 @@ def test_default_model_config_equals_transformers(default_model_path):
     ref = _reference(default_model_path, "LlamaForCausalLM")
     assert type(ours) is type(ref)
     assert ours.to_dict() == ref.to_dict()
-    assert (ours.num_hidden_layers, ours.hidden_size, ours.num_key_value_heads, ours.head_dim) == (30, 576, 3, 64)
+    shape = (ours.num_hidden_layers, ours.hidden_size, ours.num_key_value_heads, ours.head_dim)
+    assert shape == (30, 576, 3, 64)
     assert ours.tie_word_embeddings and ours.vocab_size == 49152
     assert ours.rope_parameters == {"rope_type": "default", "rope_theta": 100000.0}
 
