@@ -39,15 +39,17 @@ def test_int4pack_layout_is_the_one_the_dequantiser_reads():
         assert torch.equal(dequantize_int4(packed, sz, group), codes.float())
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("group_size", [32, 64, 128])
 @pytest.mark.parametrize("rows", [1, 5, 80])            # int4pack kernel twice, dequant tiles
 @pytest.mark.parametrize("num_out", [128, 48])          # int4pack layout, plain layout
-def test_int4_linear_matches_the_dequantised_matmul(group_size: int, rows: int, num_out: int):
+def test_int4_linear_matches_the_dequantised_matmul(group_size: int, rows: int, num_out: int,
+                                                    dtype: torch.dtype):
     codes, scales, zero_points, weight = _random_int4(num_out, 256, group_size)
-    packed, sz, group = pack_int4(codes, scales, zero_points, group_size, torch.bfloat16)
-    x = torch.randn(rows, 256, dtype=torch.bfloat16)
+    packed, sz, group = pack_int4(codes, scales, zero_points, group_size, dtype)
+    x = torch.randn(rows, 256, dtype=dtype)
     out = int4_linear(x, packed, sz, group)
-    assert out.dtype == torch.bfloat16 and out.shape == (rows, num_out)
+    assert out.dtype == dtype and out.shape == (rows, num_out)
     ref = x.float() @ weight.t()
     assert (out.float() - ref).abs().max() <= _bf16_bound(weight, x)
 
