@@ -17,6 +17,8 @@ up to a few rows (`_INT8PACK_MAX_ROWS`), widening beyond.
 No dequantised copy of a weight outlives a call: tiles are at most `_TILE_ELEMS` elements.
 """
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 
@@ -65,22 +67,30 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor
                quantize_input: bool = False, per_token: bool = False) -> torch.Tensor:
     """`y = x W^T * scales + b` for an e4m3 weight [N, K] with a per-tensor ([1]) or per-channel
     ([N]) fp32 `weight_scale`. With `quantize_input` (W8A8, vLLM's fp8 semantics) x is first
-    rounded to e4m3 with `input_scale` (static) or a dynamic per-tensor / per-token scale; both
-    operands then hold exact fp8 values and every scale is applied once, on the fp32 output."""
-    k = x.shape[-1]
+    rounded to e4m3 with `input_scale` (static) or a dynamic per-tensor / per-token scale. In
+    bf16 both operands then hold exact fp8 values and every scale is applied once, to the
+    output; fp16 cannot hold those unscaled sums (448 * |x| * K), so there the operands are
+    scaled first."""
+    k, n = x.shape[-1], weight.shape[0]
     x2 = x.reshape(-1, k)                                          # [M, K]
     if x2.shape[0] == 0:                                           # no rows: nothing to scale by
-        return x.new_empty(*x.shape[:-1], weight.shape[0])
-    scale = weight_scale.float().reshape(1, -1)                    # [1, 1] or [1, N]
+        return x.new_empty(*x.shape[:-1], n)
+    scale_first = x.dtype == torch.float16
+    scale = weight_scale.float().reshape(-1).expand(n)             # [N]
+    x_scale = None
     if quantize_input:
         xq, x_scale = scaled_fp8_quant(x2, input_scale, per_token)  # x_scale [1] or [M, 1]
-        x2 = fp8_to_dtype(xq, x.dtype)
-        scale = scale * x_scale.reshape(-1, 1)                     # [1 or M, 1 or N]
-    out = _matmul_fp8_weight(x2, weight)                           # [M, N], unscaled
-    out.mul_(scale)
+        x2 = ((fp8_to_dtype(xq, torch.float32) * x_scale).to(x.dtype) if scale_first
+              else fp8_to_dtype(xq, x.dtype))
+    if scale_first:
+        out = _matmul_tiles(x2, weight, fp8_to_dtype, scale)
+    else:
+        out = _matmul_tiles(x2, weight, fp8_to_dtype).mul_(scale)  # [M, N]
+        if x_scale is not None:
+            out.mul_(x_scale.reshape(-1, 1))
     if bias is not None:
         out.add_(bias)
-    return out.reshape(*x.shape[:-1], weight.shape[0])
+    return out.reshape(*x.shape[:-1], n)
 
 
 def fp8_block_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tensor,
@@ -152,16 +162,23 @@ def int8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tenso
     x2 = x.reshape(-1, k)                                          # [M, K]
     if x2.shape[0] == 0:
         return x.new_empty(*x.shape[:-1], n)
+    scale_first = x.dtype == torch.float16            # as in fp8_linear: fp16 sums overflow
     x_scale = None
     if quantize_input:
         xq, x_scale = scaled_int8_quant(x2, input_scale)
-        x2 = xq.to(x.dtype)                                        # |q| <= 127: exact in bf16
+        if scale_first:
+            x2, x_scale = (xq.float() * x_scale).to(x.dtype), None
+        else:
+            x2 = xq.to(x.dtype)                                    # |q| <= 127: exact in bf16
     scale = weight_scale.float().reshape(-1).expand(n)             # [N]
     if (x2.device.type == "cpu" and x2.shape[0] <= _INT8PACK_MAX_ROWS
             and x2.dtype in (torch.bfloat16, torch.float16)):
+        # the kernel scales its fp32 sums before rounding to x's dtype
         out = torch._weight_int8pack_mm(x2.contiguous(), weight, scale.to(x2.dtype))
+    elif scale_first:
+        out = _matmul_tiles(x2, weight, _int8_to_dtype, scale)
     else:
-        out = F.linear(x2, weight.to(x2.dtype)).mul_(scale)
+        out = _matmul_tiles(x2, weight, _int8_to_dtype).mul_(scale)
     if x_scale is not None:
         out.mul_(x_scale.reshape(-1, 1))
     if bias is not None:
@@ -169,15 +186,27 @@ def int8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tenso
     return out.reshape(*x.shape[:-1], n)
 
 
-def _matmul_fp8_weight(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """x [M, K] @ fp8 weight [N, K]^T with the weight's exact values, one row tile at a time."""
+def _int8_to_dtype(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return weight.to(dtype)
+
+
+def _matmul_tiles(x: torch.Tensor, weight: torch.Tensor,
+                  widen: Callable[[torch.Tensor, torch.dtype], torch.Tensor],
+                  row_scale: torch.Tensor | None = None) -> torch.Tensor:
+    """x [M, K] @ widen(weight [N, K])^T one row tile at a time: the exact 8-bit values, or with
+    `row_scale` [N] (fp32) the scaled ones, rounded once to x's dtype."""
     n, k = weight.shape
-    rows = max(1, _TILE_ELEMS // k)
-    if rows >= n:
-        return F.linear(x, fp8_to_dtype(weight, x.dtype))
-    out = x.new_empty(x.shape[0], n)
+    rows = min(n, max(1, _TILE_ELEMS // k))
+    out = x.new_empty(x.shape[0], n) if rows < n else None
     for start in range(0, n, rows):
-        out[:, start:start + rows] = F.linear(x, fp8_to_dtype(weight[start:start + rows], x.dtype))
+        if row_scale is None:
+            tile = widen(weight[start:start + rows], x.dtype)
+        else:
+            tile = widen(weight[start:start + rows], torch.float32)
+            tile = tile.mul_(row_scale[start:start + rows, None]).to(x.dtype)
+        if out is None:
+            return F.linear(x, tile)
+        out[:, start:start + rows] = F.linear(x, tile)
     return out
 
 

@@ -112,3 +112,31 @@ def test_no_rows():
     assert ql.fp8_linear(x, wq, scale, quantize_input=True).shape == (0, N)
     assert ql.fp8_block_linear(x, wq, torch.ones(3, 3), [32, 32]).shape == (0, N)
     assert ql.int8_linear(x, q, s, quantize_input=True).shape == (0, N)
+
+
+@pytest.mark.parametrize("rows", [1, 64])
+def test_fp16_activations_do_not_overflow(rows):
+    """Unscaled 8-bit sums (448 * |x| * K for fp8, 127 * 127 * K for int8 W8A8) exceed fp16's
+    65504: in fp16 the kernels scale the operands first."""
+    k = 1024
+    gen = torch.Generator().manual_seed(5)
+    w = torch.randn(N, k, generator=gen) * 0.02
+    x = (torch.randn(rows, k, generator=gen) * 4).half()
+    wq, ws = ql.per_channel_fp8_quant(w)
+    for kwargs in ({}, dict(quantize_input=True)):
+        out = ql.fp8_linear(x, wq, ws, **kwargs)
+        assert out.dtype == torch.float16 and out.isfinite().all()
+        xf = x.float()
+        if kwargs:
+            s = xf.abs().amax() / 448
+            xf = (xf / s).to(torch.float8_e4m3fn).float() * s
+        _close(out, xf @ (wq.float() * ws[:, None]).t())
+    q, s = ql.per_channel_int8_quant(w)
+    for kwargs in ({}, dict(quantize_input=True)):
+        out = ql.int8_linear(x, q, s, **kwargs)
+        assert out.isfinite().all()
+        xf = x.float()
+        if kwargs:
+            xs = xf.abs().amax(1, keepdim=True) / 127
+            xf = torch.round(xf / xs) * xs
+        _close(out, xf @ (q.float() * s[:, None]).t())

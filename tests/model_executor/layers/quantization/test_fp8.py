@@ -190,3 +190,29 @@ def test_static_activation_scales(tiny_llama_factory, tmp_path):
 
     ck.check_against_transformers(path + "_ref", ck.prompts(), results, W8A8_ATOL,
                                   prepare=lambda m: ck.fake_quant_inputs(m, fake_static))
+
+
+@pytest.mark.parametrize("strategy", ["tensor", "channel"])
+def test_online_fp8_layer_scales(strategy):
+    """Online fp8 of one merged layer in fp16: one scale for the whole weight, or per channel."""
+    from minivllm.model_executor.layers.linear import MergedColumnParallelLinear
+    from tests.model_executor.layers._helpers import layer_context
+
+    config = Fp8Config.from_config({"weight_strategy": strategy})
+    with layer_context():
+        layer = MergedColumnParallelLinear(64, [32, 32], bias=False, params_dtype=torch.half,
+                                           quant_config=config)
+    gate, up = torch.randn(32, 64), torch.randn(32, 64) * 4
+    layer.weight.weight_loader(layer.weight, gate.half(), 0)
+    layer.weight.weight_loader(layer.weight, up.half(), 1)
+    layer.quant_method.process_weights_after_loading(layer)
+    assert layer.weight.dtype == torch.float8_e4m3fn
+    assert layer.weight_scale.shape == ((64,) if strategy == "channel" else (1,))
+    dequantised = layer.quant_method.dequantize_weight(layer)
+    full = torch.cat([gate, up]).half().float()
+    step = layer.weight_scale.reshape(-1, 1) * 32            # e4m3 steps are <= max / 14
+    assert ((dequantised - full).abs() <= step).all()
+    x = torch.randn(3, 64).half()
+    out = layer(x)[0]
+    ref = fake_fp8_per_tensor(x.float()) @ dequantised.t()
+    torch.testing.assert_close(out.float(), ref, rtol=2 ** -7, atol=2 ** -7 * ref.abs().max().item())
