@@ -147,8 +147,8 @@ class CompressedTensorsW8A16Int8(CompressedTensorsScheme):
 
 
 SUPPORTED_SCHEMES = (
-    "W8A8 fp8 (type float; weights tensor/channel/block, activations static tensor or dynamic "
-    "tensor/token/group)",
+    "W8A8 fp8 (type float; weights tensor/channel, activations static tensor or dynamic "
+    "tensor/token; or block weights with dynamic group activations, group = block columns)",
     "W8A16 fp8 (type float weights tensor/channel/block, input_activations null)",
     "W8A8 int8 (type int, symmetric; weights tensor/channel, activations dynamic token or static "
     "tensor)",
@@ -167,8 +167,9 @@ def get_scheme(weights: QuantArgs, input_activations: QuantArgs | None) -> Compr
         return (CompressedTensorsW8A16Fp8 if w.type == "float" else CompressedTensorsW8A16Int8)(w, a)
     if ok_weights and a.num_bits == 8 and a.type == w.type and a.symmetric:
         if w.type == "float":
+            # block weights: activations in groups of the weight's block columns (as vLLM)
             dynamic_ok = a.strategy in ("tensor", "token") if w.strategy != "block" \
-                else a.strategy == "group"
+                else a.strategy == "group" and a.group_size in (None, w.block_structure[1])
             if (a.dynamic and dynamic_ok) or (not a.dynamic and a.strategy == "tensor"
                                               and w.strategy != "block"):
                 return CompressedTensorsW8A8Fp8(w, a)

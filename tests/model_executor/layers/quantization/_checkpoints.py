@@ -82,6 +82,28 @@ def fp8_per_tensor(name: str, w: torch.Tensor) -> tuple[dict[str, torch.Tensor],
     return {"weight": q, "weight_scale": scale.reshape(())}, q.float() * scale
 
 
+def fp8_block_quantizer(block: int) -> Quantizer:
+    """Block-wise e4m3 with `weight_scale_inv` [n / block, k / block] (shapes divisible)."""
+    def quantize(name: str, w: torch.Tensor):
+        n, k = w.shape
+        blocks = w.reshape(n // block, block, k // block, block)
+        scale = (blocks.abs().amax(dim=(1, 3)) / 448).clamp(min=1e-12)        # [n/b, k/b]
+        q = (blocks / scale[:, None, :, None]).clamp(-448, 448).to(torch.float8_e4m3fn)
+        deq = (q.float() * scale[:, None, :, None]).reshape(n, k)
+        return {"weight": q.reshape(n, k), "weight_scale_inv": scale}, deq
+    return quantize
+
+
+def fake_fp8_groups(group: int) -> Callable[[torch.Tensor], torch.Tensor]:
+    """vLLM's dynamic per-token-group fp8 rounding of activations (K divisible by `group`)."""
+    def fake(x: torch.Tensor) -> torch.Tensor:
+        g = x.reshape(*x.shape[:-1], -1, group)
+        scale = (g.abs().amax(-1, keepdim=True) / 448).clamp(min=1e-12)
+        q = (g / scale).clamp(-448, 448).to(torch.float8_e4m3fn).float() * scale
+        return q.reshape(x.shape)
+    return fake
+
+
 def run_greedy(llm: LLM, prompt_ids: list[list[int]]) -> list[dict]:
     """Our greedy tokens and the logprob of every prompt / generated token."""
     params = SamplingParams(temperature=0, max_tokens=NUM_TOKENS, ignore_eos=True, logprobs=0,

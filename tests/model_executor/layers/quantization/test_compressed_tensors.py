@@ -81,6 +81,26 @@ def test_scheme_matches_transformers(tiny_llama_factory, tmp_path, case):
                                   ATOL_W8A8[type_] if w8a8 else ATOL_W8A16, prepare=prepare)
 
 
+def test_fp8_block_scheme(tiny_llama_factory, tmp_path):
+    def quantize(name, w):
+        tensors, deq = ck.fp8_block_quantizer(32)(name, w)
+        return {"weight": tensors["weight"], "weight_scale": tensors["weight_scale_inv"]}, deq
+
+    config = _config(_args("float", "block", block_structure=[32, 32]),
+                     _args("float", "group", dynamic=True, group_size=32), "float-quantized")
+    path = ck.write_quantized(tiny_llama_factory(), str(tmp_path / "block"), quantize, config)
+    llm = LLM(model=path, dtype="bfloat16", enforce_eager=True, block_size=4)
+    qkv = llm.executor.worker.model_runner.model.model.layers[0].self_attn.qkv_proj
+    assert qkv.weight_scale.shape == (128 // 32, 64 // 32) and qkv.weight_block_size == [32, 32]
+    results = ck.run_greedy(llm, ck.prompts())
+    ck.check_against_transformers(path + "_ref", ck.prompts(), results, ATOL_W8A8["float"],
+                                  prepare=lambda m: ck.fake_quant_inputs(m, ck.fake_fp8_groups(32)))
+    with pytest.raises(ValueError, match="Supported schemes"):       # groups != block columns
+        CompressedTensorsConfig.from_config(_config(
+            _args("float", "block", block_structure=[32, 32]),
+            _args("float", "group", dynamic=True, group_size=128), "float-quantized"))
+
+
 def test_ignore_by_name_and_regex(tiny_llama_factory, tmp_path):
     ignore = ["lm_head", "re:.*layers\\.1\\.self_attn\\.[qkv]_proj", "model.layers.0.mlp.down_proj"]
     skipped = ("model.layers.0.mlp.down_proj",

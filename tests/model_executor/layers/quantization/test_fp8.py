@@ -137,36 +137,16 @@ def test_online_fp8_matches_transformers(tiny_llama_factory, tmp_path):
                                   prepare=lambda m: ck.fake_quant_inputs(m, fake_fp8_per_tensor))
 
 
-def _block_quantize(block: int):
-    def quantize(name: str, w: torch.Tensor):
-        n, k = w.shape
-        blocks = w.reshape(n // block, block, k // block, block)
-        scale = (blocks.abs().amax(dim=(1, 3)) / 448).clamp(min=1e-12)        # [n/b, k/b]
-        q = (blocks / scale[:, None, :, None]).clamp(-448, 448).to(torch.float8_e4m3fn)
-        deq = (q.float() * scale[:, None, :, None]).reshape(n, k)
-        return {"weight": q.reshape(n, k), "weight_scale_inv": scale}, deq
-    return quantize
-
-
-def _fake_fp8_groups(group: int):
-    def fake(x: torch.Tensor) -> torch.Tensor:
-        g = x.reshape(*x.shape[:-1], -1, group)
-        scale = (g.abs().amax(-1, keepdim=True) / 448).clamp(min=1e-12)
-        q = (g / scale).clamp(-448, 448).to(torch.float8_e4m3fn).float() * scale
-        return q.reshape(x.shape)
-    return fake
-
-
 def test_block_fp8_matches_transformers(tiny_llama_factory, tmp_path):
     src = tiny_llama_factory()
     config = {"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [32, 32]}
-    path = ck.write_quantized(src, str(tmp_path / "block"), _block_quantize(32), config)
+    path = ck.write_quantized(src, str(tmp_path / "block"), ck.fp8_block_quantizer(32), config)
     llm = LLM(model=path, dtype="bfloat16", enforce_eager=True, block_size=4)
     gate_up = llm.executor.worker.model_runner.model.model.layers[0].mlp.gate_up_proj
     assert gate_up.weight_scale_inv.shape == (2 * 128 // 32, 64 // 32)
     results = ck.run_greedy(llm, ck.prompts())
     ck.check_against_transformers(path + "_ref", ck.prompts(), results, W8A8_ATOL,
-                                  prepare=lambda m: ck.fake_quant_inputs(m, _fake_fp8_groups(32)))
+                                  prepare=lambda m: ck.fake_quant_inputs(m, ck.fake_fp8_groups(32)))
 
 
 def test_static_activation_scales(tiny_llama_factory, tmp_path):
