@@ -13,7 +13,6 @@ from typing import Any, TypeVar
 import torch
 import torch.nn as nn
 
-from minivllm.compilation.fusion import LinearSiluMulFusionPass
 from minivllm.config import CompilationMode, get_current_vllm_config
 from minivllm.forward_context import get_forward_context, is_forward_context_available
 from minivllm.sequence import IntermediateTensors
@@ -110,6 +109,9 @@ def _decorate_class(cls: _T, dims: dict[str, DimSpec], unbacked: dict[str, DimSp
             # Round fused intermediates to their dtype as eager does (bf16 sums, norms): compiled
             # and eager runs then pick the same tokens where bf16 leaves near-ties.
             import torch._inductor.config as inductor_config
+
+            # Here, not at the top: the pass imports inductor (~0.3 s), which eager runs skip.
+            from minivllm.compilation.fusion import LinearSiluMulFusionPass
 
             inductor_config.emulate_precision_casts = True
             options: dict[str, Any] = {"guard_filter_fn": _input_guards_only}

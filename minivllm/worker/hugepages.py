@@ -86,7 +86,7 @@ def rehome_parameters(model: torch.nn.Module) -> int:
     objects, attributes kept: only `.data` changes). Returns the bytes moved.
 
     Only parameters that own their whole storage move: one that views another's (or is viewed)
-    would lose that sharing."""
+    would lose that sharing; `keep_in_place` ones (packed GGUF weights) stay too."""
     if not enabled() or not _libc_madvise():
         return 0
     owners: dict[int, int] = {}
@@ -98,7 +98,8 @@ def rehome_parameters(model: torch.nn.Module) -> int:
                if p.device.type == "cpu" and p.is_contiguous() and p.storage_offset() == 0
                and p.numel() * p.element_size() >= _MIN_PARAM_BYTES
                and p.untyped_storage().nbytes() == p.numel() * p.element_size()
-               and owners[p.untyped_storage().data_ptr()] == 1]
+               and owners[p.untyped_storage().data_ptr()] == 1
+               and not getattr(p, "keep_in_place", False)]
     if not movable:
         return 0
     homes = zeros([(p.shape, p.dtype) for p in movable])

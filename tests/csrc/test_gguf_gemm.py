@@ -102,7 +102,7 @@ def test_row_slices_strided_x_and_thread_count(monkeypatch):
     monkeypatch.setattr(gl, "GGUF_DOT_MAX_ROWS", 64)        # 13 rows: 8 + 4 + 1 at a time
     qw = torch.from_numpy(random_weight(T.Q4_1, 200, 576))
     w = torch.from_numpy(quants.dequantize(qw.numpy(), T.Q4_1))
-    x_full = torch.randn(13, 700)
+    x_full = torch.randn(13, 700).bfloat16()             # bf16: the int8 dot path
     x = x_full[:, :576]                                  # rows 700 apart
     part = qw[40:136]                                    # a TP shard of rows
     y = gl.gguf_linear(x, part, T.Q4_1, None)

@@ -1,10 +1,11 @@
 """Linears and embeddings on GGUF-packed weights: uint8 block rows, exactly as in the .gguf file.
 
 - `gguf_linear` on CPU with the native kernels (`csrc/gguf_gemm.cpp`): up to `GGUF_DOT_MAX_ROWS`
-  rows of x (decode steps) multiply the packed blocks directly, x quantized to int8 per 32
-  elements (AVX-512 VNNI, else a scalar loop); more rows (prompt chunks) dequantise the weight
-  tile by tile into bf16 and run the AMX GEMM on each tile (without AMX, or for fp32 / fp16 x:
-  dequantised tiles through `F.linear`). The whole weight is never widened at once.
+  bf16 / fp16 rows of x (decode steps) multiply the packed blocks directly, x quantized to int8
+  per 32 elements (AVX-512 VNNI, else a scalar loop); more rows (prompt chunks) dequantise the
+  weight tile by tile into bf16 and run the AMX GEMM on each tile (without AMX, or for fp16 x:
+  dequantised tiles through `F.linear`). fp32 x, the reference precision, always takes the
+  dequantised tiles (exact weights, no int8 step). The whole weight is never widened at once.
 - other devices, or no native kernels: `gguf_dequantize` + `F.linear` (correct, not fast).
 - `gguf_dequantize`: native on CPU, else the pure-PyTorch dequantisers of `gguf_dequant`.
 """
@@ -125,7 +126,9 @@ def gguf_linear(x: torch.Tensor, qweight: torch.Tensor, qtype: int,
         x_stride = x.stride()
     if bias is not None and (bias.dtype != x.dtype or bias.stride(0) != 1):
         bias = bias.to(x.dtype).contiguous()
-    if m > GGUF_DOT_MAX_ROWS:
+    if m > GGUF_DOT_MAX_ROWS or code == 0:
+        # fp32 x is the reference precision (runs checked against transformers): no int8 step,
+        # whatever the row count, so results do not depend on how rows were batched.
         return _prompt_linear(lib, x, qweight, qtype, bias)
     y = torch.empty((m, n), dtype=x.dtype)
     if m == 0:

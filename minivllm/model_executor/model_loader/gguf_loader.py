@@ -7,8 +7,14 @@ name, as in the dequantising reader. Rows of one matrix are independent in every
 llama.cpp's per-head Q/K row order is undone on the packed rows directly.
 """
 
+import ctypes
+import ctypes.util
+import functools
+import mmap
+
 import numpy as np
 import torch
+import torch.nn as nn
 from transformers import PretrainedConfig
 
 from minivllm.model_executor.model_loader.weight_iterators import (GGUF_PERMUTED_ARCHS,
@@ -36,9 +42,11 @@ def gguf_quant_weights_iterator(path: str, hf_config: PretrainedConfig) -> Weigh
         if len(shape) != 2 or not name.endswith(".weight"):
             data = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
             yield name, torch.from_numpy(np.ascontiguousarray(data).reshape(shape)).float()
+            _release(tensor.data)
             continue
         # Block types: [rows, row_bytes] uint8, exactly the file's bytes; floats: [rows, cols].
-        weight = torch.from_numpy(np.array(tensor.data).reshape(shape[0], -1))
+        # A view of the mapped file (the method copies what this rank keeps).
+        weight = torch.from_numpy(tensor.data.reshape(shape[0], -1))
         if tensor.tensor_type == gguf.GGMLQuantizationType.BF16:   # raw bytes: numpy has no bf16
             weight = weight.view(torch.bfloat16)
         if arch in GGUF_PERMUTED_ARCHS and ".q_proj." in name:
@@ -47,3 +55,56 @@ def gguf_quant_weights_iterator(path: str, hf_config: PretrainedConfig) -> Weigh
             weight = unpermute_rows(weight, num_kv_heads)
         weight.gguf_type = qtype
         yield name[: -len(".weight")] + ".qweight", weight
+        # The GGUF methods copied this rank's part as it arrived: the file's pages can go now,
+        # so the peak holds the packed weights about once.
+        _release(tensor.data)
+
+
+_MADV_DONTNEED = 4
+
+
+def release_unused_file_pages(model: nn.Module, path: str) -> int:
+    """Drop from this process's memory the pages of the mapped GGUF data that no parameter views
+    any more (the sources of fused, permuted or sharded copies); returns the bytes released.
+
+    The mapping is private and never written, so dropped pages just read again from the page
+    cache if touched; parameters that view the file keep theirs.
+    """
+    tensors = open_gguf(path).tensors
+    if not tensors:
+        return 0
+    start = min(t.data.ctypes.data for t in tensors)
+    end = max(t.data.ctypes.data + t.data.nbytes for t in tensors)
+    kept = sorted((p.data_ptr(), p.data_ptr() + p.numel() * p.element_size())
+                  for p in model.parameters() if start <= p.data_ptr() < end)
+    released, cursor = 0, start
+    for lo, hi in [*kept, (end, end)]:
+        released += _release_pages(cursor, lo)      # whole pages between the kept ranges
+        cursor = max(cursor, hi)
+    return released
+
+
+def _release(array: np.ndarray) -> None:
+    _release_pages(array.ctypes.data, array.ctypes.data + array.nbytes)
+
+
+def _release_pages(lo: int, hi: int) -> int:
+    """madvise(DONTNEED) the whole pages inside [lo, hi); the bytes released (0 if refused)."""
+    a = -(-lo // mmap.PAGESIZE) * mmap.PAGESIZE
+    b = hi // mmap.PAGESIZE * mmap.PAGESIZE
+    madvise = _libc_madvise()
+    if b <= a or madvise is None or madvise(a, b - a, _MADV_DONTNEED) != 0:
+        return 0
+    return b - a
+
+
+@functools.cache
+def _libc_madvise():
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    except OSError:
+        return None
+    madvise = getattr(libc, "madvise", None)
+    if madvise is not None:
+        madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    return madvise

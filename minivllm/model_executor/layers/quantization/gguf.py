@@ -67,43 +67,71 @@ class GGUFConfig(QuantizationConfig):
         return None
 
 
-def _shard_rows(layer: nn.Module, shard_id: Any, full_rows: int) -> tuple[Any, int, int]:
-    """(shard key, first source row, rows) of this rank's part of one checkpoint matrix."""
+def _shard_rows(layer: nn.Module, shard_id: Any, full_rows: int) -> tuple[int, int, int]:
+    """(row offset in this rank's fused weight, first source row, rows) of this rank's part of
+    one checkpoint matrix."""
     rank, size = getattr(layer, "tp_rank", 0), getattr(layer, "tp_size", 1)
     if hasattr(layer, "shard_indices"):                      # vocabulary rows
         start = layer.shard_indices.org_vocab_start_index
         return 0, start, layer.shard_indices.org_vocab_end_index - start
     if shard_id in ("q", "k", "v"):
-        _, rows, start = layer._shard_layout(shard_id)
-        return "qkv".index(shard_id), start, rows
+        offset, rows, start = layer._shard_layout(shard_id)
+        return offset, start, rows
     if isinstance(shard_id, int):
         rows = layer.output_sizes[shard_id] // size
-        return shard_id, rank * rows, rows
+        return sum(layer.output_sizes[:shard_id]) // size, rank * rows, rows
     if type(layer).__name__ == "RowParallelLinear" or not hasattr(layer, "output_partition_sizes"):
         return 0, 0, full_rows                               # all output rows on every rank
     rows = sum(layer.output_partition_sizes)
     return 0, rank * rows if full_rows > rows else 0, rows
 
 
-def _input_block_slice(layer: nn.Module, qtype: int, in_features: int, row_bytes: int) -> slice:
-    """Byte columns of this rank's input columns (row-parallel); whole blocks or ValueError."""
+def _input_columns(layer: nn.Module, qtype: int, row_width: int) -> slice:
+    """This rank's columns of a row (bytes for block types, elements for float types):
+    row-parallel layers split the input, in whole blocks (else a ValueError naming valid sizes)."""
     if type(layer).__name__ != "RowParallelLinear" or layer.tp_size == 1:
-        return slice(0, row_bytes)
-    block_elems, block_bytes = gguf_block_shape(qtype)
+        return slice(0, row_width)
+    in_features = layer.input_size
+    block_elems, block_bytes = (1, row_width // in_features) if qtype in _FLOAT_TYPES \
+        else gguf_block_shape(qtype)
     per_rank = in_features // layer.tp_size
     if in_features % layer.tp_size or per_rank % block_elems:
         valid = [t for t in range(1, in_features + 1)
                  if in_features % t == 0 and (in_features // t) % block_elems == 0]
         raise ValueError(
-            f"tensor_parallel_size={layer.tp_size} would split a {gguf.GGMLQuantizationType(qtype).name} "
-            f"block ({block_elems} values) of {layer._gguf_prefix} (input size {in_features}); valid "
-            f"tensor_parallel_size values for this layer: {valid}")
-    width = per_rank // block_elems * block_bytes
+            f"tensor_parallel_size={layer.tp_size} would split a "
+            f"{gguf.GGMLQuantizationType(qtype).name} block ({block_elems} values) of "
+            f"{layer._gguf_prefix} (input size {in_features}); valid tensor_parallel_size "
+            f"values for this layer: {valid}")
+    width = per_rank // block_elems * (block_bytes if qtype not in _FLOAT_TYPES else 1)
     return slice(layer.tp_rank * width, (layer.tp_rank + 1) * width)
 
 
+def _store(layer: nn.Module, qtype: int, offset: int, part: torch.Tensor) -> None:
+    """Copy one shard's rows (this rank's part) to their final place.
+
+    The first shard's type gets one buffer for all of this rank's rows (its row width is known
+    only now), so the usual case ends as one packed matrix with no intermediate copy; a shard of
+    another type (llama.cpp's mixed K-quant files give q and k/v different types) is kept in a
+    buffer of its own and multiplied separately."""
+    dtype = layer._gguf_dtype if qtype in _FLOAT_TYPES else torch.uint8
+    state = layer.__dict__.setdefault("_gguf_load", {"dest": None, "qtype": qtype, "runs": [],
+                                                     "others": {}})
+    if state["dest"] is None:
+        rows = getattr(layer, "num_embeddings_per_partition", None) \
+            or sum(layer.output_partition_sizes)
+        # Untouched rows cost no memory; padded vocabulary rows are zeroed after loading.
+        state["dest"] = torch.empty(rows, part.shape[1], dtype=dtype)
+    if qtype == state["qtype"]:
+        state["dest"][offset:offset + part.shape[0]].copy_(part)
+        state["runs"].append((offset, part.shape[0]))
+    else:
+        state["others"][offset] = (qtype, part.to(dtype, copy=True))
+
+
 def _make_loader(layer: nn.Module):
-    """The `qweight` loader: keep this rank's part of each shard, packed, until all arrived."""
+    """The `qweight` loader: copy this rank's part of each shard, packed, into its final place
+    (no intermediate copies: peak memory is what the packed weights need)."""
 
     def load(param: nn.Parameter, loaded: torch.Tensor, shard_id: Any = None) -> None:
         qtype = int(getattr(loaded, "gguf_type", gguf.GGMLQuantizationType.F32))
@@ -112,22 +140,12 @@ def _make_loader(layer: nn.Module):
         if shard_id is None and hasattr(layer, "_shard_layout") and loaded.shape[0] > getattr(
                 layer, "output_size_per_partition", 0):
             raise ValueError(f"{layer._gguf_prefix}: a fused q/k/v GGUF tensor is not supported")
-        key, start, rows = _shard_rows(layer, shard_id, loaded.shape[0])
+        offset, start, rows = _shard_rows(layer, shard_id, loaded.shape[0])
         part = loaded.narrow(0, start, rows)
-        if qtype in _FLOAT_TYPES:
-            cols = _input_block_slice_float(layer, part.shape[1])
-        else:
-            cols = _input_block_slice(layer, qtype, layer.input_size, part.shape[1])
-        layer._gguf_shards[key] = (qtype, part[:, cols].contiguous())
+        part = part[:, _input_columns(layer, qtype, part.shape[1])]
+        _store(layer, qtype, offset, part)
 
     return load
-
-
-def _input_block_slice_float(layer: nn.Module, in_features: int) -> slice:
-    if type(layer).__name__ != "RowParallelLinear" or layer.tp_size == 1:
-        return slice(0, in_features)
-    per_rank = in_features // layer.tp_size
-    return slice(layer.tp_rank * per_rank, (layer.tp_rank + 1) * per_rank)
 
 
 class _GGUFMethodBase(QuantizeMethodBase):
@@ -142,48 +160,53 @@ class _GGUFMethodBase(QuantizeMethodBase):
         qweight = nn.Parameter(torch.empty(0, dtype=torch.uint8), requires_grad=False)
         layer.register_parameter("qweight", qweight)
         set_weight_attrs(qweight, {"weight_loader": _make_loader(layer), "is_gguf_weight": True})
-        layer._gguf_shards = {}
         layer.qweight_type = -1
         layer._gguf_dtype = params_dtype
         layer._gguf_prefix = self.prefix
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
-        shards = layer.__dict__.pop("_gguf_shards", None)
-        if not shards:
+        state = layer.__dict__.pop("_gguf_load", None)
+        if state is None:
             return   # tied LM head (its rows belong to the embedding) or nothing loaded
-        parts = [shards[k] for k in sorted(shards)]
-        qtypes = {qtype for qtype, _ in parts}
-        if len(qtypes) > 1:
-            names = sorted(gguf.GGMLQuantizationType(q).name for q in qtypes)
-            raise ValueError(f"{layer._gguf_prefix}: the shards of this fused layer have different "
-                             f"GGUF types {names}; fused layers need one type")
-        qtype = qtypes.pop()
-        # [out/T, row_bytes]: rows of a fused layer are independent, so shards concatenate.
-        packed = torch.cat([t for _, t in parts]) if len(parts) > 1 else parts[0][1]
-        if qtype in _FLOAT_TYPES:
-            packed = packed.to(layer._gguf_dtype)
-        rows_needed = self._rows(layer)
-        if packed.shape[0] < rows_needed:     # padded vocabulary: zero blocks decode to 0
-            packed = torch.cat([packed, packed.new_zeros(rows_needed - packed.shape[0],
-                                                         packed.shape[1])])
-        layer.qweight.data = packed
+        dest, qtype = state["dest"], state["qtype"]
+        loaded = sum(rows for _, rows in state["runs"])
+        if not state["others"] and loaded < dest.shape[0]:
+            dest[loaded:].zero_()             # padded vocabulary rows decode to 0 in every type
+        segments = sorted([(o, r, qtype, dest[o:o + r]) for o, r in state["runs"]]
+                          + [(o, t.shape[0], q, t) for o, (q, t) in state["others"].items()],
+                          key=lambda seg: seg[0])
+        if state["others"]:
+            # Mixed types: [(qtype, weight rows)] in row order, multiplied one by one.
+            layer.__dict__["_gguf_segments"] = [(q, t) for _, _, q, t in segments]
+        layer.qweight.data = dest             # in place: a tied LM head shares this Parameter
+        # Packed weights are already in their final allocation: moving them into the worker's
+        # huge-page arena would hold two copies at the peak.
+        layer.qweight.keep_in_place = True
         layer.qweight_type = qtype
-        if qtype in _FLOAT_TYPES:
+        if qtype in _FLOAT_TYPES and not state["others"]:
             layer.weight = layer.qweight      # plain weight: the unquantized CPU routing
             pack_for_cpu(layer)
 
-    @staticmethod
-    def _rows(layer: nn.Module) -> int:
-        return getattr(layer, "num_embeddings_per_partition", 0)
-
     def apply(self, layer: nn.Module, x: torch.Tensor,
               bias: torch.Tensor | None = None) -> torch.Tensor:
-        qtype = layer.qweight_type
-        if qtype in _FLOAT_TYPES:
+        segments = layer.__dict__.get("_gguf_segments")
+        if segments is not None:
+            # [T, rows_1 | rows_2 | ...]: one product per type, in row order.
+            y = torch.cat([_matmul(x, w, q, None) for q, w in segments], dim=-1)
+            return y if bias is None else y + bias
+        if layer.qweight_type in _FLOAT_TYPES:
             return dispatch_linear(layer, x, bias)
-        if torch.compiler.is_compiling():
-            return torch.ops.minivllm.gguf_linear(x, layer.qweight, qtype, bias)
-        return gguf_linear(x, layer.qweight, qtype, bias)
+        return _matmul(x, layer.qweight, layer.qweight_type, bias)
+
+
+def _matmul(x: torch.Tensor, weight: torch.Tensor, qtype: int,
+            bias: torch.Tensor | None) -> torch.Tensor:
+    """x [T, in] @ W^T for one packed (or float) GGUF matrix; an opaque op in compiled graphs."""
+    if qtype in _FLOAT_TYPES:
+        return F.linear(x, weight, bias)
+    if torch.compiler.is_compiling():
+        return torch.ops.minivllm.gguf_linear(x, weight, qtype, bias)
+    return gguf_linear(x, weight, qtype, bias)
 
 
 class GGUFLinearMethod(_GGUFMethodBase):
@@ -205,16 +228,10 @@ class GGUFEmbeddingMethod(_GGUFMethodBase):
         if not isinstance(embed_tokens.quant_method, GGUFEmbeddingMethod):
             raise ValueError("a GGUF LM head can only be tied to a GGUF embedding")
         layer.qweight = embed_tokens.qweight
-        layer.__dict__.pop("_gguf_shards", None)
         layer.__dict__["_gguf_tied_to"] = embed_tokens   # a plain reference, not a submodule
         return layer
 
     def apply(self, layer: nn.Module, x: torch.Tensor,
               bias: torch.Tensor | None = None) -> torch.Tensor:
         source = getattr(layer, "_gguf_tied_to", layer)
-        qtype = source.qweight_type
-        if qtype in _FLOAT_TYPES:
-            return F.linear(x, source.qweight, bias)
-        if torch.compiler.is_compiling():
-            return torch.ops.minivllm.gguf_linear(x, source.qweight, qtype, bias)
-        return gguf_linear(x, source.qweight, qtype, bias)
+        return _matmul(x, source.qweight, source.qweight_type, bias)
