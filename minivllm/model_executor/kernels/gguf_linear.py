@@ -182,3 +182,20 @@ def _gguf_linear_fake(x: torch.Tensor, qweight: torch.Tensor, qtype: int,
 # the block decoding).
 register_op("gguf_linear(Tensor x, Tensor qweight, int qtype, Tensor? bias) -> Tensor",
             gguf_linear, _gguf_linear_fake)
+
+
+def _gguf_embedding_op(ids: torch.Tensor, qweight: torch.Tensor, qtype: int,
+                       dtype: torch.dtype) -> torch.Tensor:
+    return gguf_embedding(ids, qweight, qtype, dtype)
+
+
+def _gguf_embedding_fake(ids: torch.Tensor, qweight: torch.Tensor, qtype: int,
+                         dtype: torch.dtype) -> torch.Tensor:
+    cols = qweight.shape[1] // _BLOCKS[qtype][1] * _BLOCKS[qtype][0]
+    return qweight.new_empty(*ids.shape, cols, dtype=dtype)
+
+
+# `torch.ops.minivllm.gguf_embedding`: the lookup as one opaque op in compiled graphs (tracing
+# into it would break the graph at the native call).
+register_op("gguf_embedding(Tensor ids, Tensor qweight, int qtype, ScalarType dtype) -> Tensor",
+            _gguf_embedding_op, _gguf_embedding_fake)

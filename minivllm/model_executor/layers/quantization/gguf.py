@@ -220,6 +220,9 @@ class GGUFEmbeddingMethod(_GGUFMethodBase):
         qtype = layer.qweight_type
         if qtype in _FLOAT_TYPES:
             return F.embedding(input_, layer.qweight)
+        if torch.compiler.is_compiling():
+            return torch.ops.minivllm.gguf_embedding(input_, layer.qweight, qtype,
+                                                     layer._gguf_dtype)
         return gguf_embedding(input_, layer.qweight, qtype, layer._gguf_dtype)
 
     def tie_weights(self, layer: nn.Module, embed_tokens: nn.Module) -> nn.Module:

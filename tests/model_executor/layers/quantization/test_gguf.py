@@ -127,3 +127,17 @@ def test_prefix_caching_and_preemption_keep_greedy_tokens(gguf_files):
     outputs = llm.generate(prompts, params, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outputs] == alone
     assert llm.llm_engine.scheduler.num_preemptions_total > 0
+
+
+def test_compiled_model_keeps_the_packed_ops_opaque(gguf_files):
+    """--compile: the GGUF lookup and linears are opaque ops (no graph break at the native
+    calls) and the compiled model picks the eager model's greedy tokens."""
+    from torch._dynamo.utils import counters
+
+    path = gguf_files("Q8_0", tied=True)
+    params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+    eager = LLM(model=path, dtype="bfloat16").generate([PROMPT], params)[0].outputs[0].token_ids
+    counters.clear()
+    compiled = LLM(model=path, dtype="bfloat16", enforce_eager=False)
+    assert compiled.generate([PROMPT], params)[0].outputs[0].token_ids == eager
+    assert dict(counters["graph_break"]) == {}
