@@ -17,10 +17,7 @@ import torch
 import torch.nn as nn
 from transformers import PretrainedConfig
 
-from minivllm.model_executor.model_loader.weight_iterators import (GGUF_PERMUTED_ARCHS,
-                                                                   GGUF_UNUSED, Weights,
-                                                                   gguf_to_hf_name,
-                                                                   unpermute_rows)
+from minivllm.model_executor.model_loader.weight_iterators import Weights, gguf_tensors
 from minivllm.transformers_utils.gguf_file import open_gguf
 
 
@@ -28,16 +25,7 @@ def gguf_quant_weights_iterator(path: str, hf_config: PretrainedConfig) -> Weigh
     """`(name, tensor)` pairs of a .gguf file with its 2-D weights kept in their block format."""
     import gguf
 
-    gguf_file = open_gguf(path)     # parsed once per process, shared with config and tokenizer
-    arch = gguf_file.architecture
-    text_config = hf_config.get_text_config()
-    num_heads = text_config.num_attention_heads
-    num_kv_heads = getattr(text_config, "num_key_value_heads", None) or num_heads
-    for tensor in gguf_file.tensors:
-        if tensor.name in GGUF_UNUSED:
-            continue
-        name = gguf_to_hf_name(tensor.name)
-        shape = tuple(int(d) for d in reversed(tensor.shape))      # HF order [out, in]
+    for tensor, name, shape, unpermute in gguf_tensors(path, hf_config):
         qtype = int(tensor.tensor_type)
         if len(shape) != 2 or not name.endswith(".weight"):
             data = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
@@ -49,10 +37,7 @@ def gguf_quant_weights_iterator(path: str, hf_config: PretrainedConfig) -> Weigh
         weight = torch.from_numpy(tensor.data.reshape(shape[0], -1))
         if tensor.tensor_type == gguf.GGMLQuantizationType.BF16:   # raw bytes: numpy has no bf16
             weight = weight.view(torch.bfloat16)
-        if arch in GGUF_PERMUTED_ARCHS and ".q_proj." in name:
-            weight = unpermute_rows(weight, num_heads)
-        elif arch in GGUF_PERMUTED_ARCHS and ".k_proj." in name:
-            weight = unpermute_rows(weight, num_kv_heads)
+        weight = unpermute(weight)
         weight.gguf_type = qtype
         yield name[: -len(".weight")] + ".qweight", weight
         # The GGUF methods copied this rank's part as it arrived: the file's pages can go now,

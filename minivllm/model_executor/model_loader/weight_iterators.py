@@ -59,6 +59,14 @@ def gguf_weights_iterator(path: str, hf_config: PretrainedConfig) -> Weights:
     """
     import gguf
 
+    for tensor, name, shape, unpermute in gguf_tensors(path, hf_config):
+        data = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
+        yield name, unpermute(torch.from_numpy(data.reshape(shape).copy()).float())
+
+
+def gguf_tensors(path: str, hf_config: PretrainedConfig) -> Iterator[tuple]:
+    """`(tensor info, HF name, HF shape, row fix)` of each used tensor of a .gguf file; `row fix`
+    puts llama.cpp's per-head Q/K row order back (identity for other tensors and archs)."""
     gguf_file = open_gguf(path)    # parsed once per process, shared with the config and tokenizer
     arch = gguf_file.architecture
     text_config = hf_config.get_text_config()
@@ -70,13 +78,13 @@ def gguf_weights_iterator(path: str, hf_config: PretrainedConfig) -> Weights:
         name = _gguf_to_hf_name(tensor.name)
         # GGUF lists dims fastest-first, so the HF shape is the reverse.
         shape = tuple(int(d) for d in reversed(tensor.shape))
-        data = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
-        weight = torch.from_numpy(data.reshape(shape).copy()).float()
+        heads = None
         if arch in _GGUF_PERMUTED_ARCHS and ".q_proj." in name:
-            weight = _unpermute_rows(weight, num_heads)
+            heads = num_heads
         elif arch in _GGUF_PERMUTED_ARCHS and ".k_proj." in name:
-            weight = _unpermute_rows(weight, num_kv_heads)
-        yield name, weight
+            heads = num_kv_heads
+        yield tensor, name, shape, (lambda w: w) if heads is None else (
+            lambda w, n=heads: _unpermute_rows(w, n))
 
 
 def _gguf_to_hf_name(gguf_name: str) -> str:
@@ -111,11 +119,3 @@ def _checkpoint_files(folder: str, index_name: str, pattern: str) -> list[str]:
             weight_map = json.load(f)["weight_map"]
         return [os.path.join(folder, name) for name in sorted(set(weight_map.values()))]
     return sorted(glob.glob(os.path.join(folder, pattern)))
-
-
-
-# Shared with the packed GGUF reader (model_loader/gguf_loader.py).
-GGUF_PERMUTED_ARCHS = _GGUF_PERMUTED_ARCHS
-GGUF_UNUSED = _GGUF_UNUSED
-gguf_to_hf_name = _gguf_to_hf_name
-unpermute_rows = _unpermute_rows
