@@ -28,7 +28,7 @@ def default_model_path() -> str:
 
 
 def resolve_dtype(dtype: str | torch.dtype, hf_config: PretrainedConfig,
-                  packed_gguf: bool = False) -> torch.dtype:
+                  packed_gguf: bool = False, half_only: bool = False) -> torch.dtype:
     if isinstance(dtype, torch.dtype):
         if dtype not in _DTYPES.values():
             raise ValueError(f"dtype {dtype} is not supported; choose one of auto, {', '.join(_DTYPES)}")
@@ -42,6 +42,8 @@ def resolve_dtype(dtype: str | torch.dtype, hf_config: PretrainedConfig,
         cfg_dtype = getattr(hf_config, "dtype", None)
         if isinstance(cfg_dtype, str):
             cfg_dtype = _DTYPES.get(cfg_dtype)
+        if half_only and cfg_dtype not in (torch.float16, torch.bfloat16):
+            return torch.bfloat16    # fp8 computes in half precision only (as vLLM's auto)
         return cfg_dtype if cfg_dtype in (torch.float16, torch.bfloat16) else torch.float32
     if dtype not in _DTYPES:
         raise ValueError(f"Unknown dtype {dtype!r}; choose one of auto, {', '.join(_DTYPES)}")
@@ -103,7 +105,8 @@ class ModelConfig:
             self.tokenizer = self.model
         self.quantization = resolve_quantization(self.quantization, self.hf_config,
                                                  is_gguf(self.model))
-        self.dtype = resolve_dtype(self.dtype, self.hf_config, self.quantization == "gguf")
+        self.dtype = resolve_dtype(self.dtype, self.hf_config, self.quantization == "gguf",
+                                   self.quantization == "fp8")
         limit = getattr(self.hf_config, "max_position_embeddings", None) or 2048
         if self.max_model_len is None:
             self.max_model_len = limit

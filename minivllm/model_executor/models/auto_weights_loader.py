@@ -147,7 +147,11 @@ class AutoWeightsLoader:
 
     def _note_cast(self, qualified: str, src: torch.dtype, dst: torch.dtype) -> None:
         # Exact widenings (fp16 -> fp32) are routine; a narrowing cast is worth one warning.
-        if torch.promote_types(src, dst) == dst or (src, dst) in self._warned_casts:
+        try:
+            widening = torch.promote_types(src, dst) == dst
+        except RuntimeError:      # fp8 and other dtypes without promotion rules
+            widening = False
+        if widening or (src, dst) in self._warned_casts:
             logger.debug("Loading %s: casting %s to %s", qualified, src, dst)
             return
         self._warned_casts.add((src, dst))
