@@ -1,12 +1,12 @@
 """GGUF weights executed in their own block formats (`quantization="gguf"`, the default for .gguf).
 
-The GGUF loader yields every 2-D weight as `<module>.qweight`: the file's uint8 block rows
-`[rows, row_bytes]` (or a float tensor for F32/F16/BF16), carrying its `gguf_type`. The methods
-here keep those bytes packed: each loaded shard is cut to this rank's part as it arrives
-(rows for column-parallel layers and the vocabulary, whole blocks of input columns for
-row-parallel ones), and after loading a layer's shards become one `qweight` Parameter
-`[out/T, row_bytes/T...]` with `layer.qweight_type`, multiplied by `kernels/gguf_linear.py`.
-No dequantised copy is kept; the tied LM head shares the embedding's packed rows.
+The GGUF loader yields every 2-D weight as `<module>.qweight`: a view of the file's uint8 block
+rows `[rows, row_bytes]` (or a float tensor for F32/F16/BF16), carrying its `gguf_type`. The
+methods here keep those bytes packed: each shard's part for this rank (rows for column-parallel
+layers and the vocabulary, whole blocks of input columns for row-parallel ones) is copied as it
+arrives into the layer's one buffer, which becomes the `qweight` Parameter `[out/T, row_bytes/T]`
+with `layer.qweight_type`, multiplied by `kernels/gguf_linear.py`. No dequantised copy is kept;
+the tied LM head shares the embedding's packed Parameter.
 """
 
 from typing import Any
