@@ -11,6 +11,7 @@ fails, or `MINIVLLM_CPU_KERNEL=0`, callers keep their pure-PyTorch paths.
 - `gemm_bf16`: bf16 linear with AMX tiles (decode steps; prompt chunks of small weights), faster
   than oneDNN there; `gemm_silu_mul_bf16` the same with SiluAndMul applied to gate_up's output.
 - `silu_and_mul_bf16`: SiluAndMul on bf16 rows (~3x faster than inductor's kernel at [64, 3072]).
+- `rms_norm_bf16`: RMSNorm (after the residual add) of bf16 rows in one pass, for eager steps.
 - `prefill_attention_bf16`: causal attention of a fresh prompt over its own keys with AMX tiles.
 - `argmax_bf16`: row argmax of bf16 logits (plain-greedy sampling), ~10x faster than `max`.
 - `minivllm_gguf_*`: linears on GGUF-packed weights (wrapped in `kernels/gguf_linear.py`).
@@ -51,6 +52,9 @@ _SIGNATURES = {
                                         _I64, _I32],
     # x, x_row_stride, y, y_row_stride, m, d, num_threads
     "minivllm_silu_mul_bf16": [_PTR, _I64, _PTR, _I64, _I64, _I64, _I32],
+    # x, x_stride, residual, r_stride, new_residual, w, out, m, d, eps, num_threads
+    "minivllm_rms_norm_bf16": [_PTR, _I64, _PTR, _I64, _PTR, _PTR, _PTR, _I64, _I64,
+                               ctypes.c_float, _I32],
     # q, q_row_stride, k, k_row_stride, v, v_row_stride, out, out_row_stride, len, num_heads,
     # num_kv_heads, head_size, scale, num_threads
     "minivllm_prefill_attention_bf16": [_PTR, _I64, _PTR, _I64, _PTR, _I64, _PTR, _I64, _I32,
@@ -290,6 +294,32 @@ def silu_and_mul_bf16(x: torch.Tensor) -> torch.Tensor | None:
     rc = _lib.minivllm_silu_mul_bf16(x.data_ptr(), x.stride(0), y.data_ptr(), d, m, d,
                                      torch.get_num_threads())
     return y if rc == 0 else None
+
+
+def rms_norm_bf16(x: torch.Tensor, weight: torch.Tensor, eps: float,
+                  residual: torch.Tensor | None = None
+                  ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor] | None:
+    """`torch.rms_norm(x, weight)` (after `x = x + residual`, returned too) for bf16 x [m, d] on
+    CPU with unit-stride rows and a contiguous bf16 weight [d], with eager's roundings; None when
+    the kernel cannot take it (then use torch)."""
+    if (x.dtype != torch.bfloat16 or x.dim() != 2 or x.device.type != "cpu" or x.stride(1) != 1
+            or weight.dtype != torch.bfloat16 or not weight.is_contiguous()
+            or weight.shape != x.shape[1:] or not native_available()):
+        return None
+    if residual is not None and (residual.dtype != torch.bfloat16 or residual.shape != x.shape
+                                 or residual.stride(1) != 1):
+        return None
+    m, d = x.shape
+    out = torch.empty(m, d, dtype=torch.bfloat16)
+    new_residual = torch.empty(m, d, dtype=torch.bfloat16) if residual is not None else None
+    rc = _lib.minivllm_rms_norm_bf16(
+        x.data_ptr(), x.stride(0), None if residual is None else residual.data_ptr(),
+        0 if residual is None else residual.stride(0),
+        None if new_residual is None else new_residual.data_ptr(), weight.data_ptr(),
+        out.data_ptr(), m, d, eps, torch.get_num_threads())
+    if rc != 0:
+        return None
+    return out if residual is None else (out, new_residual)
 
 
 def prefill_attention_supported(dtype: torch.dtype, head_size: int) -> bool:
