@@ -20,6 +20,10 @@ enum QType : int {
   kQ2_K = 10, kQ3_K = 11, kQ4_K = 12, kQ5_K = 13, kQ6_K = 14,
 };
 
+// Every block type with a kernel, for the type switches that instantiate one template per type.
+#define MINIVLLM_GGUF_BLOCK_TYPES(X) \
+  X(kQ4_0) X(kQ4_1) X(kQ5_0) X(kQ5_1) X(kQ8_0) X(kQ2_K) X(kQ3_K) X(kQ4_K) X(kQ5_K) X(kQ6_K)
+
 struct Geometry {
   int elems;  // elements per block
   int bytes;  // bytes per block

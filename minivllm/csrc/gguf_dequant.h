@@ -111,10 +111,7 @@ void dequant_rows(int qtype, const uint8_t* w, int64_t w_stride, int64_t r0, int
       dequant_row_vnni<Q>(unit, w + r * w_stride, rs, cols, out, r * out_stride, dt);        \
     return;                                                                                  \
   }
-    MINIVLLM_GGUF_CASE(kQ4_0) MINIVLLM_GGUF_CASE(kQ4_1) MINIVLLM_GGUF_CASE(kQ5_0)
-    MINIVLLM_GGUF_CASE(kQ5_1) MINIVLLM_GGUF_CASE(kQ8_0) MINIVLLM_GGUF_CASE(kQ2_K)
-    MINIVLLM_GGUF_CASE(kQ3_K) MINIVLLM_GGUF_CASE(kQ4_K) MINIVLLM_GGUF_CASE(kQ5_K)
-    MINIVLLM_GGUF_CASE(kQ6_K)
+    MINIVLLM_GGUF_BLOCK_TYPES(MINIVLLM_GGUF_CASE)
 #undef MINIVLLM_GGUF_CASE
   }
 #endif

@@ -185,10 +185,7 @@ void gemm_rows(int qtype, const uint8_t* w, int64_t w_stride, const Activation& 
   switch (qtype) {
 #define MINIVLLM_GGUF_CASE(Q)                                                         \
   case Q: return gemm_rows_vnni<Q>(w, w_stride, act, rs, m, n0, n1, bias, y, y_stride, dt);
-    MINIVLLM_GGUF_CASE(kQ4_0) MINIVLLM_GGUF_CASE(kQ4_1) MINIVLLM_GGUF_CASE(kQ5_0)
-    MINIVLLM_GGUF_CASE(kQ5_1) MINIVLLM_GGUF_CASE(kQ8_0) MINIVLLM_GGUF_CASE(kQ2_K)
-    MINIVLLM_GGUF_CASE(kQ3_K) MINIVLLM_GGUF_CASE(kQ4_K) MINIVLLM_GGUF_CASE(kQ5_K)
-    MINIVLLM_GGUF_CASE(kQ6_K)
+    MINIVLLM_GGUF_BLOCK_TYPES(MINIVLLM_GGUF_CASE)
 #undef MINIVLLM_GGUF_CASE
   }
 #endif

@@ -8,7 +8,7 @@ import torch.nn as nn
 from minivllm.config import LoadConfig, ModelConfig, VllmConfig
 from minivllm.logger import init_logger
 from minivllm.model_executor.model_loader.gguf_loader import (gguf_quant_weights_iterator,
-                                                              release_unused_file_pages)
+                                                              release_file_pages)
 from minivllm.model_executor.model_loader.utils import initialize_model, process_weights_after_loading
 from minivllm.model_executor.model_loader.weight_iterators import (gguf_weights_iterator,
                                                                    safetensors_weights_iterator)
@@ -30,7 +30,7 @@ class BaseModelLoader:
         self.load_weights(model, model_config)
         process_weights_after_loading(model, model_config, vllm_config.device_config.device)
         if model_config.is_gguf and model_config.quantization == "gguf":
-            release_unused_file_pages(model, model_config.model)
+            release_file_pages(model_config.model)
         return model.eval()
 
     def load_weights(self, model: nn.Module, model_config: ModelConfig) -> None:

@@ -14,7 +14,6 @@ import mmap
 
 import numpy as np
 import torch
-import torch.nn as nn
 from transformers import PretrainedConfig
 
 from minivllm.model_executor.model_loader.weight_iterators import Weights, gguf_tensors
@@ -48,25 +47,18 @@ def gguf_quant_weights_iterator(path: str, hf_config: PretrainedConfig) -> Weigh
 _MADV_DONTNEED = 4
 
 
-def release_unused_file_pages(model: nn.Module, path: str) -> int:
-    """Drop from this process's memory the pages of the mapped GGUF data that no parameter views
-    any more (the sources of fused, permuted or sharded copies); returns the bytes released.
+def release_file_pages(path: str) -> int:
+    """Drop the mapped GGUF data from this process's memory once loading is done (the GGUF
+    methods copied what each rank keeps); returns the bytes released.
 
-    The mapping is private and never written, so dropped pages just read again from the page
-    cache if touched; parameters that view the file keep theirs.
+    The mapping is private and never written, so a page touched again is just read back from the
+    page cache.
     """
     tensors = open_gguf(path).tensors
     if not tensors:
         return 0
-    start = min(t.data.ctypes.data for t in tensors)
-    end = max(t.data.ctypes.data + t.data.nbytes for t in tensors)
-    kept = sorted((p.data_ptr(), p.data_ptr() + p.numel() * p.element_size())
-                  for p in model.parameters() if start <= p.data_ptr() < end)
-    released, cursor = 0, start
-    for lo, hi in [*kept, (end, end)]:
-        released += _release_pages(cursor, lo)      # whole pages between the kept ranges
-        cursor = max(cursor, hi)
-    return released
+    return _release_pages(min(t.data.ctypes.data for t in tensors),
+                          max(t.data.ctypes.data + t.data.nbytes for t in tensors))
 
 
 def _release(array: np.ndarray) -> None:

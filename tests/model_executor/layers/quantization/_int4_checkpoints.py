@@ -81,6 +81,21 @@ def quantize_linear(weight: torch.Tensor, method: str, group_size: int, *, sym: 
     return tensors, dequant
 
 
+INT4_LLAMA = dict(hidden_size=128, intermediate_size=256)   # every input size divides by 128
+
+
+def int4_llama(tiny_llama_factory) -> str:
+    """The tiny fp32 Llama the int4 tests quantize (one per session)."""
+    return tiny_llama_factory("int4", **INT4_LLAMA)
+
+
+def int4_checkpoint(tiny_llama_factory, tmp_path, method: str, group_size: int,
+                    **kwargs) -> tuple[str, str]:
+    """`write_quantized_llama` of that tiny Llama: (quantized folder, dequantized folder)."""
+    return write_quantized_llama(int4_llama(tiny_llama_factory), str(tmp_path), method,
+                                 group_size, **kwargs)
+
+
 def write_quantized_llama(src: str, dst: str, method: str, group_size: int, *,
                           sym: bool = False, desc_act: bool = False, skip: tuple[str, ...] = (),
                           checkpoint_format: str = "gptq", seed: int = 0) -> tuple[str, str]:

@@ -12,17 +12,9 @@ from minivllm.model_executor.layers.quantization import (UnquantizedLinearMethod
                                                          get_quantization_config)
 from minivllm.model_executor.layers.quantization.awq import (AWQConfig, AWQLinearMethod,
                                                              unpack_awq)
-from tests.model_executor.layers.quantization._int4_checkpoints import (AWQ_ORDER,
-                                                                      check_against_hf,
-                                                                      model_of, pack_nibbles,
-                                                                      write_quantized_llama)
-
-CONFIG = dict(hidden_size=128, intermediate_size=256)   # every input size divides by 128
-
-
-def _checkpoint(tiny_llama_factory, tmp_path, group_size: int, **kwargs) -> tuple[str, str]:
-    return write_quantized_llama(tiny_llama_factory("int4", **CONFIG), str(tmp_path), "awq",
-                                 group_size, **kwargs)
+from tests.model_executor.layers.quantization._int4_checkpoints import (AWQ_ORDER, check_against_hf,
+                                                                        int4_checkpoint, int4_llama,
+                                                                        model_of, pack_nibbles)
 
 
 def test_config_reads_autoawq_and_transformers_keys():
@@ -58,7 +50,7 @@ def test_unpack_follows_awq_pack_order():
 
 @pytest.mark.parametrize("group_size", [32, 64, 128])
 def test_awq_model_matches_transformers_fp32(tiny_llama_factory, tmp_path, group_size: int):
-    quant_dir, dequant_dir = _checkpoint(tiny_llama_factory, tmp_path, group_size)
+    quant_dir, dequant_dir = int4_checkpoint(tiny_llama_factory, tmp_path, "awq", group_size)
     llm = check_against_hf(quant_dir, dequant_dir, "float32", atol=1e-3)
     layer = model_of(llm).model.layers[0].mlp.gate_up_proj
     assert isinstance(layer.quant_method, AWQLinearMethod)
@@ -68,7 +60,7 @@ def test_awq_model_matches_transformers_fp32(tiny_llama_factory, tmp_path, group
 
 
 def test_awq_model_bf16_and_quant_config_file(tiny_llama_factory, tmp_path):
-    quant_dir, dequant_dir = _checkpoint(tiny_llama_factory, tmp_path, 64)
+    quant_dir, dequant_dir = int4_checkpoint(tiny_llama_factory, tmp_path, "awq", 64)
     # the quantization_config in quant_config.json instead (older AutoAWQ): named explicitly
     with open(os.path.join(quant_dir, "config.json")) as f:
         config = json.load(f)
@@ -80,7 +72,7 @@ def test_awq_model_bf16_and_quant_config_file(tiny_llama_factory, tmp_path):
 
 
 def test_modules_to_not_convert_leaves_those_layers_unquantized(tiny_llama_factory, tmp_path):
-    quant_dir, dequant_dir = _checkpoint(tiny_llama_factory, tmp_path, 128,
+    quant_dir, dequant_dir = int4_checkpoint(tiny_llama_factory, tmp_path, "awq", 128,
                                          skip=("layers.1.mlp", "layers.0.self_attn.o_proj"))
     llm = check_against_hf(quant_dir, dequant_dir, "float32", atol=1e-3)
     layers = model_of(llm).model.layers
@@ -91,7 +83,7 @@ def test_modules_to_not_convert_leaves_those_layers_unquantized(tiny_llama_facto
 
 
 def test_partly_skipped_fused_layer_raises(tiny_llama_factory, tmp_path):
-    quant_dir, _ = _checkpoint(tiny_llama_factory, tmp_path, 128,
+    quant_dir, _ = int4_checkpoint(tiny_llama_factory, tmp_path, "awq", 128,
                                skip=("layers.0.self_attn.q_proj",))
     with pytest.raises(ValueError, match="some but not all shards of model.layers.0.self_attn."
                                          "qkv_proj.*q_proj \\(skipped\\).*k_proj \\(quantized\\)"):
@@ -100,11 +92,11 @@ def test_partly_skipped_fused_layer_raises(tiny_llama_factory, tmp_path):
 
 def test_unquantized_checkpoint_is_refused_with_the_online_choice(tiny_llama_factory):
     with pytest.raises(ValueError, match="not an AWQ checkpoint.*--quantization int4"):
-        LLM(model=tiny_llama_factory("int4", **CONFIG), dtype="bfloat16", quantization="awq")
+        LLM(model=int4_llama(tiny_llama_factory), dtype="bfloat16", quantization="awq")
 
 
 def test_awq_tensor_parallel_2_matches_transformers(tiny_llama_factory, tmp_path):
     # rank r loads its output columns of qweight / qzeros (packed: 1/8 the index) and scales,
     # and for o_proj / down_proj its input rows (whole groups)
-    quant_dir, dequant_dir = _checkpoint(tiny_llama_factory, tmp_path, 32)
+    quant_dir, dequant_dir = int4_checkpoint(tiny_llama_factory, tmp_path, "awq", 32)
     check_against_hf(quant_dir, dequant_dir, "float32", atol=1e-3, tensor_parallel_size=2)

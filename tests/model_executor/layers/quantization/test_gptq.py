@@ -13,15 +13,8 @@ from minivllm.model_executor.layers.quantization.gptq import (GPTQConfig, GPTQLi
                                                               unpack_gptq_qweight,
                                                               unpack_gptq_qzeros)
 from tests.model_executor.layers.quantization._int4_checkpoints import (check_against_hf,
-                                                                      model_of, quantize_linear,
-                                                                      write_quantized_llama)
-
-CONFIG = dict(hidden_size=128, intermediate_size=256)   # every input size divides by 128
-
-
-def _checkpoint(tiny_llama_factory, tmp_path, group_size: int, **kwargs) -> tuple[str, str]:
-    return write_quantized_llama(tiny_llama_factory("int4", **CONFIG), str(tmp_path), "gptq",
-                                 group_size, **kwargs)
+                                                                        int4_checkpoint, int4_llama,
+                                                                        model_of, quantize_linear)
 
 
 def test_config_parsing_and_errors():
@@ -59,7 +52,7 @@ def test_unpack_reads_input_dim_packing_and_v1_zeros():
     (32, False, False), (64, True, False), (128, True, True), (-1, False, True)])
 def test_gptq_model_matches_transformers_fp32(tiny_llama_factory, tmp_path, group_size: int,
                                               desc_act: bool, sym: bool):
-    quant_dir, dequant_dir = _checkpoint(tiny_llama_factory, tmp_path, group_size,
+    quant_dir, dequant_dir = int4_checkpoint(tiny_llama_factory, tmp_path, "gptq", group_size,
                                          desc_act=desc_act, sym=sym)
     llm = check_against_hf(quant_dir, dequant_dir, "float32", atol=1e-3)
     layer = model_of(llm).model.layers[1].mlp.down_proj
@@ -76,14 +69,14 @@ def test_gptq_model_matches_transformers_fp32(tiny_llama_factory, tmp_path, grou
 
 
 def test_gptq_v2_zeros_and_bf16(tiny_llama_factory, tmp_path):
-    quant_dir, dequant_dir = _checkpoint(tiny_llama_factory, tmp_path, 64, desc_act=True,
+    quant_dir, dequant_dir = int4_checkpoint(tiny_llama_factory, tmp_path, "gptq", 64, desc_act=True,
                                          checkpoint_format="gptq_v2")
     check_against_hf(quant_dir, dequant_dir, "bfloat16", atol=0.1)
 
 
 def test_unquantized_checkpoint_is_refused_with_the_online_choice(tiny_llama_factory):
     with pytest.raises(ValueError, match="not a GPTQ checkpoint.*--quantization int4"):
-        LLM(model=tiny_llama_factory("int4", **CONFIG), dtype="bfloat16", quantization="gptq")
+        LLM(model=int4_llama(tiny_llama_factory), dtype="bfloat16", quantization="gptq")
 
 
 @pytest.mark.parametrize("group_size", [32, -1])
@@ -91,11 +84,11 @@ def test_gptq_tensor_parallel_2_matches_transformers(tiny_llama_factory, tmp_pat
                                                      group_size: int):
     # row-parallel ranks load qweight rows (packed along the input: in / 8 / T each) and their
     # groups; per-channel scales load whole on every rank
-    quant_dir, dequant_dir = _checkpoint(tiny_llama_factory, tmp_path, group_size)
+    quant_dir, dequant_dir = int4_checkpoint(tiny_llama_factory, tmp_path, "gptq", group_size)
     check_against_hf(quant_dir, dequant_dir, "float32", atol=1e-3, tensor_parallel_size=2)
 
 
 def test_act_order_cannot_split_input_rows(tiny_llama_factory, tmp_path):
-    quant_dir, _ = _checkpoint(tiny_llama_factory, tmp_path, 64, desc_act=True)
+    quant_dir, _ = int4_checkpoint(tiny_llama_factory, tmp_path, "gptq", 64, desc_act=True)
     with pytest.raises(Exception, match="act-order.*cannot be split by input rows"):
         LLM(model=quant_dir, dtype="float32", tensor_parallel_size=2)
