@@ -1,0 +1,143 @@
+"""Shared by the model-family tests: a tiny random transformers checkpoint, minivllm's fp32 greedy
+run with prompt logprobs, the same from transformers, and the contract checks (prefixes, every
+missing / unexpected name in one error).
+
+Typical use::
+
+    path = write_tiny_checkpoint(tmp, Qwen2Config, Qwen2ForCausalLM, vocab_size=1000)
+    assert_matches_transformers(path)
+    assert_prefixes_clean(path)
+    assert_bad_names_reported(path, tmp / "broken", drop=["model.norm.weight"])
+"""
+
+import os
+import shutil
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from minivllm import LLM, SamplingParams
+
+# 2 layers, hidden 64, GQA 4:2; families rename a field or add theirs through `overrides`.
+TINY_DENSE = dict(vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                  rms_norm_eps=1e-5, tie_word_embeddings=False, initializer_range=0.1,
+                  bos_token_id=1, eos_token_id=2, pad_token_id=0)
+PROMPT_LENS = (5, 17, 33, 60)
+NUM_TOKENS = 24
+
+
+def write_tiny_checkpoint(folder: str | Path, config_cls: type, model_cls: type, seed: int = 0,
+                          **overrides) -> str:
+    """Save a random `model_cls(config_cls(**TINY_DENSE, **overrides))` in fp32 to `folder`.
+
+    A `None` override drops that default (for configs that do not take the field)."""
+    torch.manual_seed(seed)
+    fields = {k: v for k, v in {**TINY_DENSE, **overrides}.items() if v is not None}
+    config = config_cls(**fields)
+    model = model_cls(config).to(torch.float32).eval()
+    model.save_pretrained(str(folder))
+    return str(folder)
+
+
+def make_prompts(vocab_size: int, lens: tuple[int, ...] = PROMPT_LENS,
+                 seed: int = 1) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, vocab_size, (n,), generator=gen).tolist() for n in lens]
+
+
+@torch.inference_mode()
+def hf_greedy(path: str, prompts: list[list[int]], num_tokens: int = NUM_TOKENS
+              ) -> list[tuple[list[int], torch.Tensor]]:
+    """Per prompt: transformers' greedy tokens and the logprob of every token after the first
+    (prompt and generated, float64 `[len - 1]`). Eager attention: soft-capping needs it."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32,
+                                                 attn_implementation="eager").eval()
+    results = []
+    for ids in prompts:
+        seq = list(ids)
+        for _ in range(num_tokens):    # full recompute: no cache class can differ from ours
+            logits = model(torch.tensor([seq]), use_cache=False).logits[0, -1]
+            seq.append(int(logits.argmax()))
+        logits = model(torch.tensor([seq]), use_cache=False).logits[0]
+        logprobs = torch.log_softmax(logits.double(), -1)
+        chosen = logprobs[:-1].gather(1, torch.tensor(seq[1:])[:, None])[:, 0]
+        results.append((seq[len(ids):], chosen))
+    return results
+
+
+def minivllm_greedy(llm: LLM, prompts: list[list[int]], num_tokens: int = NUM_TOKENS
+                    ) -> list[tuple[list[int], torch.Tensor]]:
+    """The same as `hf_greedy`, from one batched `llm.generate`."""
+    params = SamplingParams(temperature=0, max_tokens=num_tokens, ignore_eos=True,
+                            logprobs=0, prompt_logprobs=0)
+    results = []
+    for ids, out in zip(prompts, llm.generate(prompts, params, use_tqdm=False)):
+        completion = out.outputs[0]
+        prompt_lp = [out.prompt_logprobs[i][ids[i]].logprob for i in range(1, len(ids))]
+        gen_lp = [step[t].logprob for step, t in zip(completion.logprobs, completion.token_ids)]
+        results.append((list(completion.token_ids),
+                        torch.tensor(prompt_lp + gen_lp, dtype=torch.float64)))
+    return results
+
+
+def assert_matches_transformers(path: str, vocab_size: int | None = None,
+                                prompts: list[list[int]] | None = None, atol: float = 1e-4,
+                                num_tokens: int = NUM_TOKENS, **llm_kwargs) -> None:
+    """fp32 greedy tokens identical to transformers, every logprob within `atol`."""
+    if prompts is None:
+        prompts = make_prompts(vocab_size or TINY_DENSE["vocab_size"])
+    ref = hf_greedy(path, prompts, num_tokens)
+    kwargs = dict(dtype="float32", block_size=4, max_num_batched_tokens=512, **llm_kwargs)
+    ours = minivllm_greedy(LLM(model=path, **kwargs), prompts, num_tokens)
+    for i, ((tokens, lp), (ref_tokens, ref_lp)) in enumerate(zip(ours, ref)):
+        assert tokens == ref_tokens, f"prompt {i}: tokens differ from transformers"
+        diff = (lp - ref_lp).abs().max().item()
+        assert diff <= atol, f"prompt {i}: logprobs differ by {diff:.3g} (> {atol})"
+
+
+def build_model(path: str, **model_config):
+    """minivllm's model for the checkpoint at `path`, TP = PP = 1, fp32."""
+    from minivllm.config import ModelConfig, VllmConfig
+    from minivllm.distributed import ensure_model_parallel_initialized
+    from minivllm.model_executor.model_loader import get_model
+
+    ensure_model_parallel_initialized(1, 1)
+    config = VllmConfig(model_config=ModelConfig(model=path, dtype="float32", **model_config))
+    return get_model(vllm_config=config)
+
+
+def assert_prefixes_clean(path: str, expected_cls: str | None = None) -> None:
+    """Every layer's prefix equals its attribute path (and the class is the expected one)."""
+    from minivllm.model_executor.models.prefix_check import check_prefixes
+
+    model = build_model(path)
+    if expected_cls is not None:
+        assert type(model).__name__ == expected_cls
+    assert check_prefixes(model) == []
+
+
+def assert_bad_names_reported(path: str, folder: str | Path, drop: list[str],
+                              extra: tuple[str, ...] = ("model.layers.0.mlp.extra_proj.weight",
+                                                        "model.bogus.weight")) -> None:
+    """A copy of the checkpoint without `drop` and with `extra` fails with ONE error naming all."""
+    import pytest
+
+    state = load_file(os.path.join(path, "model.safetensors"))
+    for name in drop:
+        del state[name]
+    for name in extra:
+        state[name] = torch.zeros(2, 2)
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    for name in os.listdir(path):
+        if name.endswith(".json"):
+            shutil.copy(os.path.join(path, name), folder / name)
+    with pytest.raises(ValueError) as err:
+        build_model(str(folder))
+    for name in (*drop, *extra):
+        assert name in str(err.value)
