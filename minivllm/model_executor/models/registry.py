@@ -24,12 +24,15 @@ _TEXT_GENERATION_MODELS: dict[str, tuple[str, str]] = {
     "LlamaForCausalLM": _LLAMA,
     "LLaMAForCausalLM": _LLAMA,
     "TeleChat3ForCausalLM": _LLAMA,
+    "Qwen2ForCausalLM": ("qwen2", "Qwen2ForCausalLM"),
 }
 _EMBEDDING_MODELS: dict[str, tuple[str, str]] = {
     "LlamaModel": _LLAMA,
     "MistralModel": _LLAMA,
     **{arch: target for arch, target in _TEXT_GENERATION_MODELS.items() if target == _LLAMA},
     "LlamaBidirectionalModel": ("llama", "LlamaBidirectionalModel"),
+    "Qwen2Model": ("qwen2", "Qwen2ForCausalLM"),
+    "Qwen2ForCausalLM": ("qwen2", "Qwen2ForCausalLM"),
 }
 _SEQUENCE_CLASSIFICATION_MODELS: dict[str, tuple[str, str]] = {
     "LlamaBidirectionalForSequenceClassification": ("llama", "LlamaBidirectionalForSequenceClassification"),

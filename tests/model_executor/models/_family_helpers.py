@@ -122,8 +122,11 @@ def assert_prefixes_clean(path: str, expected_cls: str | None = None) -> None:
 
 def assert_bad_names_reported(path: str, folder: str | Path, drop: list[str],
                               extra: tuple[str, ...] = ("model.layers.0.mlp.extra_proj.weight",
-                                                        "model.bogus.weight")) -> None:
-    """A copy of the checkpoint without `drop` and with `extra` fails with ONE error naming all."""
+                                                        "model.bogus.weight"),
+                              missing: list[str] | None = None) -> None:
+    """A copy of the checkpoint without `drop` and with `extra` fails with ONE error naming all
+    (`missing`: the parameter names to expect when they differ from the dropped checkpoint names,
+    e.g. a fused `qkv_proj.bias` for the dropped q/k/v biases)."""
     import pytest
 
     state = load_file(os.path.join(path, "model.safetensors"))
@@ -139,5 +142,5 @@ def assert_bad_names_reported(path: str, folder: str | Path, drop: list[str],
             shutil.copy(os.path.join(path, name), folder / name)
     with pytest.raises(ValueError) as err:
         build_model(str(folder))
-    for name in (*drop, *extra):
-        assert name in str(err.value)
+    for name in (*(drop if missing is None else missing), *extra):
+        assert name in str(err.value), f"{name} is not named in: {err.value}"

@@ -115,6 +115,6 @@ def test_top_level_lazy_export():
 
 
 def test_family_without_a_model_file_is_a_clear_error():
-    # No qwen2.py yet: a Qwen2 checkpoint gets the supported list, not a ModuleNotFoundError.
-    with pytest.raises(ValueError, match=r"Qwen2ForCausalLM.*not supported.*LlamaForCausalLM"):
-        ModelRegistry.resolve_model_cls(["Qwen2ForCausalLM"])
+    # No falcon.py: a Falcon checkpoint gets the supported list, not a ModuleNotFoundError.
+    with pytest.raises(ValueError, match=r"FalconForCausalLM.*not supported.*Qwen2ForCausalLM"):
+        ModelRegistry.resolve_model_cls(["FalconForCausalLM"])

@@ -1,0 +1,69 @@
+"""Qwen2 / Qwen2.5: Llama with a q/k/v bias (never an o_proj bias) and a 1e6 default RoPE theta."""
+
+from typing import TYPE_CHECKING, Any
+
+from torch import nn
+
+from minivllm.compilation.decorators import support_torch_compile
+from minivllm.config import VllmConfig
+from minivllm.transformers_utils.config import set_default_rope_theta
+
+from .llama import LlamaAttention, LlamaDecoderLayer, LlamaForCausalLM, LlamaMLP, LlamaModel
+
+if TYPE_CHECKING:     # annotations only: transformers is slow to import
+    from transformers import Qwen2Config
+
+_QWEN_DEFAULT_ROPE_THETA = 1000000
+
+
+class Qwen2MLP(LlamaMLP):
+    """gate_up -> SiLU(gate) * up -> down; the same maths and names as Llama's MLP."""
+
+
+class Qwen2Attention(LlamaAttention):
+    """Llama attention whose q/k/v projection always has a bias and o_proj never does.
+
+    NOTE: the bias flags the decoder layer derives from `attention_bias` are overridden here,
+    because Qwen2 configs do not carry that field (the bias is part of the architecture).
+    """
+
+    def __init__(self, *args: Any, bias: bool = True, bias_o_proj: bool = False,
+                 **kwargs: Any) -> None:
+        super().__init__(*args, bias=True, bias_o_proj=False, **kwargs)
+
+
+class Qwen2DecoderLayer(LlamaDecoderLayer):
+    """Llama's pre-norm block with Qwen2's attention."""
+
+    def __init__(self, vllm_config: VllmConfig, prefix: str = "", config: "Qwen2Config | None" = None,
+                 attn_layer_type: type[nn.Module] = Qwen2Attention) -> None:
+        super().__init__(vllm_config=vllm_config, prefix=prefix, config=config,
+                         attn_layer_type=attn_layer_type)
+
+
+@support_torch_compile(dynamic_arg_dims={"input_ids": 0, "positions": -1,
+                                         "intermediate_tensors": 0, "inputs_embeds": 0})
+class Qwen2Model(LlamaModel):
+    """Embedding -> Qwen2 layers -> final norm; `decoder_layer_type` is vLLM's hook name."""
+
+    def __init__(self, *, vllm_config: VllmConfig, prefix: str = "",
+                 decoder_layer_type: type[nn.Module] = Qwen2DecoderLayer) -> None:
+        set_default_rope_theta(vllm_config.model_config.hf_config, _QWEN_DEFAULT_ROPE_THETA)
+        super().__init__(vllm_config=vllm_config, prefix=prefix, layer_type=decoder_layer_type)
+
+
+class Qwen2ForCausalLM(LlamaForCausalLM):
+    """Qwen2 with an LM head (tied or not); LoRA, PP, quantization and EAGLE-3 as Llama."""
+
+    hf_to_vllm_mapper = Qwen2Model.hf_to_vllm_mapper
+
+    def __init__(self, *, vllm_config: VllmConfig, prefix: str = "",
+                 layer_type: type[nn.Module] = Qwen2DecoderLayer) -> None:
+        super().__init__(vllm_config=vllm_config, prefix=prefix, layer_type=layer_type)
+
+    def _init_model(self, vllm_config: VllmConfig, prefix: str = "",
+                    layer_type: type[nn.Module] = Qwen2DecoderLayer) -> nn.Module:
+        return Qwen2Model(vllm_config=vllm_config, prefix=prefix, decoder_layer_type=layer_type)
+
+
+__all__ = ["Qwen2Attention", "Qwen2DecoderLayer", "Qwen2ForCausalLM", "Qwen2MLP", "Qwen2Model"]
