@@ -37,6 +37,10 @@ def write_tiny_checkpoint(folder: str | Path, config_cls: type, model_cls: type,
     fields = {k: v for k, v in {**TINY_DENSE, **overrides}.items() if v is not None}
     config = config_cls(**fields)
     model = model_cls(config).to(torch.float32).eval()
+    with torch.no_grad():   # norms start at 1 (or 0 for Gemma): a swapped norm would not show
+        for name, param in model.named_parameters():
+            if "norm" in name:
+                param.add_(0.2 * torch.randn_like(param))
     model.save_pretrained(str(folder))
     return str(folder)
 
