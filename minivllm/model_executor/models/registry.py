@@ -24,6 +24,7 @@ _TEXT_GENERATION_MODELS: dict[str, tuple[str, str]] = {
     "LlamaForCausalLM": _LLAMA,
     "LLaMAForCausalLM": _LLAMA,
     "TeleChat3ForCausalLM": _LLAMA,
+    "Phi3ForCausalLM": ("phi3", "Phi3ForCausalLM"),
     "Qwen2ForCausalLM": ("qwen2", "Qwen2ForCausalLM"),
     "Qwen3ForCausalLM": ("qwen3", "Qwen3ForCausalLM"),
 }

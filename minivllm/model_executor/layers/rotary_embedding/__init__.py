@@ -10,16 +10,19 @@ from minivllm.model_executor.layers.rotary_embedding.dynamic_ntk_scaling_rope im
 from minivllm.model_executor.layers.rotary_embedding.linear_scaling_rope import (
     LinearScalingRotaryEmbedding)
 from minivllm.model_executor.layers.rotary_embedding.llama3_rope import Llama3RotaryEmbedding
+from minivllm.model_executor.layers.rotary_embedding.phi3_long_rope_scaled_rope import (
+    Phi3LongRoPEScaledRotaryEmbedding, longrope_uses_long_factors)
 from minivllm.model_executor.layers.rotary_embedding.yarn_scaling_rope import (
     YaRNScalingRotaryEmbedding)
 
 __all__ = [
     "DynamicNTKAlphaRotaryEmbedding", "DynamicNTKScalingRotaryEmbedding",
-    "LinearScalingRotaryEmbedding", "Llama3RotaryEmbedding", "RotaryEmbedding",
+    "LinearScalingRotaryEmbedding", "Llama3RotaryEmbedding", "Phi3LongRoPEScaledRotaryEmbedding",
+    "RotaryEmbedding",
     "YaRNScalingRotaryEmbedding", "apply_rotary_emb", "get_rope",
 ]
 
-SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn", "longrope")
 _YARN_KEYS = ("beta_fast", "beta_slow", "mscale", "mscale_all_dim", "attention_factor", "truncate")
 
 # Every layer with the same arguments shares one module (and one cos/sin table).
@@ -35,7 +38,8 @@ def get_rope(head_size: int, max_position: int, is_neox_style: bool = True,
     params = dict(rope_parameters or {})
     rotary_dim = _rotary_dim(head_size, params)
     key = (head_size, rotary_dim, max_position, is_neox_style, _freeze(params),
-           _freeze(dual_chunk_attention_config), dtype, mrope_positions_factor)
+           _freeze(dual_chunk_attention_config), dtype, mrope_positions_factor,
+           _engine_choice(params, max_position))
     if key not in _ROPE_DICT:
         _check_supported(params, dual_chunk_attention_config)
         _ROPE_DICT[key] = _build_rope(head_size, rotary_dim, max_position, is_neox_style, params,
@@ -66,8 +70,31 @@ def _build_rope(head_size: int, rotary_dim: int, max_position: int, is_neox_styl
         extra = {k: params[k] for k in _YARN_KEYS if params.get(k) is not None}
         return YaRNScalingRotaryEmbedding(head_size, rotary_dim, original_max, base,
                                           is_neox_style, params["factor"], dtype, **extra)
+    if rope_type in ("longrope", "su"):
+        return _build_longrope(head_size, rotary_dim, max_position, is_neox_style, params, dtype)
     raise ValueError(f"Unknown RoPE scaling type {rope_type!r}; supported types: "
                      f"{', '.join(SUPPORTED_ROPE_TYPES)}")
+
+
+def _build_longrope(head_size: int, rotary_dim: int, max_position: int, is_neox_style: bool,
+                    params: dict[str, Any], dtype: torch.dtype) -> RotaryEmbedding:
+    # transformers' `attention_factor` scales both tables unless vLLM's per-table mscales are set.
+    attention_factor = params.get("attention_factor")
+    return Phi3LongRoPEScaledRotaryEmbedding(
+        head_size, rotary_dim, max_position,
+        params.get("original_max_position_embeddings") or max_position,
+        params.get("rope_theta") or 10000, is_neox_style, dtype, params["short_factor"],
+        params["long_factor"], short_mscale=params.get("short_mscale", attention_factor),
+        long_mscale=params.get("long_mscale", attention_factor),
+        scaling_factor=params.get("factor"))
+
+
+def _engine_choice(params: dict[str, Any], max_position: int) -> Any:
+    """What besides the arguments shapes the module: LongRoPE's short/long choice (per engine)."""
+    if params.get("rope_type", params.get("type")) not in ("longrope", "su"):
+        return None
+    original = params.get("original_max_position_embeddings") or max_position
+    return longrope_uses_long_factors(original, max_position)
 
 
 def _rotary_dim(head_size: int, params: dict[str, Any]) -> int:
