@@ -27,6 +27,8 @@ _TEXT_GENERATION_MODELS: dict[str, tuple[str, str]] = {
     "Phi3ForCausalLM": ("phi3", "Phi3ForCausalLM"),
     "Qwen2ForCausalLM": ("qwen2", "Qwen2ForCausalLM"),
     "Qwen3ForCausalLM": ("qwen3", "Qwen3ForCausalLM"),
+    "MistralForCausalLM": ("mistral", "MistralForCausalLM"),
+    "Ministral3ForCausalLM": ("mistral", "MistralForCausalLM"),
 }
 _EMBEDDING_MODELS: dict[str, tuple[str, str]] = {
     "LlamaModel": _LLAMA,
