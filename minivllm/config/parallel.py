@@ -14,6 +14,9 @@ class ParallelConfig:
     master_addr: str = "127.0.0.1"
     master_port: int | None = None             # None = pick a free port (single node)
     rank: int = 0                              # this process's global rank (workers)
+    # Split MoE experts over the TP ranks (whole experts per rank) instead of slicing every
+    # expert's intermediate dimension.
+    enable_expert_parallel: bool = False
 
     def __post_init__(self) -> None:
         for name in ("tensor_parallel_size", "pipeline_parallel_size", "nnodes"):

@@ -127,6 +127,9 @@ class GroupCoordinator:
 _WORLD: GroupCoordinator | None = None
 _TP: GroupCoordinator | None = None
 _PP: GroupCoordinator | None = None
+# Expert parallelism: with data parallel size 1 (always, here) an EP group holds the same ranks
+# as the TP group of its stage; FusedMoE splits experts over it when expert parallel is enabled.
+_EP: GroupCoordinator | None = None
 
 
 def init_distributed_environment(world_size: int = 1, rank: int = 0,
@@ -146,7 +149,7 @@ def init_distributed_environment(world_size: int = 1, rank: int = 0,
 def initialize_model_parallel(tensor_model_parallel_size: int = 1,
                               pipeline_model_parallel_size: int = 1, backend: str | None = None) -> None:
     """Build the TP and PP groups (layout in the module docstring)."""
-    global _TP, _PP
+    global _TP, _PP, _EP
     if _WORLD is None:
         init_distributed_environment(tensor_model_parallel_size * pipeline_model_parallel_size)
     tp, pp = tensor_model_parallel_size, pipeline_model_parallel_size
@@ -158,6 +161,7 @@ def initialize_model_parallel(tensor_model_parallel_size: int = 1,
     pp_groups = [list(range(t, world, tp)) for t in range(tp)]
     _TP = _make_group(tp_groups, rank, "tp")
     _PP = _make_group(pp_groups, rank, "pp")
+    _EP = _make_group(tp_groups, rank, "ep")
 
 
 def _make_group(all_ranks: list[list[int]], rank: int, name: str) -> GroupCoordinator:
@@ -199,6 +203,12 @@ def get_pp_group() -> GroupCoordinator:
     return _PP
 
 
+def get_ep_group() -> GroupCoordinator:
+    """The expert-parallel group (the TP group's ranks: data parallel size is 1)."""
+    assert _EP is not None, "expert parallel group is not initialized"
+    return _EP
+
+
 def get_tensor_model_parallel_world_size() -> int:
     return get_tp_group().world_size
 
@@ -216,8 +226,8 @@ def get_pipeline_model_parallel_rank() -> int:
 
 
 def destroy_model_parallel() -> None:
-    global _TP, _PP
-    _TP = _PP = None
+    global _TP, _PP, _EP
+    _TP = _PP = _EP = None
 
 
 def destroy_distributed_environment() -> None:

@@ -66,6 +66,9 @@ class EngineArgs:
                                              "(default: 2 GiB on CPU)")
     tensor_parallel_size: int = _arg(1, "tensor-parallel ranks", aliases=("-tp",))
     pipeline_parallel_size: int = _arg(1, "pipeline stages", aliases=("-pp",))
+    enable_expert_parallel: bool = _arg(False, "MoE layers: split the experts over the tensor-"
+                                        "parallel ranks instead of each expert's intermediate "
+                                        "dimension")
     nnodes: int = _arg(1, "nodes of a multi-node run (or torchrun's environment)")
     node_rank: int = _arg(0, "this node's rank; nodes 1..nnodes-1 only host worker ranks")
     master_addr: str = _arg("127.0.0.1", "address where the ranks of all nodes meet")
@@ -110,6 +113,7 @@ class EngineArgs:
                                      kv_cache_memory_bytes=self.kv_cache_memory_bytes),
             parallel_config=ParallelConfig(tensor_parallel_size=self.tensor_parallel_size,
                                            pipeline_parallel_size=self.pipeline_parallel_size,
+                                           enable_expert_parallel=self.enable_expert_parallel,
                                            nnodes=self.nnodes, node_rank=self.node_rank,
                                            master_addr=self.master_addr,
                                            master_port=self.master_port),
