@@ -1,0 +1,87 @@
+"""IBM Granite (3.x): Llama with four scalar multipliers from the config.
+
+`embedding_multiplier` scales the input embeddings, `attention_multiplier` replaces the
+`head_dim ** -0.5` attention scale, `residual_multiplier` scales each block's output before it
+joins the residual stream, and the logits are divided by `logits_scaling`.
+"""
+
+import torch
+from torch import nn
+
+from minivllm.compilation.decorators import support_torch_compile
+from minivllm.config import VllmConfig
+from minivllm.distributed import get_pp_group
+from minivllm.model_executor.layers.logits_processor import LogitsProcessor
+from minivllm.model_executor.layers.quantization import QuantizationConfig
+from minivllm.sequence import IntermediateTensors
+
+from .llama import LlamaAttention, LlamaDecoderLayer, LlamaForCausalLM, LlamaModel
+
+
+class GraniteAttention(LlamaAttention):
+    def _init_rotary_emb(self, config, quant_config: QuantizationConfig | None) -> None:
+        super()._init_rotary_emb(config, quant_config)
+        # NOTE: LlamaAttention calls this hook before it builds `self.attn`, which takes
+        # `self.scaling` as its softmax scale.
+        self.scaling = config.attention_multiplier
+
+
+class GraniteDecoderLayer(LlamaDecoderLayer):
+    """Llama's block with `residual + multiplier * block(x)` for attention and MLP."""
+
+    def __init__(self, vllm_config: VllmConfig, prefix: str = "", config=None,
+                 attn_layer_type: type[nn.Module] = GraniteAttention) -> None:
+        super().__init__(vllm_config, prefix=prefix, config=config,
+                         attn_layer_type=attn_layer_type)
+        config = config or vllm_config.model_config.hf_config
+        self.residual_multiplier = config.residual_multiplier
+
+    def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor,
+                residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        # The block outputs leave scaled; the next fused add + norm (or the final norm) adds
+        # them to the residual, which gives transformers' `residual + m * block(x)`.
+        if residual is None:
+            residual = hidden_states
+            hidden_states = self.input_layernorm(hidden_states)
+        else:
+            hidden_states, residual = self.input_layernorm(hidden_states, residual)
+        hidden_states = self.self_attn(positions=positions, hidden_states=hidden_states)
+        hidden_states, residual = self.post_attention_layernorm(
+            hidden_states * self.residual_multiplier, residual)
+        hidden_states = self.mlp(hidden_states)
+        return hidden_states * self.residual_multiplier, residual
+
+
+@support_torch_compile(dynamic_arg_dims={"input_ids": {0: "b"}, "positions": {0: "b"},
+                                         "intermediate_tensors": {0: "b"},
+                                         "inputs_embeds": {0: "b"}})
+class GraniteModel(LlamaModel):
+    def __init__(self, *, vllm_config: VllmConfig, prefix: str = "",
+                 layer_type: type[nn.Module] = GraniteDecoderLayer) -> None:
+        super().__init__(vllm_config=vllm_config, prefix=prefix, layer_type=layer_type)
+
+    def forward(self, input_ids: torch.Tensor | None, positions: torch.Tensor,
+                intermediate_tensors: IntermediateTensors | None,
+                inputs_embeds: torch.Tensor | None = None, **extra_layer_kwargs
+                ) -> torch.Tensor | IntermediateTensors | tuple[torch.Tensor, list[torch.Tensor]]:
+        if get_pp_group().is_first_rank:
+            # Given embeddings are scaled too (vLLM's rule); embed_input_ids stays unscaled.
+            if inputs_embeds is None:
+                inputs_embeds = self.embed_input_ids(input_ids)
+            inputs_embeds = inputs_embeds * self.config.embedding_multiplier   # [T, H]
+        return super().forward(input_ids, positions, intermediate_tensors, inputs_embeds,
+                               **extra_layer_kwargs)
+
+
+class GraniteForCausalLM(LlamaForCausalLM):
+    def __init__(self, *, vllm_config: VllmConfig, prefix: str = "",
+                 layer_type: type[nn.Module] = GraniteDecoderLayer) -> None:
+        super().__init__(vllm_config=vllm_config, prefix=prefix, layer_type=layer_type)
+        if get_pp_group().is_last_rank:
+            config = vllm_config.model_config.hf_config
+            self.logits_processor = LogitsProcessor(config.vocab_size,
+                                                    scale=1.0 / config.logits_scaling)
+
+    def _init_model(self, vllm_config: VllmConfig, prefix: str = "",
+                    layer_type: type[nn.Module] = GraniteDecoderLayer) -> nn.Module:
+        return GraniteModel(vllm_config=vllm_config, prefix=prefix, layer_type=layer_type)

@@ -1,0 +1,31 @@
+"""Granite (embedding / attention / residual multipliers, logits scaling) against transformers."""
+
+from transformers import GraniteConfig, GraniteForCausalLM
+
+from minivllm.model_executor.models.registry import ModelRegistry
+from tests.model_executor.models._family_helpers import (assert_bad_names_reported,
+                                                         assert_matches_transformers,
+                                                         assert_prefixes_clean, build_model,
+                                                         write_tiny_checkpoint)
+
+# Multipliers far from 1, so that forgetting any one of them changes the tokens.
+MULTIPLIERS = dict(embedding_multiplier=6.0, attention_multiplier=0.05, residual_multiplier=0.4,
+                   logits_scaling=3.0)
+
+
+def test_granite_matches_transformers(tmp_path):
+    path = write_tiny_checkpoint(tmp_path / "granite", GraniteConfig, GraniteForCausalLM,
+                                 tie_word_embeddings=True, attention_bias=True, **MULTIPLIERS)
+    assert_matches_transformers(path)
+    assert_prefixes_clean(path, "GraniteForCausalLM")
+    model = build_model(path)
+    assert model.model.layers[0].self_attn.attn.impl.scale == 0.05
+    assert model.logits_processor.scale == 1 / 3.0
+    assert_bad_names_reported(path, tmp_path / "broken",
+                              drop=["model.layers.1.post_attention_layernorm.weight", "model.norm.weight"])
+
+
+def test_granite_is_registered():
+    cls, _ = ModelRegistry.resolve_model_cls(["GraniteForCausalLM"])
+    assert cls.__module__ == "minivllm.model_executor.models.granite"
+    assert ModelRegistry.is_pp_supported_model(["GraniteForCausalLM"])
