@@ -2,6 +2,7 @@
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from minivllm import _custom_ops as ops
 from minivllm.model_executor.custom_op import CustomOp
@@ -90,3 +91,34 @@ class RMSNorm(CustomOp):
 
     def extra_repr(self) -> str:
         return f"hidden_size={self.hidden_size}, eps={self.variance_epsilon}"
+
+
+class LayerNorm(nn.Module):
+    """Mean-centred layer norm over the last dim, computed in fp32 with fp32 parameters.
+
+    `has_bias=False` gives the weight-only form (Cohere's). `norm(x, residual)` returns
+    `(norm(x + residual), x + residual)`, the same call form as `RMSNorm`.
+    """
+
+    def __init__(self, dim: int, eps: float = 1e-6, has_bias: bool = True) -> None:
+        super().__init__()
+        self.dim = dim
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim, dtype=torch.float32), requires_grad=False)
+        set_weight_attrs(self.weight, {"weight_loader": default_weight_loader})
+        if has_bias:
+            self.bias = nn.Parameter(torch.zeros(dim, dtype=torch.float32), requires_grad=False)
+            set_weight_attrs(self.bias, {"weight_loader": default_weight_loader})
+        else:
+            self.register_parameter("bias", None)
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None
+                ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        if residual is not None:
+            x = x + residual.to(x.dtype)
+            residual = x
+        out = F.layer_norm(x.float(), (self.dim,), self.weight, self.bias, self.eps).to(x.dtype)
+        return out if residual is None else (out, residual)
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}, eps={self.eps}, bias={self.bias is not None}"

@@ -72,3 +72,29 @@ def test_rms_norm_variants_and_weight_attrs():
     torch.testing.assert_close(weightless(x), x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6))
     expected = x * torch.rsqrt(x[:, :4].pow(2).mean(-1, keepdim=True) + 1e-6)
     torch.testing.assert_close(partial(x), expected)
+
+
+def test_layer_norm_matches_torch_and_cohere_forms():
+    from transformers.models.cohere.modeling_cohere import CohereLayerNorm
+
+    from minivllm.model_executor.layers.layernorm import LayerNorm
+
+    norm, no_bias = LayerNorm(16, eps=1e-5), LayerNorm(16, eps=1e-5, has_bias=False)
+    ref = torch.nn.LayerNorm(16, eps=1e-5)
+    cohere = CohereLayerNorm(16, eps=1e-5)
+    for p in (norm.weight, norm.bias, ref.weight, ref.bias):
+        p.data.normal_()
+    norm.weight.data.copy_(ref.weight.data)
+    norm.bias.data.copy_(ref.bias.data)
+    no_bias.weight.data.copy_(ref.weight.data)
+    cohere.weight.data.copy_(ref.weight.data)
+    assert norm.weight.dtype == torch.float32 and no_bias.bias is None
+    assert norm.weight.weight_loader is default_weight_loader
+    x, residual = torch.randn(6, 16) * 2 + 1, torch.randn(6, 16)
+    torch.testing.assert_close(norm(x), ref(x), atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(no_bias(x), cohere(x), atol=1e-6, rtol=1e-6)
+    out, summed = norm(x, residual)
+    torch.testing.assert_close(summed, x + residual)
+    torch.testing.assert_close(out, ref(x + residual), atol=1e-6, rtol=1e-6)
+    # bf16 input: computed in fp32, returned in the input's dtype
+    assert norm(x.bfloat16()).dtype == torch.bfloat16
