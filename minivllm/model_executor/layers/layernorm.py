@@ -93,6 +93,36 @@ class RMSNorm(CustomOp):
         return f"hidden_size={self.hidden_size}, eps={self.variance_epsilon}"
 
 
+@CustomOp.register("gemma_rms_norm")
+class GemmaRMSNorm(CustomOp):
+    """Gemma's RMSNorm: the weight is stored as an offset, applied as `(1 + w)`, all in fp32.
+
+    Same call forms as `RMSNorm` (`norm(x)`, `norm(x, residual)`, any leading shape); the sum
+    `x + residual` is rounded to x's dtype before the norm, as transformers' Gemma does it.
+    """
+
+    def __init__(self, hidden_size: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.hidden_size = hidden_size
+        self.variance_epsilon = eps
+        # A zero offset is the identity scale; checkpoints store w, not 1 + w.
+        self.weight = nn.Parameter(torch.zeros(hidden_size), requires_grad=False)
+        set_weight_attrs(self.weight, {"weight_loader": default_weight_loader,
+                                       "dummy_weight_value": 0.0})
+
+    def forward_native(self, x: torch.Tensor, residual: torch.Tensor | None = None
+                       ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        if residual is not None:
+            x = x + residual.to(x.dtype)
+            residual = x
+        normed = rms_norm(x.float(), None, self.variance_epsilon)
+        out = (normed * (1.0 + self.weight.float())).to(x.dtype)
+        return out if residual is None else (out, residual)
+
+    def extra_repr(self) -> str:
+        return f"hidden_size={self.hidden_size}, eps={self.variance_epsilon}"
+
+
 class LayerNorm(nn.Module):
     """Mean-centred layer norm over the last dim, computed in fp32 with fp32 parameters.
 

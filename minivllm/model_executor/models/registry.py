@@ -30,6 +30,7 @@ _TEXT_GENERATION_MODELS: dict[str, tuple[str, str]] = {
     "Qwen3ForCausalLM": ("qwen3", "Qwen3ForCausalLM"),
     "MistralForCausalLM": ("mistral", "MistralForCausalLM"),
     "Ministral3ForCausalLM": ("mistral", "MistralForCausalLM"),
+    "GemmaForCausalLM": ("gemma", "GemmaForCausalLM"),
 }
 _EMBEDDING_MODELS: dict[str, tuple[str, str]] = {
     "LlamaModel": _LLAMA,
