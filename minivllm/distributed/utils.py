@@ -1,11 +1,24 @@
-"""Small helpers: `divide` and the pipeline layer partition."""
+"""Small helpers: `divide`, `split_tensor_along_last_dim` and the pipeline layer partition."""
 
 import os
+from collections.abc import Sequence
+
+import torch
 
 
 def divide(numerator: int, denominator: int) -> int:
     assert numerator % denominator == 0, f"{numerator} is not divisible by {denominator}"
     return numerator // denominator
+
+
+def split_tensor_along_last_dim(tensor: torch.Tensor, num_partitions: int,
+                                contiguous_split_chunks: bool = False) -> Sequence[torch.Tensor]:
+    """`num_partitions` equal views of `tensor` along its last dim (copies if `contiguous_...`)."""
+    last_dim_size = divide(tensor.size(-1), num_partitions)
+    chunks = torch.split(tensor, last_dim_size, dim=-1)
+    if contiguous_split_chunks:
+        return tuple(chunk.contiguous() for chunk in chunks)
+    return chunks
 
 
 def get_pp_indices(num_hidden_layers: int, pp_rank: int, pp_size: int) -> tuple[int, int]:

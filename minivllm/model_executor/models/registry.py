@@ -25,6 +25,7 @@ _TEXT_GENERATION_MODELS: dict[str, tuple[str, str]] = {
     "LLaMAForCausalLM": _LLAMA,
     "TeleChat3ForCausalLM": _LLAMA,
     "Phi3ForCausalLM": ("phi3", "Phi3ForCausalLM"),
+    "Olmo2ForCausalLM": ("olmo2", "Olmo2ForCausalLM"),
     "GraniteForCausalLM": ("granite", "GraniteForCausalLM"),
     "Qwen2ForCausalLM": ("qwen2", "Qwen2ForCausalLM"),
     "Qwen3ForCausalLM": ("qwen3", "Qwen3ForCausalLM"),
