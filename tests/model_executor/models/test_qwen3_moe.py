@@ -1,0 +1,38 @@
+"""Qwen3-MoE (QK-norm attention, routed experts only) against transformers, at TP=1."""
+
+import pytest
+from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+from tests.model_executor.models._family_helpers import (assert_bad_names_reported,
+                                                         assert_matches_transformers,
+                                                         assert_prefixes_clean,
+                                                         write_tiny_checkpoint)
+
+TINY_MOE = dict(moe_intermediate_size=32, num_experts=8, num_experts_per_tok=2, head_dim=32,
+                norm_topk_prob=True)
+
+
+@pytest.fixture(scope="module")
+def qwen3_moe_path(tmp_path_factory) -> str:
+    return write_tiny_checkpoint(tmp_path_factory.mktemp("qwen3_moe"), Qwen3MoeConfig,
+                                 Qwen3MoeForCausalLM, **TINY_MOE)
+
+
+def test_qwen3_moe_matches_transformers(qwen3_moe_path):
+    assert_matches_transformers(qwen3_moe_path)
+
+
+def test_qwen3_moe_sparse_step_without_renormalising(tmp_path):
+    # decoder_sparse_step=2: layer 0 is dense, layer 1 sparse; plain softmax weights.
+    overrides = {**TINY_MOE, "norm_topk_prob": False, "decoder_sparse_step": 2}
+    path = write_tiny_checkpoint(tmp_path, Qwen3MoeConfig, Qwen3MoeForCausalLM, seed=1,
+                                 **overrides)
+    assert_matches_transformers(path)
+
+
+def test_qwen3_moe_prefixes_and_bad_names(qwen3_moe_path, tmp_path):
+    assert_prefixes_clean(qwen3_moe_path, "Qwen3MoeForCausalLM")
+    assert_bad_names_reported(
+        qwen3_moe_path, tmp_path / "broken",
+        drop=["model.layers.1.mlp.experts.0.gate_proj.weight"],
+        missing=["model.layers.1.mlp.experts.w13_weight"])
