@@ -35,6 +35,8 @@ _TEXT_GENERATION_MODELS: dict[str, tuple[str, str]] = {
     "MistralForCausalLM": ("mistral", "MistralForCausalLM"),
     "Ministral3ForCausalLM": ("mistral", "MistralForCausalLM"),
     "GemmaForCausalLM": ("gemma", "GemmaForCausalLM"),
+    "Gemma2ForCausalLM": ("gemma2", "Gemma2ForCausalLM"),
+    "Gemma3ForCausalLM": ("gemma3", "Gemma3ForCausalLM"),
 }
 _EMBEDDING_MODELS: dict[str, tuple[str, str]] = {
     "LlamaModel": _LLAMA,
