@@ -17,7 +17,7 @@ from minivllm.model_executor.layers.linear import QKVParallelLinear, RowParallel
 from minivllm.model_executor.layers.quantization import QuantizationConfig
 from minivllm.model_executor.layers.rotary_embedding import get_rope
 
-from .llama import LlamaForCausalLM, LlamaMLP, LlamaModel
+from .llama import LlamaDecoderLayer, LlamaForCausalLM, LlamaMLP, LlamaModel
 
 if TYPE_CHECKING:     # annotations only: transformers is slow to import
     from transformers import GemmaConfig
@@ -124,16 +124,16 @@ class GemmaDecoderLayer(nn.Module):
         self.input_layernorm = GemmaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = GemmaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
-    def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor,
-                residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        if residual is None:
-            residual = hidden_states
-            hidden_states = self.input_layernorm(hidden_states)
-        else:
-            hidden_states, residual = self.input_layernorm(hidden_states, residual)
-        hidden_states = self.self_attn(positions=positions, hidden_states=hidden_states)
-        hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
-        return self.mlp(hidden_states), residual
+    # The same data flow as Llama's block; only the modules differ.
+    forward = LlamaDecoderLayer.forward
+
+
+def input_norm(norm: nn.Module, hidden_states: torch.Tensor, residual: torch.Tensor | None
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """A block's first norm: (normed, residual); the first layer starts the residual stream."""
+    if residual is None:
+        return norm(hidden_states), hidden_states
+    return norm(hidden_states, residual)
 
 
 @support_torch_compile
@@ -171,4 +171,4 @@ class GemmaForCausalLM(LlamaForCausalLM):
 
 
 __all__ = ["GemmaAttention", "GemmaDecoderLayer", "GemmaForCausalLM", "GemmaMLP", "GemmaModel",
-           "gemma_activation", "gemma_attention", "gemma_mlp"]
+           "gemma_activation", "gemma_attention", "gemma_mlp", "input_norm"]

@@ -13,7 +13,7 @@ from minivllm.distributed import get_pp_group
 from minivllm.model_executor.layers.layernorm import GemmaRMSNorm
 from minivllm.model_executor.layers.logits_processor import LogitsProcessor
 
-from .gemma import GemmaForCausalLM, GemmaModel, gemma_attention, gemma_mlp
+from .gemma import GemmaForCausalLM, GemmaModel, gemma_attention, gemma_mlp, input_norm
 from .utils import extract_layer_index
 
 
@@ -49,11 +49,7 @@ class Gemma2DecoderLayer(nn.Module):
 
     def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor,
                 residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        if residual is None:
-            residual = hidden_states
-            hidden_states = self.input_layernorm(hidden_states)
-        else:
-            hidden_states, residual = self.input_layernorm(hidden_states, residual)
+        hidden_states, residual = input_norm(self.input_layernorm, hidden_states, residual)
         hidden_states = self.self_attn(positions=positions, hidden_states=hidden_states)
         hidden_states = self.post_attention_layernorm(hidden_states)
         hidden_states, residual = self.pre_feedforward_layernorm(hidden_states, residual)
