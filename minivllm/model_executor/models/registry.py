@@ -31,6 +31,7 @@ _TEXT_GENERATION_MODELS: dict[str, tuple[str, str]] = {
     "Olmo2ForCausalLM": ("olmo2", "Olmo2ForCausalLM"),
     "StableLmForCausalLM": ("stablelm", "StablelmForCausalLM"),
     "StableLMEpochForCausalLM": ("stablelm", "StablelmForCausalLM"),
+    "Glm4ForCausalLM": ("glm4", "Glm4ForCausalLM"),
     "GraniteForCausalLM": ("granite", "GraniteForCausalLM"),
     "Qwen2ForCausalLM": ("qwen2", "Qwen2ForCausalLM"),
     "Qwen3ForCausalLM": ("qwen3", "Qwen3ForCausalLM"),
