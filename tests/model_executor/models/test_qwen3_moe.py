@@ -3,6 +3,8 @@
 import pytest
 from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
+from minivllm import LLM
+from tests._parallel_helpers import engine_kwargs, greedy_run, prompts
 from tests.model_executor.models._family_helpers import (assert_bad_names_reported,
                                                          assert_matches_transformers,
                                                          assert_prefixes_clean,
@@ -36,3 +38,23 @@ def test_qwen3_moe_prefixes_and_bad_names(qwen3_moe_path, tmp_path):
         qwen3_moe_path, tmp_path / "broken",
         drop=["model.layers.1.mlp.experts.0.gate_proj.weight"],
         missing=["model.layers.1.mlp.experts.w13_weight"])
+
+
+@pytest.fixture(scope="module")
+def qwen3_moe_reference(qwen3_moe_path):
+    llm = LLM(model=qwen3_moe_path, **engine_kwargs())
+    return greedy_run(llm, prompts())
+
+
+# ~15 s each on 2 cores: TP=2 and PP=2 run with the slow tests, EP (MoE-only code) always.
+@pytest.mark.parametrize("parallel", [
+    pytest.param(dict(tensor_parallel_size=2), id="tp2", marks=pytest.mark.slow),
+    pytest.param(dict(pipeline_parallel_size=2), id="pp2", marks=pytest.mark.slow),
+    pytest.param(dict(tensor_parallel_size=2, enable_expert_parallel=True), id="tp2_ep")])
+def test_qwen3_moe_parallel_matches_single_process(qwen3_moe_path, qwen3_moe_reference, parallel):
+    """Real gloo worker processes: TP slices every expert, EP gives each rank 4 whole experts."""
+    llm = LLM(model=qwen3_moe_path, **engine_kwargs(**parallel))
+    tokens, logprobs = greedy_run(llm, prompts())
+    llm.shutdown()
+    assert tokens == qwen3_moe_reference[0]
+    assert (logprobs - qwen3_moe_reference[1]).abs().max().item() <= 1e-4
