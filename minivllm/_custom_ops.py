@@ -71,11 +71,39 @@ _SIGNATURES = {
     # qtype, w, w_row_stride, rows, cols, out, out_row_stride, dtype, num_threads
     "minivllm_gguf_dequant": [_I32, _PTR, _I64, _I64, _I64, _PTR, _I64, _I32, _I32],
     "minivllm_gguf_has_vnni": [],
+    # positions, num_tokens, query, q_row_stride, num_q_heads, key, k_row_stride, num_k_heads,
+    # cos_sin_cache, max_position, head_size, rotary_dim, is_neox, num_threads
+    "minivllm_rotary_embedding_bf16": [_PTR, _I64, _PTR, _I64, _I32, _PTR, _I64, _I32, _PTR,
+                                       _I64, _I32, _I32, _I32, _I32],
+    # table, table_row_bytes_stride, num_table_rows, ids, n, row_bytes, out, out_row_bytes_stride
+    "minivllm_gather_rows": [_PTR, _I64, _I64, _PTR, _I64, _I64, _PTR, _I64],
 }
 _SIGNATURES["minivllm_paged_decode_f32"] = _SIGNATURES["minivllm_paged_decode_bf16"]
 _ATTN_FUNCS = {torch.bfloat16: "minivllm_paged_decode_bf16",
                torch.float32: "minivllm_paged_decode_f32"}
-_lib: ctypes.CDLL | None = None
+
+
+class NativeLibrary:
+    """The loaded kernels: one attribute per exported function of `_SIGNATURES`.
+
+    A plain object rather than the CDLL so that a CPU graph can swap these attributes for
+    recording wrappers while it captures a step (`compilation/cpu_graph.py`). NOTE: callers look
+    a function up here at each call (`lib.minivllm_...(...)`), never keep the function itself.
+    """
+
+    def __init__(self, cdll: ctypes.CDLL) -> None:
+        self.cdll = cdll
+        for name, argtypes in _SIGNATURES.items():
+            fn = getattr(cdll, name)
+            fn.argtypes, fn.restype = argtypes, ctypes.c_int
+            setattr(self, name, fn)
+
+    @staticmethod
+    def function_names() -> tuple[str, ...]:
+        return tuple(_SIGNATURES)
+
+
+_lib: NativeLibrary | None = None
 _tried = False
 _has_gemv = False
 _has_amx = False
@@ -103,7 +131,7 @@ def cxx_compiler() -> str | None:
     return os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
 
 
-def _build() -> ctypes.CDLL:
+def _build() -> NativeLibrary:
     compiler = cxx_compiler()
     if compiler is None:
         raise RuntimeError("no C++ compiler (g++/c++) on PATH")
@@ -128,11 +156,7 @@ def _build() -> ctypes.CDLL:
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)
-    lib = ctypes.CDLL(str(target))
-    for name, argtypes in _SIGNATURES.items():
-        fn = getattr(lib, name)
-        fn.argtypes, fn.restype = argtypes, ctypes.c_int
-    return lib
+    return NativeLibrary(ctypes.CDLL(str(target)))
 
 
 def native_available() -> bool:
@@ -152,7 +176,7 @@ def native_available() -> bool:
     return _lib is not None
 
 
-def native_lib() -> ctypes.CDLL | None:
+def native_lib() -> NativeLibrary | None:
     """The loaded kernel library (None: unavailable), for kernel modules' own ctypes wrappers."""
     return _lib if native_available() else None
 

@@ -13,7 +13,10 @@ class CompilationMode(enum.IntEnum):
 
 
 class CUDAGraphMode(enum.IntEnum):
+    """Which steps replay a captured graph (vLLM's names; minivllm has CPU graphs of whole
+    decode-only steps, `compilation/cpu_graph.py`, and no piecewise graphs)."""
     NONE = 0
+    FULL_DECODE_ONLY = 3
 
 
 @dataclass
@@ -30,9 +33,24 @@ class CompilationConfig:
     # SmolLM2, 2 cores: 60.8-65.7 compiled vs 43.5-45.5 eager tok/s, same session).
     eager_max_tokens: int = 0
     disabled_custom_ops: set[str] = field(default_factory=set, repr=False)
+    # Decode-only steps of up to max_cudagraph_capture_size sequences replay a CPU graph of
+    # their native kernel calls (captured on a size's first step) when the model runs eagerly on
+    # one CPU rank and every op of its step is a native kernel; NONE runs every step eagerly.
+    cudagraph_mode: CUDAGraphMode = CUDAGraphMode.FULL_DECODE_ONLY
+    max_cudagraph_capture_size: int = 64
 
     def __post_init__(self) -> None:
         self.mode = CompilationMode(int(self.mode))
+        if isinstance(self.cudagraph_mode, str):
+            names = [m.name for m in CUDAGraphMode]
+            if self.cudagraph_mode.upper() not in names:
+                raise ValueError(f"cudagraph_mode must be one of {names}; "
+                                 f"got {self.cudagraph_mode!r}")
+            self.cudagraph_mode = CUDAGraphMode[self.cudagraph_mode.upper()]
+        self.cudagraph_mode = CUDAGraphMode(int(self.cudagraph_mode))
+        if self.max_cudagraph_capture_size < 0:
+            raise ValueError(f"max_cudagraph_capture_size must be >= 0, "
+                             f"got {self.max_cudagraph_capture_size}")
         for op in self.custom_ops:
             if op not in ("all", "none") and op[:1] not in "+-":
                 raise ValueError(f"custom_ops entries must be 'all', 'none', '+name' or '-name'; got {op!r}")

@@ -12,6 +12,7 @@ from minivllm.sequence import IntermediateTensors
 from minivllm.v1.core.sched.output import SchedulerOutput
 from minivllm.v1.outputs import ModelRunnerOutput
 from minivllm.worker import hugepages
+from minivllm.worker.cpu_graph_runner import CPUGraphRunner
 from minivllm.worker.input_batch import (CachedRequestState, StepInputs, prepare_inputs,
                                          update_states)
 from minivllm.worker.sampler import RequestSamplingStates, Sampler
@@ -32,6 +33,7 @@ class ModelRunner:
         self.sampler = Sampler()
         self.model: torch.nn.Module | None = None
         self.attn_builder = TorchAttentionMetadataBuilder(self.block_size)
+        self.cpu_graphs: CPUGraphRunner | None = None
 
     def load_model(self) -> None:
         self.model = get_model(vllm_config=self.vllm_config)
@@ -70,6 +72,9 @@ class ModelRunner:
         for layer, cache in zip(layers, caches):
             layer.bind_kv_cache(cache)
         self.num_blocks = num_blocks
+        # Graphs record data pointers: built (or rebuilt) against this cache.
+        self.cpu_graphs = CPUGraphRunner(self.vllm_config, self.attn_builder,
+                                         list(self.attn_layers))
 
     @torch.inference_mode()
     def compile_or_warm_up_model(self) -> None:
@@ -117,6 +122,12 @@ class ModelRunner:
                                          new.output_token_ids)
 
     def _forward(self, inputs: StepInputs, intermediate_tensors: IntermediateTensors | None):
+        graphs = self.cpu_graphs
+        if (graphs is not None and intermediate_tensors is None and graphs.can_run(inputs)
+                and self.device.type == "cpu"):
+            hidden = graphs.run(self.model, inputs)
+            if hidden is not None:
+                return hidden
         common = CommonAttentionMetadata(
             query_start_loc=inputs.query_start_loc, seq_lens=inputs.seq_lens,
             block_table=inputs.block_table, slot_mapping=inputs.slot_mapping,

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from minivllm import _custom_ops as ops
+from minivllm.model_executor.kernels.embedding import gather_rows
 from minivllm.model_executor.kernels.gguf_dequant import DEQUANTIZERS, dequantize_torch
 from minivllm.model_executor.kernels.op_library import register_op
 
@@ -169,7 +170,7 @@ def _prompt_linear(lib: ctypes.CDLL, x: torch.Tensor, qweight: torch.Tensor, qty
 def gguf_embedding(ids: torch.Tensor, qweight: torch.Tensor, qtype: int,
                    dtype: torch.dtype) -> torch.Tensor:
     """ids int64 [...] -> [..., hidden]: the ids' rows of a GGUF table, only those dequantised."""
-    rows = qweight.index_select(0, ids.reshape(-1))
+    rows = gather_rows(qweight, ids.reshape(-1))               # [n, row_bytes] packed rows
     return gguf_dequantize(rows, qtype, dtype).reshape(*ids.shape, -1)
 
 

@@ -7,6 +7,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from minivllm.model_executor.kernels.cpu_linear import dispatch_linear, pack_for_cpu
+from minivllm.model_executor.kernels.embedding import gather_rows
 from minivllm.model_executor.layers.quantization.base_config import QuantizeMethodBase
 from minivllm.model_executor.parameter import set_weight_attrs
 
@@ -45,5 +46,7 @@ class UnquantizedEmbeddingMethod(_PlainWeightMethod):
             pack_for_cpu(layer)
 
     def embedding(self, layer: nn.Module, input_: torch.Tensor) -> torch.Tensor:
+        if layer.weight.is_cpu and not torch.compiler.is_compiling():
+            return gather_rows(layer.weight, input_)   # one native call (CPU graphs record it)
         return F.embedding(input_, layer.weight)
 

@@ -3,6 +3,7 @@
 import torch
 
 from minivllm.model_executor.custom_op import CustomOp
+from minivllm.model_executor.kernels.rotary_embedding import rotary_embedding_bf16
 
 
 def apply_rotary_emb(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
@@ -97,6 +98,19 @@ class RotaryEmbedding(CustomOp):
         if key is not None:
             key = self._rotate(key, cos, sin, num_tokens)
         return query, key
+
+    def forward_cpu(self, positions: torch.Tensor, query: torch.Tensor,
+                    key: torch.Tensor | None = None
+                    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """bf16 q/k rotated in place by one native call (bit-identical to `forward_native`;
+        a CPU graph can record it); anything else takes `forward_native`."""
+        if (query.dtype == torch.bfloat16 and not torch.compiler.is_compiling()
+                and type(self).forward_native is RotaryEmbedding.forward_native
+                and rotary_embedding_bf16(positions.flatten(), query, key,
+                                          self._match_cos_sin_cache(query), self.head_size,
+                                          self.rotary_dim, self.is_neox_style)):
+            return query, key
+        return self.forward_native(positions, query, key)
 
     def _cos_sin_for(self, positions: torch.Tensor, query: torch.Tensor
                      ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -204,6 +204,25 @@ class TorchAttentionMetadataBuilder:
         self.block_size = block_size
         self.workspace = Workspace()
 
+    def build_for_cudagraph_capture(self, common: CommonAttentionMetadata
+                                    ) -> TorchAttentionMetadata:
+        """A decode-only step's metadata that reads the runner's own (static) tensors in place:
+        a CPU graph replays the native decode kernel on whatever they hold at replay time.
+
+        common.seq_lens int32 [B] and block_table int32 [B, max_blocks] (contiguous) are used
+        as they are; every sequence has exactly one query row (row i is sequence i)."""
+        num_reqs = common.num_reqs
+        if common.num_actual_tokens != num_reqs or not common.causal:
+            raise ValueError("CPU graphs capture decode-only causal steps (one token per "
+                             f"sequence); got {common.num_actual_tokens} tokens for "
+                             f"{num_reqs} sequences")
+        decode = DecodeBatch(rows=torch.arange(num_reqs), seq_lens=common.seq_lens,
+                             block_table=common.block_table)
+        return TorchAttentionMetadata(num_actual_tokens=num_reqs, block_size=self.block_size,
+                                      causal=True, decode=decode, prefill_groups=[],
+                                      query_start_loc=common.query_start_loc,
+                                      workspace=self.workspace)
+
     def build(self, common: CommonAttentionMetadata) -> TorchAttentionMetadata:
         qsl = common.query_start_loc.long()
         q_lens = qsl[1:] - qsl[:-1]                                 # [B]

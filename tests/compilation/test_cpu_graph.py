@@ -1,0 +1,61 @@
+"""CPUGraph: native calls recorded while a step runs, replayed on new buffer contents; any torch
+op that computes refuses the capture."""
+
+import pytest
+import torch
+
+from minivllm import _custom_ops as ops
+from minivllm.compilation.cpu_graph import CPUGraph
+
+pytestmark = pytest.mark.requires_native
+
+
+def _step(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """RMSNorm then SiluAndMul, both native, with views and allocations in between."""
+    y = ops.rms_norm_bf16(x.view(x.shape[0], -1), w, 1e-6)        # [M, 2d]
+    return ops.silu_and_mul_bf16(y[:, :].reshape(x.shape[0], -1))   # [M, d]
+
+
+def _kernels_or_skip():
+    if ops.rms_norm_bf16(torch.zeros(1, 16, dtype=torch.bfloat16),
+                         torch.ones(16, dtype=torch.bfloat16), 1e-6) is None:
+        pytest.skip("no AVX512-BF16 here: RMSNorm stays torch.rms_norm")
+
+
+def test_replay_recomputes_from_the_static_inputs():
+    _kernels_or_skip()
+    x = torch.randn(3, 64).bfloat16()
+    w = torch.randn(64).bfloat16()
+    graph = CPUGraph()
+    with graph.capture():
+        out = _step(x, w)
+    assert graph.ok, graph.refused
+    assert [fn.__name__ for fn, _ in graph.calls] == ["minivllm_rms_norm_bf16",
+                                                      "minivllm_silu_mul_bf16"]
+    assert torch.equal(out, _step(x, w))
+    for seed in range(3):                               # new values in the same buffer
+        x.copy_(torch.randn(3, 64, generator=torch.Generator().manual_seed(seed)).bfloat16())
+        graph.replay()
+        assert torch.equal(out, _step(x, w))
+
+
+def test_a_computing_torch_op_refuses_the_capture():
+    _kernels_or_skip()
+    x = torch.randn(2, 64).bfloat16()
+    w = torch.ones(64).bfloat16()
+    graph = CPUGraph()
+    with graph.capture():
+        _step(x + 1, w)                                 # the add would not be replayed
+    assert not graph.ok and "aten.add" in graph.refused
+    graph = CPUGraph()
+    with graph.capture():
+        x.clone()
+    assert not graph.ok                                 # no native call, and a copy
+
+
+def test_capture_restores_the_library():
+    lib = ops.native_lib()
+    before = lib.minivllm_rms_norm_bf16
+    with CPUGraph().capture():
+        assert lib.minivllm_rms_norm_bf16 is not before
+    assert lib.minivllm_rms_norm_bf16 is before
