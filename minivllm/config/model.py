@@ -3,11 +3,14 @@
 import importlib.util
 import os
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
-from transformers import PretrainedConfig
 
 from minivllm.transformers_utils.config import get_config, is_gguf
+
+if TYPE_CHECKING:     # transformers costs ~1 s to import; GGUF runs skip it
+    from transformers import PretrainedConfig
 
 _DTYPES = {"float32": torch.float32, "float": torch.float32, "bfloat16": torch.bfloat16,
            "float16": torch.float16, "half": torch.float16}
@@ -27,7 +30,7 @@ def default_model_path() -> str:
                      "(a HF checkpoint folder or a .gguf file).")
 
 
-def resolve_dtype(dtype: str | torch.dtype, hf_config: PretrainedConfig,
+def resolve_dtype(dtype: str | torch.dtype, hf_config: "PretrainedConfig",
                   packed_gguf: bool = False, half_only: bool = False) -> torch.dtype:
     if isinstance(dtype, torch.dtype):
         if dtype not in _DTYPES.values():
@@ -50,7 +53,7 @@ def resolve_dtype(dtype: str | torch.dtype, hf_config: PretrainedConfig,
     return _DTYPES[dtype]
 
 
-def checkpoint_quant_method(hf_config: PretrainedConfig) -> str | None:
+def checkpoint_quant_method(hf_config: "PretrainedConfig") -> str | None:
     """`quantization_config.quant_method` of a HF config (lower case), None when unquantized."""
     quant_cfg = getattr(hf_config, "quantization_config", None)
     if quant_cfg is None:
@@ -61,7 +64,7 @@ def checkpoint_quant_method(hf_config: PretrainedConfig) -> str | None:
     return str(method).lower().replace("_", "-") if method else None
 
 
-def resolve_quantization(quantization: str | None, hf_config: PretrainedConfig,
+def resolve_quantization(quantization: str | None, hf_config: "PretrainedConfig",
                          gguf_file: bool) -> str | None:
     """The method the model runs with (None: unquantized), checked against the checkpoint."""
     requested = None if quantization is None else str(quantization).lower()
@@ -93,7 +96,7 @@ class ModelConfig:
     # files); "none": dequantise a GGUF file (reference runs); fp8/int8/int4 on an unquantized
     # checkpoint: online quantization. Validated against the registry when the engine is built.
     quantization: str | None = None
-    hf_config: PretrainedConfig | None = field(default=None, repr=False)
+    hf_config: "PretrainedConfig | None" = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.model is None:
@@ -123,7 +126,7 @@ class ModelConfig:
         return list(getattr(self.hf_config, "architectures", None) or [])
 
     @property
-    def hf_text_config(self) -> PretrainedConfig:
+    def hf_text_config(self) -> "PretrainedConfig":
         return self.hf_config.get_text_config()
 
     @property

@@ -49,7 +49,9 @@ def cmd_chat(args: argparse.Namespace) -> int:
     return run_chat(_make_llm(args), params, system=args.system)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(with_optional_commands: bool = True) -> argparse.ArgumentParser:
+    """The `minivllm` parser; without `bench` and `serve` (their modules cost ~0.1 s to import)
+    when the command line is a generate or chat run."""
     parser = argparse.ArgumentParser(prog="minivllm", description="A compact vLLM for CPUs.")
     sub = parser.add_subparsers(dest="command", required=True)
     gen = sub.add_parser("generate", help="complete one prompt and print the answer")
@@ -64,7 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
     _sampling_args(chat)
     EngineArgs.add_cli_args(chat)
     chat.set_defaults(func=cmd_chat)
-    _add_optional_commands(sub)
+    if with_optional_commands:
+        _add_optional_commands(sub)
     return parser
 
 
@@ -104,7 +107,8 @@ def run_headless_node(engine_args: EngineArgs) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser(with_optional_commands=argv[:1] not in (["generate"], ["chat"])).parse_args(argv)
     try:
         headless = _headless_engine_args(args)
         if headless is not None:

@@ -2,11 +2,13 @@
 
 import importlib
 import os
-from typing import Any
-
-from transformers import PretrainedConfig
+from typing import TYPE_CHECKING, Any
 
 from minivllm.transformers_utils.gguf_file import GGUFFile, open_gguf
+from minivllm.transformers_utils.hf_config import TEXT_CONFIG_DEFAULTS, HFTextConfig, make_text_config
+
+if TYPE_CHECKING:     # transformers costs ~1 s to import; GGUF runs of known families skip it
+    from transformers import PretrainedConfig
 
 # llama.cpp architecture -> (transformers model folder, config class, HF architecture name).
 _GGUF_ARCHS = {"llama": ("llama", "LlamaConfig", "LlamaForCausalLM"),
@@ -31,7 +33,7 @@ def is_gguf(model: str) -> bool:
     return os.path.isfile(model) and model.endswith(".gguf")
 
 
-def get_config(model: str) -> PretrainedConfig:
+def get_config(model: str) -> "PretrainedConfig | HFTextConfig":
     """Read the HF config of a checkpoint folder or of a `.gguf` file's metadata."""
     if is_gguf(model):
         config = _gguf_config(model)
@@ -67,7 +69,7 @@ def gguf_config_dict(gguf_file: GGUFFile) -> dict[str, Any]:
     return fields
 
 
-def _gguf_config(path: str) -> PretrainedConfig:
+def _gguf_config(path: str) -> "PretrainedConfig | HFTextConfig":
     path = os.path.abspath(path)
     gguf_file = open_gguf(path)
     arch = gguf_file.architecture
@@ -80,21 +82,24 @@ def _gguf_config(path: str) -> PretrainedConfig:
             config.architectures = [config.model_type]
         return config
     folder, class_name, hf_arch = _GGUF_ARCHS[arch]
-    # Only this family's config module: `AutoConfig` would import every family's table.
-    module = importlib.import_module(f"transformers.models.{folder}.configuration_{folder}")
-    config = getattr(module, class_name)(**gguf_config_dict(gguf_file))
+    if folder in TEXT_CONFIG_DEFAULTS:
+        config = make_text_config(folder, **gguf_config_dict(gguf_file))
+    else:
+        # Only this family's config module: `AutoConfig` would import every family's table.
+        module = importlib.import_module(f"transformers.models.{folder}.configuration_{folder}")
+        config = getattr(module, class_name)(**gguf_config_dict(gguf_file))
     config.architectures = [hf_arch]
     config.name_or_path = os.path.dirname(path)       # what AutoConfig(gguf_file=) records
     return config
 
 
-def patch_rope_parameters(config: PretrainedConfig) -> None:
+def patch_rope_parameters(config: "PretrainedConfig") -> None:
     """Deliver `config.rope_parameters` (with `rope_theta` inside) as vLLM does (contract §7.3)."""
     for cfg in _configs_to_patch(config):
         _patch_one(cfg)
 
 
-def _configs_to_patch(config: PretrainedConfig) -> list[PretrainedConfig]:
+def _configs_to_patch(config: "PretrainedConfig") -> list["PretrainedConfig"]:
     configs = [config]
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     if text is not config:
@@ -102,7 +107,7 @@ def _configs_to_patch(config: PretrainedConfig) -> list[PretrainedConfig]:
     return configs
 
 
-def _patch_one(cfg: PretrainedConfig) -> None:
+def _patch_one(cfg: "PretrainedConfig") -> None:
     # Legacy attribute names used by older checkpoints.
     if getattr(cfg, "rotary_emb_base", None) is not None and getattr(cfg, "rope_theta", None) is None:
         cfg.rope_theta = cfg.rotary_emb_base
@@ -129,7 +134,7 @@ def _patch_one(cfg: PretrainedConfig) -> None:
     cfg.rope_parameters = rope if rope.get("rope_theta") is not None or len(rope) > 1 else None
 
 
-def set_default_rope_theta(config: PretrainedConfig, default_theta: float) -> None:
+def set_default_rope_theta(config: "PretrainedConfig", default_theta: float) -> None:
     """Qwen's default: make sure `rope_parameters` exists and carries a theta."""
     if getattr(config, "rope_parameters", None) is None:
         config.rope_parameters = {"rope_type": "default"}

@@ -1,13 +1,17 @@
 """The checkpoint's own tokenizer: HF tokenizer files, or the one embedded in a GGUF file."""
 
 import os
+from typing import TYPE_CHECKING
 
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
-from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from minivllm.logger import init_logger
 from minivllm.transformers_utils.config import is_gguf
+from minivllm.transformers_utils.fast_tokenizer import FastTokenizer
 from minivllm.transformers_utils.gguf_file import GGUFFile, open_gguf
+
+if TYPE_CHECKING:     # transformers costs ~1 s to import; GGUF BPE vocabularies skip it
+    from transformers import PreTrainedTokenizerBase
 
 logger = init_logger(__name__)
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
@@ -18,7 +22,7 @@ _CONTROL, _USER_DEFINED = 3, 4
 _GPT2_SPLIT_PRES = (None, "default", "gpt-2", "gpt2", "smollm")
 
 
-def get_tokenizer(path: str) -> PreTrainedTokenizerBase | None:
+def get_tokenizer(path: str) -> "PreTrainedTokenizerBase | FastTokenizer | None":
     """Load the tokenizer; a folder without tokenizer files gives None (token-id prompts only)."""
     if is_gguf(path):
         return _gguf_tokenizer(os.path.abspath(path))
@@ -31,7 +35,7 @@ def get_tokenizer(path: str) -> PreTrainedTokenizerBase | None:
     return AutoTokenizer.from_pretrained(path)
 
 
-def _gguf_tokenizer(path: str) -> PreTrainedTokenizerBase:
+def _gguf_tokenizer(path: str) -> "PreTrainedTokenizerBase | FastTokenizer":
     gguf_file = open_gguf(path)
     meta = gguf_file.metadata
     if (meta.get("tokenizer.ggml.model") == "gpt2" and "tokenizer.ggml.merges" in meta
@@ -43,7 +47,7 @@ def _gguf_tokenizer(path: str) -> PreTrainedTokenizerBase:
     return AutoTokenizer.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))
 
 
-def build_gguf_bpe_tokenizer(gguf_file: GGUFFile) -> PreTrainedTokenizerFast:
+def build_gguf_bpe_tokenizer(gguf_file: GGUFFile) -> FastTokenizer:
     """The byte-level BPE tokenizer (`tokenizer.ggml.model == "gpt2"`) a GGUF file describes,
     built straight from its vocabulary, merges and token types; it encodes, decodes and renders
     the chat template as `AutoTokenizer.from_pretrained(folder, gguf_file=...)` does."""
@@ -68,18 +72,8 @@ def build_gguf_bpe_tokenizer(gguf_file: GGUFFile) -> PreTrainedTokenizerFast:
                             for t, kind in zip(tokens, token_types) if kind == _USER_DEFINED and t in vocab])
     # NOTE: the control tokens stay off the wrapper's extra_special_tokens list, as with
     # AutoTokenizer: they are special in the backend (skipped by decode(skip_special_tokens)).
-    return GGUFBPETokenizerFast(backend, chat_template=meta.get("tokenizer.chat_template"),
-                                name_or_path=os.path.dirname(gguf_file.path),
-                                **_special_tokens(meta, tokens))
-
-
-class GGUFBPETokenizerFast(PreTrainedTokenizerFast):
-    """`PreTrainedTokenizerFast` around a backend built here, adopted as is: passing it as
-    `tokenizer_object=` deep-copies it (a JSON round trip of the 49k-token BPE, ~0.4 s)."""
-
-    def __init__(self, backend: Tokenizer, **kwargs) -> None:
-        self._tokenizer = backend     # what transformers' own model tokenizers do before __init__
-        super().__init__(**kwargs)
+    return FastTokenizer(backend, chat_template=meta.get("tokenizer.chat_template"),
+                         name_or_path=os.path.dirname(gguf_file.path), **_special_tokens(meta, tokens))
 
 
 def _special_tokens(meta: dict, tokens: list[str]) -> dict:

@@ -7,6 +7,7 @@ from transformers import AutoConfig
 
 from minivllm.transformers_utils import config as config_module
 from minivllm.transformers_utils.config import get_config, patch_rope_parameters
+from minivllm.transformers_utils.hf_config import HFTextConfig
 
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                  "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
@@ -20,11 +21,19 @@ def _reference(path: str, architecture: str):
     return ref
 
 
+def _assert_same_config(ours, ref) -> None:
+    """Our transformers-free config holds transformers' fields; to_hf() gives its very class."""
+    assert isinstance(ours, HFTextConfig) and ours.model_type == ref.model_type
+    assert ours.to_dict() == {k: v for k, v in ref.to_dict().items() if k != "transformers_version"}
+    hf = ours.to_hf()
+    assert type(hf) is type(ref) and hf.to_dict() == ref.to_dict()
+    assert ours.name_or_path == ref.name_or_path and ours.get_text_config() is ours
+
+
 def test_default_model_config_equals_transformers(default_model_path):
     ours = get_config(default_model_path)
     ref = _reference(default_model_path, "LlamaForCausalLM")
-    assert type(ours) is type(ref)
-    assert ours.to_dict() == ref.to_dict()
+    _assert_same_config(ours, ref)
     shape = (ours.num_hidden_layers, ours.hidden_size, ours.num_key_value_heads, ours.head_dim)
     assert shape == (30, 576, 3, 64)
     assert ours.tie_word_embeddings and ours.vocab_size == 49152
@@ -37,7 +46,7 @@ def test_synthetic_files_equal_transformers(tiny_gguf, arch, tied):
     path = tiny_gguf(arch, arch=arch, tied=tied)
     ours = get_config(path)
     ref = _reference(path, ARCHITECTURES[arch])
-    assert type(ours) is type(ref) and ours.to_dict() == ref.to_dict()
+    _assert_same_config(ours, ref)
     assert ours.architectures == [ARCHITECTURES[arch]] and ours.tie_word_embeddings is tied
     assert ours.vocab_size == 14 and ours.bos_token_id == 1 and ours.eos_token_id == 0
 

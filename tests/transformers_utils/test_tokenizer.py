@@ -6,7 +6,8 @@ import os
 import pytest
 from transformers import AutoTokenizer
 
-from minivllm.transformers_utils.tokenizer import GGUFBPETokenizerFast, _BYTE_TO_CHAR, get_tokenizer
+from minivllm.transformers_utils.fast_tokenizer import FastTokenizer
+from minivllm.transformers_utils.tokenizer import _BYTE_TO_CHAR, get_tokenizer
 
 PROMPTS = ["What is the capital of France?", "", " leading and  double  spaces ", "line\nbreaks\r\n\ttabs",
            "Unicode: héllo wörld — 東京 🚀", "<|im_start|>user\nhi<|im_end|>\n", "<|endoftext|>tail",
@@ -45,9 +46,10 @@ def default_tokenizers(default_model_path):
 
 def test_default_model_tokenizer_equals_auto_tokenizer(default_tokenizers):
     ours, ref = default_tokenizers
-    assert isinstance(ours, GGUFBPETokenizerFast)
+    assert isinstance(ours, FastTokenizer)
     _assert_same_tokenizer(ours, ref)
     assert (ours.bos_token, ours.eos_token, ours.pad_token) == ("<|im_start|>", "<|im_end|>", "<|im_end|>")
+    assert ours._hf_tokenizer is None         # all of it answered without transformers
 
 
 @pytest.mark.parametrize("messages", CHAT)
@@ -66,7 +68,7 @@ def test_synthetic_vocabulary_equals_auto_tokenizer(tiny_gguf):
     # Control tokens, a user-defined token and a token spelled as raw text (respelled in bytes).
     path = tiny_gguf()
     ours = get_tokenizer(path)
-    assert isinstance(ours, GGUFBPETokenizerFast)
+    assert isinstance(ours, FastTokenizer)
     _assert_same_tokenizer(ours, _reference(path))
     assert ours.convert_ids_to_tokens(ours.encode("hello <think>")) == ["hello", "Ġ", "<think>"]
     assert ours.convert_tokens_to_ids("rawĠtext") == 13
@@ -79,7 +81,7 @@ def test_other_pre_tokenizers_use_transformers_converter(tiny_gguf, pre):
     # A regex-split vocabulary is left to transformers, which knows each llama.cpp split.
     path = tiny_gguf(pre, pre=pre)
     ours = get_tokenizer(path)
-    assert not isinstance(ours, GGUFBPETokenizerFast)
+    assert not isinstance(ours, FastTokenizer)
     _assert_same_tokenizer(ours, _reference(path))
 
 

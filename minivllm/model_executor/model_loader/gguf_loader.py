@@ -11,16 +11,19 @@ import ctypes
 import ctypes.util
 import functools
 import mmap
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-from transformers import PretrainedConfig
 
 from minivllm.model_executor.model_loader.weight_iterators import Weights, gguf_tensors
 from minivllm.transformers_utils.gguf_file import open_gguf
 
+if TYPE_CHECKING:     # transformers costs ~1 s to import; GGUF runs skip it
+    from transformers import PretrainedConfig
 
-def gguf_quant_weights_iterator(path: str, hf_config: PretrainedConfig) -> Weights:
+
+def gguf_quant_weights_iterator(path: str, hf_config: "PretrainedConfig") -> Weights:
     """`(name, tensor)` pairs of a .gguf file with its 2-D weights kept in their block format."""
     import gguf
 

@@ -5,12 +5,15 @@ import json
 import os
 import re
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import torch
-from transformers import PretrainedConfig
 
 from minivllm.logger import init_logger
 from minivllm.transformers_utils.gguf_file import open_gguf
+
+if TYPE_CHECKING:     # transformers costs ~1 s to import; GGUF runs skip it
+    from transformers import PretrainedConfig
 
 logger = init_logger(__name__)
 
@@ -51,7 +54,7 @@ def safetensors_weights_iterator(folder: str) -> Weights:
         del state
 
 
-def gguf_weights_iterator(path: str, hf_config: PretrainedConfig) -> Weights:
+def gguf_weights_iterator(path: str, hf_config: "PretrainedConfig") -> Weights:
     """Dequantise every GGUF tensor to fp32 and yield it under its HF Llama name, `[out, in]`.
 
     llama.cpp permuted the Q and K rows of Llama checkpoints (GPT-J RoPE pairing); the rows are
@@ -64,7 +67,7 @@ def gguf_weights_iterator(path: str, hf_config: PretrainedConfig) -> Weights:
         yield name, unpermute(torch.from_numpy(data.reshape(shape).copy()).float())
 
 
-def gguf_tensors(path: str, hf_config: PretrainedConfig) -> Iterator[tuple]:
+def gguf_tensors(path: str, hf_config: "PretrainedConfig") -> Iterator[tuple]:
     """`(tensor info, HF name, HF shape, row fix)` of each used tensor of a .gguf file; `row fix`
     puts llama.cpp's per-head Q/K row order back (identity for other tensors and archs)."""
     gguf_file = open_gguf(path)    # parsed once per process, shared with the config and tokenizer

@@ -6,7 +6,6 @@ from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
-from transformers import LlamaConfig
 
 from minivllm.compilation.decorators import support_torch_compile
 from minivllm.config import CacheConfig, VllmConfig
@@ -31,6 +30,9 @@ from .interfaces import (EagleModelMixin, LocalArgmaxMixin, SupportsEagle, Suppo
 from .utils import (AutoWeightsLoader, PPMissingLayer, WeightsMapper, extract_layer_index,
                     make_empty_intermediate_tensors_factory, make_layers, maybe_prefix,
                     spec_decode_needs_target_embed)
+
+if TYPE_CHECKING:     # annotations only: importing transformers costs ~2 s of cold start
+    from transformers import LlamaConfig
 
 
 class LlamaMLP(nn.Module):
@@ -61,7 +63,7 @@ class LlamaMLP(nn.Module):
 class LlamaAttention(nn.Module):
     """QKV projection -> RoPE -> paged attention -> output projection, for this TP rank's heads."""
 
-    def __init__(self, config: LlamaConfig, hidden_size: int, num_heads: int, num_kv_heads: int,
+    def __init__(self, config: "LlamaConfig", hidden_size: int, num_heads: int, num_kv_heads: int,
                  max_position_embeddings: int = 8192, quant_config: QuantizationConfig | None = None,
                  bias: bool = False, bias_o_proj: bool = False, cache_config: CacheConfig | None = None,
                  prefix: str = "", attn_type: str = AttentionType.DECODER) -> None:
@@ -114,7 +116,7 @@ class LlamaAttention(nn.Module):
         output, _ = self.o_proj(attn_output)               # [T, H]
         return output
 
-    def _init_rotary_emb(self, config: LlamaConfig, quant_config: QuantizationConfig | None) -> None:
+    def _init_rotary_emb(self, config: "LlamaConfig", quant_config: QuantizationConfig | None) -> None:
         self.rotary_emb = get_rope(self.head_dim, max_position=self.max_position_embeddings,
                                    rope_parameters=getattr(config, "rope_parameters", None),
                                    is_neox_style=True)
@@ -123,7 +125,7 @@ class LlamaAttention(nn.Module):
 class LlamaDecoderLayer(nn.Module):
     """Pre-norm block; the residual stream stays outside the norms (fused add + RMSNorm)."""
 
-    def __init__(self, vllm_config: VllmConfig, prefix: str = "", config: LlamaConfig | None = None,
+    def __init__(self, vllm_config: VllmConfig, prefix: str = "", config: "LlamaConfig | None" = None,
                  attn_layer_type: type[nn.Module] = LlamaAttention) -> None:
         super().__init__()
         config = config or vllm_config.model_config.hf_config

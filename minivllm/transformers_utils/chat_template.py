@@ -1,0 +1,109 @@
+"""Chat templates rendered as transformers renders them, for plain-text conversations.
+
+transformers' renderer lives behind its ~1 s package import; a cold `minivllm generate` only needs
+the common case: messages of role/content strings and `add_generation_prompt`. `render_chat`
+builds the same jinja2 sandbox (`trim_blocks`, `lstrip_blocks`, loop controls, the `tojson`,
+`raise_exception`, `strftime_now`, `dict` and `namespace` globals) and passes the same variables;
+`is_plain_chat` says which requests it serves, the tokenizer hands every other one to transformers.
+"""
+
+import json
+import re
+from datetime import datetime
+from functools import lru_cache
+from typing import Any
+
+__all__ = ["is_plain_chat", "render_chat"]
+
+_PLAIN_MESSAGE_KEYS = frozenset({"role", "content", "name"})
+# `{% generation %}` needs transformers' AssistantTracker extension.
+_GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")
+
+
+def is_plain_chat(conversations: list, chat_template: str, template_kwargs: dict[str, Any]) -> bool:
+    """Messages are dicts of role/content/name strings, the extra template variables plain
+    scalars, and the template needs no transformers-only extension."""
+    if _GENERATION_TAG.search(chat_template):
+        return False
+    if not all(isinstance(v, (str, int, float, bool, type(None))) for v in template_kwargs.values()):
+        return False
+    for messages in conversations:
+        if not isinstance(messages, (list, tuple)):
+            return False
+        for message in messages:
+            if not (isinstance(message, dict) and _PLAIN_MESSAGE_KEYS.issuperset(message)
+                    and all(isinstance(v, (str, type(None))) for v in message.values())):
+                return False
+    return True
+
+
+def render_chat(messages: list[dict[str, str]], chat_template: str, add_generation_prompt: bool,
+                **template_kwargs: Any) -> str:
+    """One conversation rendered; keys whose value is None are dropped, as transformers does."""
+    messages = [{k: v for k, v in m.items() if v is not None} for m in messages]
+    return _compile(chat_template).render(messages=messages, tools=None, documents=None,
+                                          add_generation_prompt=add_generation_prompt,
+                                          **template_kwargs)
+
+
+@lru_cache(maxsize=8)
+def _compile(chat_template: str):
+    from jinja2.ext import loopcontrols
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    env.globals["dict"] = _TemplateDict()
+    env.globals["namespace"] = _namespace_class()
+    return env.from_string(chat_template)
+
+
+def _tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None,
+            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
+    # jinja's own tojson escapes HTML characters; chat templates want the text as is.
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                      sort_keys=sort_keys)
+
+
+def _raise_exception(message: str) -> None:
+    from jinja2.exceptions import TemplateError
+
+    raise TemplateError(message)
+
+
+class _TemplateDict:
+    """`dict(...)` in a template without handing the template the `dict` type itself."""
+
+    def __call__(self, *args, **kwargs) -> dict:
+        return dict(*args, **kwargs)
+
+    def fromkeys(self, *args, **kwargs) -> dict:
+        return dict.fromkeys(*args, **kwargs)
+
+
+@lru_cache(maxsize=1)
+def _namespace_class() -> type:
+    from jinja2.exceptions import SecurityError
+    from jinja2.utils import Namespace
+
+    def check(name: Any) -> None:
+        if isinstance(name, str) and name.startswith("_"):
+            raise SecurityError("Chat templates cannot store underscore-prefixed attributes on a "
+                                f"namespace, but got {name!r}.")
+
+    class TemplateNamespace(Namespace):
+        """jinja's namespace, refusing underscore names (no route to CPython internals)."""
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            attrs = dict(*args, **kwargs)
+            for name in attrs:
+                check(name)
+            super().__init__(attrs)
+
+        def __setitem__(self, name: str, value: Any) -> None:
+            check(name)
+            super().__setitem__(name, value)
+
+    return TemplateNamespace
