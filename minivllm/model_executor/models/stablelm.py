@@ -8,15 +8,13 @@ norm; `qk_layernorm` a weight-only LayerNorm per head on q and k before RoPE (St
 from collections.abc import Iterable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from minivllm.config import VllmConfig
-from minivllm.distributed import (get_tensor_model_parallel_rank,
-                                  get_tensor_model_parallel_world_size)
 from minivllm.model_executor.layers.layernorm import LayerNorm
 from minivllm.model_executor.models.auto_weights_loader import UnexpectedWeightsError
 
+from .commandr import LayerNormPerHead, local_head_starts
 from .llama import LlamaAttention, LlamaForCausalLM, LlamaMLP, LlamaModel
 from .utils import PPMissingLayer
 
@@ -25,24 +23,8 @@ def _norm_eps(config) -> float:
     return getattr(config, "norm_eps", None) or getattr(config, "layer_norm_eps", 1e-5)
 
 
-class StablelmLayerNormPerHead(nn.Module):
-    """A weight-only LayerNorm per head over `[T, heads * head_dim]`; this rank's heads only.
-
-    One `[heads, head_dim]` weight stands for the checkpoint's `norms.<h>.weight` (one per head,
-    global index h); `load_weights` keeps the rows of this rank's heads.
-    """
-
-    def __init__(self, head_dim: int, num_heads: int, first_head: int, eps: float) -> None:
-        super().__init__()
-        self.head_dim, self.num_heads, self.first_head, self.eps = (head_dim, num_heads,
-                                                                    first_head, eps)
-        self.weight = nn.Parameter(torch.ones(num_heads, head_dim, dtype=torch.float32),
-                                   requires_grad=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        heads = x.view(*x.shape[:-1], self.num_heads, self.head_dim)   # [T, heads, d]
-        normed = F.layer_norm(heads.float(), (self.head_dim,), eps=self.eps) * self.weight
-        return normed.to(x.dtype).view(x.shape)
+class StablelmLayerNormPerHead(LayerNormPerHead):
+    """`LayerNormPerHead` loaded from one `norms.<h>.weight` per head (global index h)."""
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         filled, unexpected = set(), []
@@ -69,13 +51,10 @@ class StablelmAttention(LlamaAttention):
         config = kwargs["config"]
         self.qk_layernorm = getattr(config, "qk_layernorm", False)
         if self.qk_layernorm:
-            rank, tp_size = get_tensor_model_parallel_rank(), get_tensor_model_parallel_world_size()
-            # With fewer KV heads than ranks each is replicated: rank r holds head r // replicas.
-            kv_first = (rank * self.num_kv_heads if self.total_num_kv_heads >= tp_size
-                        else rank // (tp_size // self.total_num_kv_heads))
+            q_first, kv_first = local_head_starts(self)
             eps = _norm_eps(config)
-            self.q_layernorm = StablelmLayerNormPerHead(self.head_dim, self.num_heads,
-                                                        rank * self.num_heads, eps)
+            self.q_layernorm = StablelmLayerNormPerHead(self.head_dim, self.num_heads, q_first,
+                                                        eps)
             self.k_layernorm = StablelmLayerNormPerHead(self.head_dim, self.num_kv_heads,
                                                         kv_first, eps)
 
