@@ -69,8 +69,6 @@ class TorchAttentionImpl:
                 f"supported: {[t.value for t in _SUPPORTED_ATTN_TYPES]}")
         if use_alibi_sqrt:
             raise NotImplementedError("use_alibi_sqrt is not supported by the CPU backend")
-        if extra_impl_args.get("sinks") is not None:
-            raise NotImplementedError("attention sinks are not supported by the CPU backend")
         if extra_impl_args.get("dual_chunk_attention_config") is not None:
             raise NotImplementedError("dual-chunk attention is not supported by the CPU backend")
         self.num_heads = num_heads
@@ -86,7 +84,11 @@ class TorchAttentionImpl:
         self.logits_soft_cap = logits_soft_cap or None
         self.attn_type = attn_type
         self.kv_sharing_target_layer_name = kv_sharing_target_layer_name
-        self._sdpa_ok = self.logits_soft_cap is None and self.alibi_slopes is None
+        # Attention sinks (gpt-oss): one learned logit per head [nH] joins each softmax's
+        # denominator; the eager path adds it (SDPA and the native kernels have no such term).
+        self.sinks: torch.Tensor | None = extra_impl_args.get("sinks")
+        self._sdpa_ok = (self.logits_soft_cap is None and self.alibi_slopes is None
+                         and self.sinks is None)
         # The native decode kernel covers plain softmax attention with one head size.
         self._kernel_ok = (self._sdpa_ok and attn_type == AttentionType.DECODER
                            and self.head_size == self.head_size_v
@@ -277,7 +279,7 @@ class TorchAttentionImpl:
             k, v = self._gather_kv(g, kv_cache, md)             # [Bg, nKV, Lk, d], [.., d_v]
             if k.dtype != qg.dtype:
                 k, v = k.to(qg.dtype), v.to(qg.dtype)
-        if self.logits_soft_cap is not None or self.alibi_slopes is not None:
+        if not self._sdpa_ok:
             o = self._attend_eager(g, qg, k, v)
         else:
             mask = g.mask(self.sliding_window, qg.dtype)
@@ -318,7 +320,8 @@ class TorchAttentionImpl:
 
     def _attend_eager(self, g: AttnGroup, q: torch.Tensor, k: torch.Tensor,
                       v: torch.Tensor) -> torch.Tensor:
-        """Reference-style attention for what SDPA cannot express (soft cap, ALiBi), in fp32."""
+        """Reference-style attention for what SDPA cannot express (soft cap, ALiBi, sinks),
+        in fp32."""
         k = k.repeat_interleave(self.num_queries_per_kv, dim=1).float()  # [Bg, nH, Lk, d]
         v = v.repeat_interleave(self.num_queries_per_kv, dim=1).float()
         scores = torch.matmul(q.float(), k.transpose(-1, -2)) * self.scale  # [Bg, nH, Lq, Lk]
@@ -328,4 +331,8 @@ class TorchAttentionImpl:
             dist = torch.arange(g.k_len_max) - g.q_pos[:, :, None]      # [Bg, Lq, Lk]
             scores = scores + self.alibi_slopes[None, :, None, None] * dist[:, None].float()
         scores = scores.masked_fill(~g.build_mask(self.sliding_window), float("-inf"))
+        if self.sinks is not None:        # an extra column per head, dropped after the softmax
+            sink = self.sinks.float()[None, :, None, None].expand(*scores.shape[:-1], 1)
+            probs = torch.cat([scores, sink], dim=-1).softmax(dim=-1)[..., :-1]
+            return torch.matmul(probs, v).to(q.dtype)
         return torch.matmul(scores.softmax(dim=-1), v).to(q.dtype)

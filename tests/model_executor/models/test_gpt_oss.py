@@ -1,0 +1,76 @@
+"""gpt-oss (attention sinks, sliding windows on alternate layers, YaRN, biased router and
+swigluoai experts stored fused) against transformers on tiny random checkpoints."""
+
+import pytest
+import torch
+from transformers import GptOssConfig, GptOssForCausalLM
+
+from tests.model_executor.models._family_helpers import (assert_bad_names_reported,
+                                                         assert_matches_transformers,
+                                                         assert_prefixes_clean, make_prompts,
+                                                         minivllm_greedy, write_tiny_checkpoint)
+
+# An 8-token window on layer 0 (layer 1 full): the 60-token prompts cross it. A small YaRN
+# table (original context 64, factor 4) that the prompts also cross.
+TINY_GPT_OSS = dict(intermediate_size=32, num_local_experts=4, num_experts_per_tok=2,
+                    head_dim=16, sliding_window=8, initializer_range=0.1,
+                    rope_parameters={"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0,
+                                     "beta_slow": 1.0, "truncate": False, "rope_theta": 150000.0,
+                                     "original_max_position_embeddings": 64})
+
+
+@pytest.fixture(scope="module")
+def gpt_oss_path(tmp_path_factory) -> str:
+    path = write_tiny_checkpoint(tmp_path_factory.mktemp("gpt_oss"), GptOssConfig,
+                                 GptOssForCausalLM, **TINY_GPT_OSS)
+    assert GptOssConfig.from_pretrained(path).layer_types == ["sliding_attention",
+                                                              "full_attention"]
+    return path
+
+
+def test_gpt_oss_matches_transformers(gpt_oss_path):
+    assert_matches_transformers(gpt_oss_path)
+
+
+def test_gpt_oss_sinks_matter(gpt_oss_path, tmp_path):
+    """The same checkpoint with every sink logit at 3.0 still matches transformers, and gives
+    other logprobs than the original: the backend does not drop the sinks."""
+    from safetensors.torch import load_file, save_file
+
+    from minivllm import LLM
+
+    state = load_file(f"{gpt_oss_path}/model.safetensors")
+    for name in [n for n in state if n.endswith("sinks")]:
+        state[name] = torch.full_like(state[name], 3.0)
+    folder = tmp_path / "big_sinks"
+    folder.mkdir()
+    save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    (folder / "config.json").write_text(open(f"{gpt_oss_path}/config.json").read())
+    assert_matches_transformers(str(folder), num_tokens=4)
+    prompts = make_prompts(1000, lens=(17,))
+    kwargs = dict(dtype="float32", block_size=4)
+    base = minivllm_greedy(LLM(model=gpt_oss_path, **kwargs), prompts, num_tokens=2)[0][1]
+    big = minivllm_greedy(LLM(model=str(folder), **kwargs), prompts, num_tokens=2)[0][1]
+    assert (base - big).abs().max() > 1e-3
+
+
+def test_gpt_oss_bf16_close_to_transformers_fp32(gpt_oss_path):
+    """bf16 (native AMX experts where they apply) stays close to the fp32 reference."""
+    from tests.model_executor.models._family_helpers import hf_greedy
+
+    from minivllm import LLM
+
+    prompts = make_prompts(1000, lens=(33,))
+    ref_lp = hf_greedy(gpt_oss_path, prompts, num_tokens=1)[0][1]
+    llm = LLM(model=gpt_oss_path, dtype="bfloat16", block_size=4)
+    ours = minivllm_greedy(llm, prompts, num_tokens=1)[0][1]
+    assert (ours - ref_lp).abs().mean() < 0.05
+
+
+def test_gpt_oss_prefixes_and_bad_names(gpt_oss_path, tmp_path):
+    assert_prefixes_clean(gpt_oss_path, "GptOssForCausalLM")
+    assert_bad_names_reported(gpt_oss_path, tmp_path / "broken",
+                              drop=["model.layers.1.self_attn.sinks",
+                                    "model.layers.0.mlp.experts.down_proj_bias"],
+                              missing=["model.layers.1.self_attn.sinks",
+                                       "model.layers.0.mlp.experts.w2_bias"])
