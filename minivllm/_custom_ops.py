@@ -64,10 +64,9 @@ _SIGNATURES = {
     # bias, y, y_row_stride, m, n, k, num_threads
     "minivllm_gguf_gemm": [_I32, _PTR, _I64, _I32, _PTR, _I64, _PTR, _PTR, _I64, _I64, _I64,
                            _I64, _I32],
-    # qtype, x, x_row_stride, w, w_row_stride, bias, y, y_row_stride, m, n, k, tile_rows,
-    # num_threads
+    # qtype, x, x_row_stride, w, w_row_stride, bias, y, y_row_stride, m, n, k, num_threads
     "minivllm_gguf_gemm_amx_bf16": [_I32, _PTR, _I64, _PTR, _I64, _PTR, _PTR, _I64, _I64, _I64,
-                                    _I64, _I64, _I32],
+                                    _I64, _I32],
     # qtype, w, w_row_stride, rows, cols, out, out_row_stride, dtype, num_threads
     "minivllm_gguf_dequant": [_I32, _PTR, _I64, _I64, _I64, _PTR, _I64, _I32, _I32],
     "minivllm_gguf_has_vnni": [],

@@ -1,6 +1,11 @@
-// Element access and the int8 quantization of x for the GGUF dot kernels (part of
-// gguf_gemm.cpp; include it only there, after MINIVLLM_GGUF_VNNI is settled).
+// Element access and the int8 quantization of x for the GGUF kernels (gguf_gemm.cpp,
+// gguf_amx.cpp). MINIVLLM_GGUF_VNNI: the AVX-512 (VNNI, VBMI, BW) paths are compiled in.
 #pragma once
+
+#if defined(__AVX512VNNI__) && defined(__AVX512VBMI__) && defined(__AVX512BW__)
+#define MINIVLLM_GGUF_VNNI 1
+#include "gguf_simd.h"
+#endif
 
 #include <algorithm>
 #include <cmath>

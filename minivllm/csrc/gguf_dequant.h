@@ -1,5 +1,5 @@
-// Dequantisation of GGUF block rows into fp32 / bf16 / fp16 rows (part of gguf_gemm.cpp: it
-// uses that file's element helpers; include it only there).
+// Dequantisation of GGUF block rows into fp32 / bf16 / fp16 rows (gguf_gemm.cpp; bf16 strips for
+// the AMX tiles of gguf_amx.cpp).
 //
 // x = fma(a, u, b) in fp32 reproduces gguf-py's dequantizers bit for bit (see gguf_blocks.h),
 // then one rounding to the output type.
@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "gguf_activation.h"
 #include "gguf_blocks.h"
 
 namespace {
@@ -96,6 +97,114 @@ void dequant_row_vnni(const Unit<Q>& unit, const uint8_t* w, RowShape rs, int64_
   }
   (void)cols;
 }
+
+#if defined(__AVX512BF16__)
+// One row of a 4/5-bit legacy type as bf16 by table lookup: per block the 32 values fma(a, t, b)
+// (t = 0..31; 4-bit: t % 16) are formed and rounded to bf16 once, in one register, and each
+// element fetches its own with one word permute (vpermw, index u). Per 32 elements that is one
+// FMA (two for 5 bits), one conversion and two permutes, against the widening, conversion and
+// FMA per 16 of dequant_row_vnni; the values are the same.
+template <int Q>
+void dequant_row_table_bf16(const NibbleUnit<Q>& unit, const uint8_t* w, RowShape rs,
+                            uint16_t* out) {
+  alignas(64) float ab[2][16];  // a, b spilled: broadcast from memory (loads, not permutes)
+  const __m512 t_lo = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m512 t_hi = _mm512_add_ps(t_lo, _mm512_set1_ps(16.0f));
+  __m512i pick[4];  // word i of block j: u[0] (i < 16) or u[1] byte 16j + i % 16, zero-extended
+  for (int j = 0; j < 4; ++j)
+    pick[j] = byte_table([j](int t) { return (t / 32) * 64 + 16 * j + (t % 32) / 2; });
+  for (int64_t un = 0; un < rs.units; ++un) {
+    const int nb = un + 1 == rs.units ? rs.nb_last : NibbleUnit<Q>::kBlocks;
+    __m512i u[2];
+    __m512 a, b;
+    unit.chunk(w + un * NibbleUnit<Q>::kUnitBytes, nb, 0, {}, u, &a, &b);
+    _mm512_store_ps(ab[0], a);
+    _mm512_store_ps(ab[1], b);
+    for (int j = 0; j < nb; ++j) {
+      const __m512 aj = _mm512_set1_ps(ab[0][4 * j]), bj = _mm512_set1_ps(ab[1][4 * j]);
+      const __m512 lo = _mm512_fmadd_ps(aj, t_lo, bj);
+      const __m512 hi = NibbleUnit<Q>::kFive ? _mm512_fmadd_ps(aj, t_hi, bj) : lo;
+      const __m512i table = (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
+      const __m512i idx = _mm512_maskz_permutex2var_epi8(0x5555555555555555ull, u[0], pick[j],
+                                                         u[1]);
+      _mm512_storeu_si512(out + 32 * (4 * un + j), _mm512_permutexvar_epi16(idx, table));
+    }
+  }
+}
+
+// One Q4_0 / Q4_1 row as bf16 by table lookup, straight from the block bytes: word i of a block's
+// index register holds quant byte i % 16 (elements 16.. shifted down a nibble); vpermw reads
+// only its low 5 bits, and the table repeats its 16 values, so the other nibble's bit 4 is
+// harmless. Scales are converted 4 blocks at a time and broadcast from memory (load ports: the
+// permute port is what this loop runs out of).
+template <int Q>
+void dequant_row_q4_bf16(const uint8_t* w, RowShape rs, uint16_t* out) {
+  using U = NibbleUnit<Q>;
+  alignas(64) float ab[16];  // lanes 0-3: d of the unit's blocks, 4-7: their b
+  const __m512 t16 = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  // scale words: d_j (word j * kBytes / 2), then m_j (Q4_1) or d_j again (Q4_0: b = -8 d)
+  const __m512i sidx = word_table([](int i) {
+    return (i % 4) * (U::kBytes / 2) + (i >= 4 && i < 8 && U::kMin ? 1 : 0);
+  });
+  const __m512 bmul = _mm512_setr_ps(1, 1, 1, 1, U::kMin ? 1 : -8, U::kMin ? 1 : -8,
+                                     U::kMin ? 1 : -8, U::kMin ? 1 : -8, 0, 0, 0, 0, 0, 0, 0, 0);
+  __m512i pick[4];  // byte 2i of block j's index register: quant byte i % 16 of block j
+  for (int j = 0; j < 4; ++j)
+    pick[j] = byte_table([j](int t) { return j * U::kBytes + U::kQs + (t % 32) / 2; });
+  for (int64_t un = 0; un < rs.units; ++un) {
+    const int nb = un + 1 == rs.units ? rs.nb_last : U::kBlocks;
+    __m512i lo, hi;
+    load_unit<U::kUnitBytes>(w + un * U::kUnitBytes, nb * U::kBytes, nb == U::kBlocks, &lo, &hi);
+    const __m512i sw = _mm512_permutex2var_epi16(lo, sidx, hi);
+    _mm512_store_ps(ab, _mm512_mul_ps(halves(_mm512_castsi512_si256(sw)), bmul));
+    asm volatile("" : : "r"(ab) : "memory");  // keep the broadcasts as loads from ab
+    for (int j = 0; j < nb; ++j) {
+      const __m512i bytes = _mm512_maskz_permutex2var_epi8(0x5555555555555555ull, lo, pick[j], hi);
+      const __m512i idx = _mm512_mask_srli_epi16(bytes, 0xFFFF0000u, bytes, 4);
+      const __m512 t = _mm512_fmadd_ps(_mm512_set1_ps(ab[j]), t16, _mm512_set1_ps(ab[4 + j]));
+      const __m512i table = (__m512i)_mm512_cvtne2ps_pbh(t, t);
+      _mm512_storeu_si512(out + 32 * (4 * un + j), _mm512_permutexvar_epi16(idx, table));
+    }
+  }
+}
+
+// One Q8_0 row as bf16: d * q straight from the int8 quants (exact in fp32, as fma(a, u, b)).
+inline void dequant_row_q8_bf16(const Q8Unit& unit, const uint8_t* w, RowShape rs,
+                                uint16_t* out) {
+  alignas(64) float d[16];
+  for (int64_t un = 0; un < rs.units; ++un) {
+    const int nb = un + 1 == rs.units ? rs.nb_last : Q8Unit::kBlocks;
+    const uint8_t* p = w + un * Q8Unit::kUnitBytes;
+    const int bytes = nb * Q8Unit::kBytes;
+    const __m512i r0 = _mm512_maskz_loadu_epi8(first_bytes(bytes), p);
+    const __m512i r1 = _mm512_maskz_loadu_epi8(first_bytes(bytes - 64), p + 64);
+    _mm512_store_ps(d, halves(_mm512_castsi512_si256(
+                           _mm512_permutex2var_epi16(r0, unit.scale_idx, r1))));
+    for (int j = 0; j < nb; ++j) {
+      const uint8_t* q = p + j * Q8Unit::kBytes + 2;
+      const __m512 dj = _mm512_set1_ps(d[4 * j]);
+      const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)q)));
+      const __m512 hi = _mm512_cvtepi32_ps(
+          _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(q + 16))));
+      _mm512_storeu_si512(out + 32 * (4 * un + j),
+                          (__m512i)_mm512_cvtne2ps_pbh(_mm512_mul_ps(hi, dj),
+                                                       _mm512_mul_ps(lo, dj)));
+    }
+  }
+}
+#endif  // __AVX512BF16__
+
+// One row into bf16 out[0, cols): the fastest of the above for the type.
+template <int Q>
+inline void dequant_row_bf16(const Unit<Q>& unit, const uint8_t* w, RowShape rs, int64_t cols,
+                             uint16_t* out) {
+#if defined(__AVX512BF16__)
+  if constexpr (Q == kQ8_0) return dequant_row_q8_bf16(unit, w, rs, out);
+  if constexpr (Q == kQ4_0 || Q == kQ4_1) return dequant_row_q4_bf16<Q>(w, rs, out);
+  if constexpr (Q == kQ5_0 || Q == kQ5_1) return dequant_row_table_bf16<Q>(unit, w, rs, out);
+#endif
+  dequant_row_vnni<Q>(unit, w, rs, cols, out, 0, kBF16);
+}
 #endif  // MINIVLLM_GGUF_VNNI
 
 // Rows [r0, r1) of w (rows w_stride bytes apart) into out (rows out_stride elements apart).
@@ -108,7 +217,11 @@ void dequant_rows(int qtype, const uint8_t* w, int64_t w_stride, int64_t r0, int
   case Q: {                                                                                  \
     const Unit<Q> unit;                                                                      \
     for (int64_t r = r0; r < r1; ++r)                                                        \
-      dequant_row_vnni<Q>(unit, w + r * w_stride, rs, cols, out, r * out_stride, dt);        \
+      if (dt == kBF16)                                                                       \
+        dequant_row_bf16<Q>(unit, w + r * w_stride, rs, cols,                                \
+                            static_cast<uint16_t*>(out) + r * out_stride);                   \
+      else                                                                                   \
+        dequant_row_vnni<Q>(unit, w + r * w_stride, rs, cols, out, r * out_stride, dt);      \
     return;                                                                                  \
   }
     MINIVLLM_GGUF_BLOCK_TYPES(MINIVLLM_GGUF_CASE)

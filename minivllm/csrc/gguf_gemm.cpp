@@ -7,8 +7,8 @@
 // 4 elements). With the common form w = a * u + b per element (gguf_blocks.h), an int32 lane
 // adds a * dx * sum(u * q) + b * dx * sum(q): the per-block scales cost one multiply and two FMAs
 // per 16 lanes and row of x. Without AVX-512 VNNI / VBMI a scalar loop computes the same sums.
-// Prompt chunks instead dequantise the weight into a bf16 tile of L2 size (gguf_dequant.h) and
-// run the AMX GEMM (gemm_amx.cpp) on it, tile by tile.
+// More rows of x (batched decode steps, prompt chunks) take gguf_amx.cpp: bf16 strips of the
+// weight into AMX tiles.
 
 #include <algorithm>
 #include <cmath>
@@ -19,18 +19,8 @@
 #include <omp.h>
 
 #include "cpu_math.h"
+#include "gguf_activation.h"  // MINIVLLM_GGUF_VNNI, element access, x's int8 quantization
 #include "gguf_blocks.h"
-
-#if defined(__AVX512VNNI__) && defined(__AVX512VBMI__) && defined(__AVX512BW__)
-#define MINIVLLM_GGUF_VNNI 1
-#include "gguf_simd.h"
-#endif
-
-#include "gguf_activation.h"
-
-extern "C" int minivllm_gemm_amx_bf16(const uint16_t*, int64_t, const uint16_t*, int64_t,
-                                      const uint16_t*, uint16_t*, int64_t, int64_t, int64_t,
-                                      int64_t, int32_t);
 
 namespace {
 
@@ -248,42 +238,6 @@ int minivllm_gguf_dequant(int32_t qtype, const uint8_t* w, int64_t w_stride, int
     const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
     dequant_rows(qtype, w, w_stride, rows * t / threads, rows * (t + 1) / threads, cols, out,
                  out_stride, dt);
-  }
-  return 0;
-}
-
-// As minivllm_gguf_gemm for bf16 x / bias / y and many rows of x (prompt chunks): W is
-// dequantised tile by tile (tile_rows rows, a multiple of 32) into one bf16 tile [tile_rows,
-// k] and multiplied with the AMX GEMM. Each thread dequantises the 16-row blocks the GEMM
-// then gives it (the same split), so its part of the tile is already in its L2.
-// Needs n % 16 == 0; 2: no AMX here; 3: out of memory.
-int minivllm_gguf_gemm_amx_bf16(int32_t qtype, const uint16_t* x, int64_t x_stride,
-                                const uint8_t* w, int64_t w_stride, const uint16_t* bias,
-                                uint16_t* y, int64_t y_stride, int64_t m, int64_t n, int64_t k,
-                                int64_t tile_rows, int32_t num_threads) {
-  const Geometry g = geometry(qtype);
-  if (g.elems == 0 || k % g.elems != 0 || n % 16 != 0 || m < 1 || tile_rows % 32 != 0 ||
-      tile_rows < 32)
-    return 1;
-  static thread_local std::vector<uint16_t> tile;  // the calling thread's
-  try {
-    tile.resize(std::min(tile_rows, n) * k);
-  } catch (...) {
-    return 3;
-  }
-  uint16_t* buf = tile.data();  // (inside the parallel region `tile` would be each thread's own)
-  for (int64_t n0 = 0; n0 < n; n0 += tile_rows) {
-    const int64_t rows = std::min(tile_rows, n - n0), blocks = rows / 16;
-#pragma omp parallel num_threads(num_threads)
-    {
-      const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
-      dequant_rows(qtype, w + n0 * w_stride, w_stride, blocks * t / threads * 16,
-                   blocks * (t + 1) / threads * 16, k, buf, k, kBF16);
-    }
-    const int rc = minivllm_gemm_amx_bf16(x, x_stride, buf, k,
-                                          bias == nullptr ? nullptr : bias + n0, y + n0,
-                                          y_stride, m, rows, k, num_threads);
-    if (rc != 0) return rc;
   }
   return 0;
 }

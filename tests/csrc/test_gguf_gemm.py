@@ -126,6 +126,30 @@ def test_amx_prompt_path_matches_dequantised_linear():
     torch.testing.assert_close(y, ops.gemm_bf16(x, w, b), atol=0, rtol=0)
 
 
+@pytest.mark.parametrize("qtype", [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q6_K],
+                         ids=lambda t: T(t).name)
+def test_amx_path_equals_bf16_gemm_of_dequantised_weight(qtype):
+    """gguf_amx.cpp (5+ bf16 rows): each type's bf16 strip dequantiser and the tile passes give
+    the bf16 AMX GEMM's results on the dequantised weight bit for bit: 7 blocks of 16 rows over
+    2 threads (a one-strip panel at a thread's end), 1-4 groups of 16 rows of x, ragged units."""
+    if not ops._has_amx:
+        pytest.skip("no AMX here")
+    cols = 512 if qtype in K_QUANTS else 544
+    qw = torch.from_numpy(random_weight(qtype, 112, cols, seed=int(qtype)))
+    w = gl.gguf_dequantize(qw, qtype, torch.bfloat16)
+    gen = torch.Generator().manual_seed(int(qtype))
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        for m in (5, 37, 70) if qtype != T.Q4_1 else (5, 37, 70, 1000):   # 1000: two x chunks
+            x = torch.randn(m, cols, generator=gen).bfloat16()
+            b = torch.randn(112, generator=gen).bfloat16()
+            y = gl.gguf_linear(x, qw, qtype, b)
+            assert torch.equal(y, ops.gemm_bf16(x, w, b)), f"m={m}"
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_prompt_path_without_amx_uses_dequantised_tiles(monkeypatch):
     monkeypatch.setattr(gl._Native, "amx", False)             # as on Zen 4: no AMX
     monkeypatch.setattr(gl, "_FALLBACK_TILE", 64 * 576)       # 64-row tiles: several of them

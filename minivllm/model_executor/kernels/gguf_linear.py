@@ -2,9 +2,10 @@
 
 - `gguf_linear` on CPU with the native kernels (`csrc/gguf_gemm.cpp`): up to `GGUF_DOT_MAX_ROWS`
   bf16 / fp16 rows of x (decode steps) multiply the packed blocks directly, x quantized to int8
-  per 32 elements (AVX-512 VNNI, else a scalar loop); more rows (prompt chunks) dequantise the
-  weight tile by tile into bf16 and run the AMX GEMM on each tile (without AMX, or for fp16 x:
-  dequantised tiles through `F.linear`). fp32 x, the reference precision, always takes the
+  per 32 elements (AVX-512 VNNI, else a scalar loop); more rows (batched decode steps, prompt
+  chunks) go to `csrc/gguf_amx.cpp`, which dequantises 16 weight rows at a time into a bf16
+  strip and runs AMX tile products on it (without AMX, or for fp16 x: dequantised tiles through
+  `F.linear`). fp32 x, the reference precision, always takes the
   dequantised tiles (exact weights, no int8 step). The whole weight is never widened at once.
 - other devices, or no native kernels: `gguf_dequantize` + `F.linear` (correct, not fast).
 - `gguf_dequantize`: native on CPU, else the pure-PyTorch dequantisers of `gguf_dequant`.
@@ -31,8 +32,6 @@ _DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 # dequantisation (~25 per 128): on the 2-core box (one thread, CPU time; Q4_1 gate_up / down,
 # Q8_0 LM head) the dot is 1.4-1.7x faster at 4 rows, even at 6 and 1.2-2x slower from 8.
 GGUF_DOT_MAX_ROWS = 4
-# Bytes of the bf16 tile the AMX path dequantises into (half per thread: fits L2 next to x).
-_TILE_BYTES = 1 << 20
 # Elements of a dequantised tile on the `F.linear` fallback path.
 _FALLBACK_TILE = 1 << 22
 
@@ -153,10 +152,9 @@ def _prompt_linear(lib: ctypes.CDLL, x: torch.Tensor, qweight: torch.Tensor, qty
     (m, k), n = x.shape, qweight.shape[0]
     if _Native.amx and x.dtype == torch.bfloat16 and n % 16 == 0:
         y = x.new_empty(m, n)
-        tile_rows = max(32, min(1024, _TILE_BYTES // (2 * k) // 32 * 32))
         rc = lib.minivllm_gguf_gemm_amx_bf16(
             qtype, x.data_ptr(), x.stride(0), qweight.data_ptr(), qweight.stride(0),
-            None if bias is None else bias.data_ptr(), y.data_ptr(), n, m, n, k, tile_rows,
+            None if bias is None else bias.data_ptr(), y.data_ptr(), n, m, n, k,
             torch.get_num_threads())
         if rc == 0:
             return y
