@@ -57,6 +57,13 @@ def prepare_inputs(states: dict[str, CachedRequestState], so: SchedulerOutput,
                    block_size: int) -> StepInputs:
     """Flatten every scheduled chunk into one token batch (prefills, chunks and decodes mixed)."""
     req_ids = list(so.num_scheduled_tokens)
+    if so.total_num_scheduled_tokens == len(req_ids):
+        return _prepare_one_token_each(states, req_ids, block_size)
+    return _prepare_chunks(states, so, req_ids, block_size)
+
+
+def _prepare_chunks(states: dict[str, CachedRequestState], so: SchedulerOutput,
+                    req_ids: list[str], block_size: int) -> StepInputs:
     # NOTE: one Python pass over requests (not tokens) gathers their list slices.
     flat_ids: list[int] = []
     query_lens, num_computed, seq_lens, sample_rows, tables = [], [], [], [], []
@@ -89,3 +96,33 @@ def prepare_inputs(states: dict[str, CachedRequestState], so: SchedulerOutput,
                       slot_mapping=slot_mapping, query_lens=query_lens, seq_lens_list=seq_lens,
                       num_computed=num_computed, sample_rows=sample_rows,
                       logits_indices=logits_indices)
+
+
+def _prepare_one_token_each(states: dict[str, CachedRequestState], req_ids: list[str],
+                            block_size: int) -> StepInputs:
+    """`prepare_inputs` when every request has one token this step (decode steps): the same
+    tensors from plain per-request ints, with ~6 torch calls instead of ~20 (~0.5 ms at batch 1).
+    """
+    ids, positions, slots, tables, sample_rows = [], [], [], [], []
+    for row, req_id in enumerate(req_ids):
+        state = states[req_id]
+        pos = state.num_computed_tokens
+        ids.append(state.token_ids[pos])
+        positions.append(pos)
+        slots.append(state.block_ids[pos // block_size] * block_size + pos % block_size)
+        tables.append(state.block_ids)
+        if pos + 1 == len(state.token_ids):
+            sample_rows.append(row)
+    num_reqs = len(req_ids)
+    max_blocks = max(len(t) for t in tables)
+    block_table = torch.tensor([t + [0] * (max_blocks - len(t)) for t in tables],
+                               dtype=torch.int32).reshape(num_reqs, max_blocks)
+    seq_lens = [p + 1 for p in positions]
+    return StepInputs(req_ids=req_ids, input_ids=torch.tensor(ids, dtype=torch.int64),
+                      positions=torch.tensor(positions, dtype=torch.int64),
+                      query_start_loc=torch.arange(num_reqs + 1, dtype=torch.int32),
+                      seq_lens=torch.tensor(seq_lens, dtype=torch.int32), block_table=block_table,
+                      slot_mapping=torch.tensor(slots, dtype=torch.int64),
+                      query_lens=[1] * num_reqs, seq_lens_list=seq_lens, num_computed=positions,
+                      sample_rows=sample_rows,
+                      logits_indices=torch.tensor(sample_rows, dtype=torch.int64))
