@@ -209,6 +209,13 @@ def get_ep_group() -> GroupCoordinator:
     return _EP
 
 
+def get_dp_group() -> GroupCoordinator:
+    """The data-parallel group: this rank alone, since minivllm runs one data-parallel replica
+    (vLLM's `--data-parallel-size` 1); `world_size` 1 makes every collective the identity."""
+    world = get_world_group()
+    return GroupCoordinator([world.rank], world.rank, None, "dp")
+
+
 def get_tensor_model_parallel_world_size() -> int:
     return get_tp_group().world_size
 

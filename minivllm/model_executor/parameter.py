@@ -22,9 +22,13 @@ __all__ = [
     "BasevLLMParameter", "BlockQuantScaleParameter", "ChannelQuantScaleParameter",
     "GroupQuantScaleParameter", "ModelWeightParameter", "PackedColumnParameter",
     "PackedvLLMParameter", "PerTensorScaleParameter", "RowvLLMParameter",
-    "WEIGHT_LOADER_V2_SUPPORTED", "default_weight_loader", "register_weight_loader_v2_supported_method",
-    "set_weight_attrs",
+    "WEIGHT_LOADER_V2_SUPPORTED", "composed_weight_loader", "default_weight_loader",
+    "register_weight_loader_v2_supported_method", "row_parallel_weight_loader", "set_weight_attrs",
+    "sharded_weight_loader",
 ]
+
+# `loader(param, loaded_weight)`: what every `weight_loader` attribute holds.
+LoaderFunction = Callable[[torch.Tensor, torch.Tensor], None]
 
 # Class names of the linear quant methods whose parameters load through `weight_loader_v2`.
 WEIGHT_LOADER_V2_SUPPORTED: list[str] = []
@@ -55,6 +59,38 @@ def default_weight_loader(param: torch.Tensor, loaded_weight: torch.Tensor) -> N
     assert param.size() == loaded_weight.size(), (
         f"Attempted to load weight ({loaded_weight.size()}) into parameter ({param.size()})")
     param.data.copy_(loaded_weight)
+
+
+def sharded_weight_loader(shard_axis: int) -> LoaderFunction:
+    """A loader that keeps this TP rank's slice of the checkpoint tensor along `shard_axis`
+    (slice size = the parameter's size on that axis)."""
+
+    def loader(param: torch.Tensor, loaded_weight: torch.Tensor) -> None:
+        shard_size = param.data.shape[shard_axis]
+        start = get_tensor_model_parallel_rank() * shard_size
+        default_weight_loader(param, loaded_weight.narrow(shard_axis, start, shard_size))
+
+    return loader
+
+
+def row_parallel_weight_loader(param: torch.Tensor, loaded_weight: torch.Tensor) -> None:
+    """Split along the parameter's `input_dim` when it has one (row parallel), else copy whole."""
+    input_dim = getattr(param, "input_dim", None)
+    if input_dim is None:
+        default_weight_loader(param, loaded_weight)
+        return
+    sharded_weight_loader(input_dim)(param, loaded_weight)
+
+
+def composed_weight_loader(loader: LoaderFunction,
+                           fn: Callable[[torch.Tensor], torch.Tensor]) -> LoaderFunction:
+    """`loader`, then `param = fn(param)` in place (e.g. `-exp(A_log)` for Mamba's A)."""
+
+    def composed(param: torch.Tensor, loaded_weight: torch.Tensor) -> None:
+        loader(param, loaded_weight)
+        param.data.copy_(fn(param))
+
+    return composed
 
 
 _QKV_INDEX = {"q": 0, "k": 1, "v": 2}

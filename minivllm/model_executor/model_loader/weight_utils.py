@@ -1,15 +1,27 @@
-"""vLLM's home of `default_weight_loader` (it lives in `parameter.py`) and of `get_quant_config`."""
+"""vLLM's home of the weight loaders (they live in `parameter.py`), `get_quant_config` and
+`maybe_remap_kv_scale_name`."""
 
 import json
 import os
+import re
+from collections.abc import Mapping
 from typing import Any
 
 from minivllm.config import LoadConfig, ModelConfig
+from minivllm.logger import init_logger
 from minivllm.model_executor.layers.quantization import (QuantizationConfig,
                                                          get_quantization_config)
-from minivllm.model_executor.parameter import default_weight_loader
+from minivllm.model_executor.parameter import (composed_weight_loader, default_weight_loader,
+                                               row_parallel_weight_loader, sharded_weight_loader)
 
-__all__ = ["default_weight_loader", "get_quant_config"]
+__all__ = ["composed_weight_loader", "default_weight_loader", "get_quant_config",
+           "maybe_remap_kv_scale_name", "row_parallel_weight_loader", "sharded_weight_loader"]
+
+logger = init_logger(__name__)
+
+# `.self_attn.k_proj.k_scale` (ModelOpt), `.self_attn.qkv_proj.v_scale` (after stacking) and
+# a bare `.self_attn.k_scale` all belong to the attention layer: `.self_attn.attn.k_scale`.
+_PROJ_SCALE = re.compile(r"\.(?:[kv]_proj|qkv_proj)(\.[kv]_scale)$")
 
 
 def get_quant_config(model_config: ModelConfig, load_config: LoadConfig,
@@ -45,3 +57,25 @@ def _checkpoint_quant_dict(model_config: ModelConfig,
             with open(path) as f:
                 return json.load(f)
     return {}   # an unquantized checkpoint: online quantization
+
+
+def maybe_remap_kv_scale_name(name: str, params_dict: Mapping[str, Any]) -> str | None:
+    """A checkpoint's KV-cache scale name as the attention layer's parameter name, or None (with
+    a warning) when the model has no such parameter; any other name comes back unchanged.
+
+    `.kv_scale` (the deprecated single scale) becomes `.attn.k_scale`; `.k_scale` / `.v_scale`
+    move from the projection (`k_proj`, `v_proj`, `qkv_proj`) or the attention block to `.attn`.
+    """
+    if name.endswith(".kv_scale"):
+        remapped = name.removesuffix(".kv_scale") + ".attn.k_scale"
+    elif name.endswith((".k_scale", ".v_scale")):
+        remapped = _PROJ_SCALE.sub(r".attn\1", name)
+        if remapped == name and not name.endswith((".attn.k_scale", ".attn.v_scale")):
+            remapped = name[:-len(".k_scale")] + ".attn" + name[-len(".k_scale"):]
+    else:
+        return name
+    if remapped not in params_dict:
+        logger.warning("Found KV-cache scale %s in the checkpoint, but the model has no "
+                       "parameter %s; the scale is not loaded.", name, remapped)
+        return None
+    return remapped
