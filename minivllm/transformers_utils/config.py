@@ -14,7 +14,10 @@ if TYPE_CHECKING:     # transformers costs ~1 s to import; GGUF runs of known fa
 _GGUF_ARCHS = {"llama": ("llama", "LlamaConfig", "LlamaForCausalLM"),
                "mistral": ("mistral", "MistralConfig", "MistralForCausalLM"),
                "qwen2": ("qwen2", "Qwen2Config", "Qwen2ForCausalLM"),
-               "qwen3": ("qwen3", "Qwen3Config", "Qwen3ForCausalLM")}
+               "qwen3": ("qwen3", "Qwen3Config", "Qwen3ForCausalLM"),
+               "gemma": ("gemma", "GemmaConfig", "GemmaForCausalLM"),
+               "gemma2": ("gemma2", "Gemma2Config", "Gemma2ForCausalLM"),
+               "gemma3": ("gemma3", "Gemma3TextConfig", "Gemma3ForCausalLM")}
 # `<arch>.<key>` metadata -> config field, as transformers' GGUF loader maps them. Qwen's
 # rope.dimension_count is not its head_dim (transformers skips it there too).
 _GGUF_ARCH_KEYS = {
@@ -25,6 +28,16 @@ _GGUF_ARCH_KEYS = {
     "attention.layer_norm_rms_epsilon": "rms_norm_eps", "vocab_size": "vocab_size",
 }
 _GGUF_HEAD_DIM_ARCHS = ("llama", "mistral")
+# Per-architecture `<arch>.<key>` -> config field beyond the common ones. llama.cpp states the
+# head size as the key length (Qwen3's and Gemma's need not be hidden / heads).
+_GGUF_FAMILY_KEYS = {
+    "qwen3": {"attention.key_length": "head_dim"},
+    "gemma": {"attention.key_length": "head_dim"},
+    "gemma2": {"attention.key_length": "head_dim", "attention.sliding_window": "sliding_window",
+               "attn_logit_softcapping": "attn_logit_softcapping",
+               "final_logit_softcapping": "final_logit_softcapping"},
+    "gemma3": {"attention.key_length": "head_dim", "attention.sliding_window": "sliding_window"},
+}
 _GGUF_TOKEN_IDS = {"bos_token_id": "bos_token_id", "eos_token_id": "eos_token_id",
                    "unknown_token_id": "unk_token_id", "padding_token_id": "pad_token_id"}
 
@@ -57,6 +70,7 @@ def gguf_config_dict(gguf_file: GGUFFile) -> dict[str, Any]:
     keys = dict(_GGUF_ARCH_KEYS)
     if arch in _GGUF_HEAD_DIM_ARCHS:
         keys["rope.dimension_count"] = "head_dim"
+    keys.update(_GGUF_FAMILY_KEYS.get(arch, {}))
     # llama.cpp writes output.weight only when it is not the embedding matrix.
     fields: dict[str, Any] = {"tie_word_embeddings": gguf_file.get_tensor("output.weight") is None}
     if "general.name" in meta:
@@ -66,7 +80,29 @@ def gguf_config_dict(gguf_file: GGUFFile) -> dict[str, Any]:
                    if f"tokenizer.ggml.{key}" in meta})
     if "vocab_size" not in fields and "tokenizer.ggml.tokens" in meta:
         fields["vocab_size"] = len(meta["tokenizer.ggml.tokens"])
+    if arch in ("gemma2", "gemma3"):
+        _gemma_gguf_fields(meta, arch, fields)
     return fields
+
+
+def _gemma_gguf_fields(meta: dict[str, Any], arch: str, fields: dict[str, Any]) -> None:
+    """What llama.cpp's Gemma 2/3 graphs fix instead of storing: queries scaled by the head size,
+    Gemma 3's local layers at RoPE base 10000 (the config class's default), its layer pattern."""
+    if "head_dim" in fields:
+        fields["query_pre_attn_scalar"] = fields["head_dim"]
+    if arch != "gemma3":
+        return
+    if meta.get(f"{arch}.rope.scaling.type") == "linear":
+        fields["rope_parameters"] = {
+            "full_attention": {"rope_type": "linear", "rope_theta": fields.pop("rope_theta", 1e6),
+                               "factor": float(meta[f"{arch}.rope.scaling.factor"])},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}
+    pattern = meta.get(f"{arch}.attention.sliding_window_pattern")
+    if pattern is not None and "num_hidden_layers" in fields:
+        # Either one flag per layer (True = local) or "every n-th layer is global".
+        flags = ([bool(p) for p in pattern] if not isinstance(pattern, int) else
+                 [(i + 1) % pattern != 0 for i in range(fields["num_hidden_layers"])])
+        fields["layer_types"] = ["sliding_attention" if f else "full_attention" for f in flags]
 
 
 def _gguf_config(path: str) -> "PretrainedConfig | HFTextConfig":

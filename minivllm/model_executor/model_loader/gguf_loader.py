@@ -31,7 +31,7 @@ def gguf_quant_weights_iterator(path: str, hf_config: "PretrainedConfig") -> Wei
         qtype = int(tensor.tensor_type)
         if len(shape) != 2 or not name.endswith(".weight"):
             data = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
-            yield name, torch.from_numpy(np.ascontiguousarray(data).reshape(shape)).float()
+            yield name, unpermute(torch.from_numpy(np.ascontiguousarray(data).reshape(shape)).float())
             _release(tensor.data)
             continue
         # Block types: [rows, row_bytes] uint8, exactly the file's bytes; floats: [rows, cols].

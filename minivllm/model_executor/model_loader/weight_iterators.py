@@ -27,6 +27,13 @@ _GGUF_BLOCK_NAMES = {
     "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
     "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
 }
+# Gemma 2/3 keep four norms per block; llama.cpp's `ffn_norm` is their pre-MLP one.
+_GGUF_GEMMA2_BLOCK_NAMES = {**_GGUF_BLOCK_NAMES, "post_attention_norm": "post_attention_layernorm",
+                            "ffn_norm": "pre_feedforward_layernorm",
+                            "post_ffw_norm": "post_feedforward_layernorm"}
+_GGUF_ARCH_BLOCK_NAMES = {"gemma2": _GGUF_GEMMA2_BLOCK_NAMES, "gemma3": _GGUF_GEMMA2_BLOCK_NAMES}
+# Archs whose converter stored every RMSNorm weight as `1 + w` (Gemma's norms add the 1 back).
+_GGUF_NORM_SHIFT_ARCHS = ("gemma", "gemma2", "gemma3")
 _GGUF_BLOCK_RE = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias)$")
 # Tensors llama.cpp stores that the HF model recomputes (Llama-3 RoPE frequency factors).
 _GGUF_UNUSED = ("rope_freqs.weight",)
@@ -69,7 +76,7 @@ def gguf_weights_iterator(path: str, hf_config: "PretrainedConfig") -> Weights:
 
 def gguf_tensors(path: str, hf_config: "PretrainedConfig") -> Iterator[tuple]:
     """`(tensor info, HF name, HF shape, row fix)` of each used tensor of a .gguf file; `row fix`
-    puts llama.cpp's per-head Q/K row order back (identity for other tensors and archs)."""
+    puts llama.cpp's per-head Q/K row order back, or Gemma's norm offsets (identity otherwise)."""
     gguf_file = open_gguf(path)    # parsed once per process, shared with the config and tokenizer
     arch = gguf_file.architecture
     text_config = hf_config.get_text_config()
@@ -78,10 +85,13 @@ def gguf_tensors(path: str, hf_config: "PretrainedConfig") -> Iterator[tuple]:
     for tensor in gguf_file.tensors:
         if tensor.name in _GGUF_UNUSED:
             continue
-        name = _gguf_to_hf_name(tensor.name)
+        name = _gguf_to_hf_name(tensor.name, _GGUF_ARCH_BLOCK_NAMES.get(arch, _GGUF_BLOCK_NAMES))
         # GGUF lists dims fastest-first, so the HF shape is the reverse.
         shape = tuple(int(d) for d in reversed(tensor.shape))
         heads = None
+        if arch in _GGUF_NORM_SHIFT_ARCHS and name.endswith("norm.weight"):
+            yield tensor, name, shape, _minus_one
+            continue
         if arch in _GGUF_PERMUTED_ARCHS and ".q_proj." in name:
             heads = num_heads
         elif arch in _GGUF_PERMUTED_ARCHS and ".k_proj." in name:
@@ -90,16 +100,20 @@ def gguf_tensors(path: str, hf_config: "PretrainedConfig") -> Iterator[tuple]:
             lambda w, n=heads: _unpermute_rows(w, n))
 
 
-def _gguf_to_hf_name(gguf_name: str) -> str:
+def _gguf_to_hf_name(gguf_name: str, block_names: dict[str, str] = _GGUF_BLOCK_NAMES) -> str:
     base, _, kind = gguf_name.rpartition(".")
     if base in _GGUF_GLOBAL_NAMES:
         return f"{_GGUF_GLOBAL_NAMES[base]}.{kind}"
     match = _GGUF_BLOCK_RE.match(gguf_name)
-    if match and match.group(2) in _GGUF_BLOCK_NAMES:
+    if match and match.group(2) in block_names:
         layer, part, kind = match.groups()
-        return f"model.layers.{layer}.{_GGUF_BLOCK_NAMES[part]}.{kind}"
+        return f"model.layers.{layer}.{block_names[part]}.{kind}"
     # Unknown tensors pass through unchanged, so the loader lists them as unexpected.
     return gguf_name
+
+
+def _minus_one(weight: torch.Tensor) -> torch.Tensor:
+    return weight - 1
 
 
 def _unpermute_rows(weight: torch.Tensor, num_heads: int) -> torch.Tensor:

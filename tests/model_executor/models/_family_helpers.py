@@ -90,11 +90,13 @@ def minivllm_greedy(llm: LLM, prompts: list[list[int]], num_tokens: int = NUM_TO
 
 def assert_matches_transformers(path: str, vocab_size: int | None = None,
                                 prompts: list[list[int]] | None = None, atol: float = 1e-4,
-                                num_tokens: int = NUM_TOKENS, **llm_kwargs) -> None:
-    """fp32 greedy tokens identical to transformers, every logprob within `atol`."""
+                                num_tokens: int = NUM_TOKENS, reference: str | None = None,
+                                **llm_kwargs) -> None:
+    """fp32 greedy tokens identical to transformers, every logprob within `atol`.
+    `reference`: the HF folder transformers runs when minivllm's `path` is another format (GGUF)."""
     if prompts is None:
         prompts = make_prompts(vocab_size or TINY_DENSE["vocab_size"])
-    ref = hf_greedy(path, prompts, num_tokens)
+    ref = hf_greedy(reference or path, prompts, num_tokens)
     kwargs = dict(dtype="float32", block_size=4, max_num_batched_tokens=512, **llm_kwargs)
     ours = minivllm_greedy(LLM(model=path, **kwargs), prompts, num_tokens)
     for i, ((tokens, lp), (ref_tokens, ref_lp)) in enumerate(zip(ours, ref)):
