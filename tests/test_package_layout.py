@@ -154,7 +154,8 @@ LAYERS = [
     ["worker"],
     ["model_executor"],
     ["compilation", "config", "distributed", "v1", "forward_context", "sequence",
-     "transformers_utils", "sampling_params", "outputs", "logger", "_custom_ops"],
+     "transformers_utils", "sampling_params", "outputs", "logger", "_custom_ops", "plugins",
+     "envs", "platforms", "utils"],
 ]
 
 

@@ -1,9 +1,10 @@
 """Small helpers: `divide`, `split_tensor_along_last_dim` and the pipeline layer partition."""
 
-import os
 from collections.abc import Sequence
 
 import torch
+
+from minivllm import envs
 
 
 def divide(numerator: int, denominator: int) -> int:
@@ -27,7 +28,7 @@ def get_pp_indices(num_hidden_layers: int, pp_rank: int, pp_size: int) -> tuple[
     `VLLM_PP_LAYER_PARTITION="a,b,..."` fixes the split; otherwise each stage gets L // pp and
     the remainder goes to the stages before the last (-2, -3, ...): 10 layers, pp=4 -> 2,3,3,2.
     """
-    partition = os.environ.get("VLLM_PP_LAYER_PARTITION")
+    partition = envs.VLLM_PP_LAYER_PARTITION
     if partition:
         try:
             sizes = [int(p) for p in partition.split(",")]

@@ -1,9 +1,7 @@
 """Model construction: resolve the class, build it under the current config, finish after loading."""
 
-import contextlib
 import inspect
 import warnings
-from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -14,22 +12,12 @@ from minivllm.logger import init_logger
 from minivllm.model_executor.models.interfaces import supports_quant
 from minivllm.model_executor.model_loader.weight_utils import get_quant_config
 from minivllm.model_executor.models.registry import ModelRegistry
+from minivllm.utils.torch_utils import set_default_torch_dtype
 
 logger = init_logger(__name__)
 
 # Keyword arguments that pre-`vllm_config` model constructors took (guessed for old classes).
 _OLD_STYLE_KWARGS = ("config", "cache_config", "quant_config", "lora_config", "scheduler_config")
-
-
-@contextlib.contextmanager
-def set_default_torch_dtype(dtype: torch.dtype) -> Iterator[None]:
-    """Parameters created inside get `dtype`; the previous default comes back on exit."""
-    old_dtype = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(old_dtype)
 
 
 def get_model_architecture(model_config: ModelConfig) -> tuple[type[nn.Module], str]:

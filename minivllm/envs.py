@@ -1,0 +1,65 @@
+"""vLLM's `envs` module: environment variables by name, parsed at each access (`envs.X`).
+
+Two tables. `environment_variables`: the variables minivllm reads through this module, with
+their defaults (other modules still read their own `MINIVLLM_*` / timeout variables directly).
+`_FIXED`: vLLM switches that vLLM's files read but for which minivllm has one behaviour only
+(the feature is absent); they always give that value, and a set variable that asks otherwise
+is reported once instead of being silently believed.
+"""
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+from minivllm.logger import init_logger
+
+logger = init_logger(__name__)
+
+
+def _flag(name: str, default: bool) -> Callable[[], bool]:
+    return lambda: os.environ.get(name, "1" if default else "0").strip().lower() in ("1", "true")
+
+
+def _str(name: str, default: str | None = None) -> Callable[[], str | None]:
+    return lambda: os.environ.get(name, default)
+
+
+environment_variables: dict[str, Callable[[], Any]] = {
+    # "a,b,...": layers per pipeline stage (distributed/utils.py get_pp_indices)
+    "VLLM_PP_LAYER_PARTITION": _str("VLLM_PP_LAYER_PARTITION"),
+}
+
+# name -> (the only value minivllm has, why)
+_FIXED: dict[str, tuple[Any, str]] = {
+    "VLLM_USE_AOT_COMPILE": (False, "no ahead-of-time compile cache"),
+    "VLLM_USE_BYTECODE_HOOK": (False, "torch.compile runs without vLLM's bytecode hook"),
+    "VLLM_BATCH_INVARIANT": (False, "no batch-invariant kernels"),
+    "VLLM_ROCM_USE_AITER": (False, "no ROCm / AITER kernels"),
+    "VLLM_USE_DEEP_GEMM": (False, "no DeepGEMM kernels"),
+}
+_reported: set[str] = set()
+
+
+def __getattr__(name: str) -> Any:
+    if name in environment_variables:
+        return environment_variables[name]()
+    if name in _FIXED:
+        value, why = _FIXED[name]
+        if name in os.environ and name not in _reported and \
+                _flag(name, False)() != value:
+            _reported.add(name)
+            logger.warning("%s=%s is ignored: minivllm has %s.", name, os.environ[name], why)
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r} (known: "
+                         f"{', '.join(sorted([*environment_variables, *_FIXED]))})")
+
+
+def __dir__() -> list[str]:
+    return sorted([*environment_variables, *_FIXED])
+
+
+def is_set(name: str) -> bool:
+    """Whether the variable is set in the environment (vLLM's `envs.is_set`)."""
+    if name not in environment_variables and name not in _FIXED:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return name in os.environ

@@ -1,0 +1,75 @@
+"""Torch helpers vLLM's files import from `vllm.utils.torch_utils`."""
+
+import contextlib
+import random
+from collections.abc import Callable, Iterator
+
+import torch
+from packaging.version import Version
+
+# The KV-cache / model dtype strings vLLM accepts.
+STR_DTYPE_TO_TORCH_DTYPE: dict[str, torch.dtype] = {
+    "float32": torch.float32, "float": torch.float32, "half": torch.float16,
+    "float16": torch.float16, "bfloat16": torch.bfloat16, "fp8": torch.uint8,
+    "fp8_e4m3": torch.uint8, "fp8_e5m2": torch.uint8, "int8": torch.int8, "uint8": torch.uint8,
+}
+
+# Ops registered here live under `torch.ops.minivllm.<name>` (minivllm's own op namespace).
+_LIB = torch.library.Library("minivllm", "FRAGMENT")
+
+
+@contextlib.contextmanager
+def set_default_torch_dtype(dtype: torch.dtype) -> Iterator[None]:
+    """Parameters created inside get `dtype`; the previous default comes back on exit."""
+    old_dtype = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(old_dtype)
+
+
+def get_dtype_size(dtype: torch.dtype) -> int:
+    """Bytes per element."""
+    return torch.tensor([], dtype=dtype).element_size()
+
+
+def is_torch_equal_or_newer(target: str) -> bool:
+    """Whether the installed torch is at least `target` ("2.6.0"); local suffixes ignored."""
+    return Version(Version(torch.__version__).base_version) >= Version(target)
+
+
+def is_torch_equal(target: str) -> bool:
+    return Version(Version(torch.__version__).base_version) == Version(target)
+
+
+def set_random_seed(seed: int | None) -> None:
+    """Seed Python's, NumPy's (when installed) and torch's generators."""
+    if seed is None:
+        return
+    random.seed(seed)
+    try:
+        import numpy as np
+    except ImportError:
+        np = None
+    if np is not None:
+        np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def direct_register_custom_op(op_name: str, op_func: Callable, mutates_args: list[str] | None = None,
+                              fake_impl: Callable | None = None,
+                              target_lib: torch.library.Library | None = None,
+                              dispatch_key: str | None = None,
+                              tags: tuple[torch.Tag, ...] = ()) -> None:
+    """Register `op_func` as the op `torch.ops.<namespace>.<op_name>`, its schema inferred from
+    its annotations; `fake_impl` gives shapes to compiled graphs. The kernel is registered for
+    the current platform's dispatch key (CPU or CUDA) unless `dispatch_key` says otherwise."""
+    from minivllm.platforms import current_platform
+
+    lib = target_lib or _LIB
+    schema = torch.library.infer_schema(op_func, mutates_args=mutates_args or [])
+    lib.define(op_name + schema, tags=tags)
+    lib.impl(op_name, op_func, dispatch_key or current_platform.dispatch_key)
+    if fake_impl is not None:
+        torch.library.register_fake(f"{lib.ns}::{op_name}", lib=lib)(fake_impl)
