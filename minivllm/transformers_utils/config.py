@@ -17,7 +17,8 @@ _GGUF_ARCHS = {"llama": ("llama", "LlamaConfig", "LlamaForCausalLM"),
                "qwen3": ("qwen3", "Qwen3Config", "Qwen3ForCausalLM"),
                "gemma": ("gemma", "GemmaConfig", "GemmaForCausalLM"),
                "gemma2": ("gemma2", "Gemma2Config", "Gemma2ForCausalLM"),
-               "gemma3": ("gemma3", "Gemma3TextConfig", "Gemma3ForCausalLM")}
+               "gemma3": ("gemma3", "Gemma3TextConfig", "Gemma3ForCausalLM"),
+               "phi3": ("phi3", "Phi3Config", "Phi3ForCausalLM")}
 # `<arch>.<key>` metadata -> config field, as transformers' GGUF loader maps them. Qwen's
 # rope.dimension_count is not its head_dim (transformers skips it there too).
 _GGUF_ARCH_KEYS = {
@@ -37,6 +38,8 @@ _GGUF_FAMILY_KEYS = {
                "attn_logit_softcapping": "attn_logit_softcapping",
                "final_logit_softcapping": "final_logit_softcapping"},
     "gemma3": {"attention.key_length": "head_dim", "attention.sliding_window": "sliding_window"},
+    "phi3": {"attention.sliding_window": "sliding_window",
+             "rope.scaling.original_context_length": "original_max_position_embeddings"},
 }
 _GGUF_TOKEN_IDS = {"bos_token_id": "bos_token_id", "eos_token_id": "eos_token_id",
                    "unknown_token_id": "unk_token_id", "padding_token_id": "pad_token_id"}
@@ -82,7 +85,18 @@ def gguf_config_dict(gguf_file: GGUFFile) -> dict[str, Any]:
         fields["vocab_size"] = len(meta["tokenizer.ggml.tokens"])
     if arch in ("gemma2", "gemma3"):
         _gemma_gguf_fields(meta, arch, fields)
+    if arch == "phi3" and gguf_file.get_tensor("rope_factors_long.weight") is not None:
+        fields["rope_parameters"] = _longrope_parameters(gguf_file, fields)
     return fields
+
+
+def _longrope_parameters(gguf_file: GGUFFile, fields: dict[str, Any]) -> dict[str, Any]:
+    """Phi-3's LongRoPE: llama.cpp keeps the per-frequency factors as two F32 tensors."""
+    factors = {kind: [float(x) for x in gguf_file.get_tensor(f"rope_factors_{kind}.weight").data]
+               for kind in ("long", "short")}
+    return {"rope_type": "longrope", "rope_theta": fields.pop("rope_theta", 10000.0),
+            "long_factor": factors["long"], "short_factor": factors["short"],
+            "original_max_position_embeddings": fields.get("original_max_position_embeddings")}
 
 
 def _gemma_gguf_fields(meta: dict[str, Any], arch: str, fields: dict[str, Any]) -> None:

@@ -63,10 +63,10 @@ def test_gguf_config_skips_auto_config(tiny_gguf, monkeypatch):
 
 
 def test_other_architectures_use_transformers_converter(tiny_gguf, monkeypatch):
-    path = tiny_gguf("phi3", arch="phi3")
-    assert "phi3" not in config_module._GGUF_ARCHS
+    path = tiny_gguf("starcoder2", arch="starcoder2")
+    assert "starcoder2" not in config_module._GGUF_ARCHS
     config = get_config(path)
-    assert config.model_type == "phi3" and config.architectures == ["phi3"]
+    assert config.model_type == "starcoder2" and config.architectures == ["starcoder2"]
 
 
 def test_folder_config_is_auto_config(tiny_llama_factory):

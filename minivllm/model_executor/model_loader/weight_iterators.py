@@ -31,12 +31,17 @@ _GGUF_BLOCK_NAMES = {
 _GGUF_GEMMA2_BLOCK_NAMES = {**_GGUF_BLOCK_NAMES, "post_attention_norm": "post_attention_layernorm",
                             "ffn_norm": "pre_feedforward_layernorm",
                             "post_ffw_norm": "post_feedforward_layernorm"}
-_GGUF_ARCH_BLOCK_NAMES = {"gemma2": _GGUF_GEMMA2_BLOCK_NAMES, "gemma3": _GGUF_GEMMA2_BLOCK_NAMES}
+# Phi-3's q/k/v and gate/up matrices are fused in the file as in its HF checkpoints.
+_GGUF_PHI3_BLOCK_NAMES = {**_GGUF_BLOCK_NAMES, "attn_qkv": "self_attn.qkv_proj",
+                          "ffn_up": "mlp.gate_up_proj"}
+_GGUF_ARCH_BLOCK_NAMES = {"gemma2": _GGUF_GEMMA2_BLOCK_NAMES, "gemma3": _GGUF_GEMMA2_BLOCK_NAMES,
+                          "phi3": _GGUF_PHI3_BLOCK_NAMES}
 # Archs whose converter stored every RMSNorm weight as `1 + w` (Gemma's norms add the 1 back).
 _GGUF_NORM_SHIFT_ARCHS = ("gemma", "gemma2", "gemma3")
 _GGUF_BLOCK_RE = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias)$")
-# Tensors llama.cpp stores that the HF model recomputes (Llama-3 RoPE frequency factors).
-_GGUF_UNUSED = ("rope_freqs.weight",)
+# Tensors llama.cpp stores that the HF model recomputes (Llama-3 RoPE frequency factors) or
+# that the config carries (Phi-3's LongRoPE factors).
+_GGUF_UNUSED = ("rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight")
 # Architectures whose converter permuted Q/K rows for GPT-J-style RoPE (undone below).
 _GGUF_PERMUTED_ARCHS = ("llama",)
 

@@ -1,4 +1,4 @@
-"""GGUF files of Qwen2, Qwen3, Gemma, Gemma 2 and Gemma 3, written as llama.cpp's converter
+"""GGUF files of Qwen2, Qwen3, Gemma, Gemma 2, Gemma 3 and Phi-3, written as llama.cpp's converter
 writes them (its tensor names, Gemma's norms stored as 1 + w, the metadata keys), run packed
 (Q8_0 matrices) and dequantised, against transformers on the same dequantised weights."""
 
@@ -8,8 +8,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 from transformers import (Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig,
-                          GemmaConfig, GemmaForCausalLM, Qwen2Config, Qwen2ForCausalLM,
-                          Qwen3Config, Qwen3ForCausalLM)
+                          GemmaConfig, GemmaForCausalLM, Phi3Config, Phi3ForCausalLM,
+                          Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
 
 from tests.conftest import make_bpe_tokenizer
 from tests.model_executor.layers.quantization._gguf_helpers import _add_metadata
@@ -30,12 +30,14 @@ FAMILIES = {   # GGUF arch -> (config class, model class, config overrides)
         layer_types=["sliding_attention", "full_attention"],
         rope_parameters={t: {"rope_type": "default", "rope_theta": 10000.0}
                          for t in ("sliding_attention", "full_attention")})),
+    "phi3": (Phi3Config, Phi3ForCausalLM, dict(sliding_window=8)),
 }
 _BLOCK = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
           "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
           "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm",
           "post_attention_layernorm": "ffn_norm", "self_attn.q_norm": "attn_q_norm",
-          "self_attn.k_norm": "attn_k_norm"}
+          "self_attn.k_norm": "attn_k_norm", "self_attn.qkv_proj": "attn_qkv",
+          "mlp.gate_up_proj": "ffn_up"}
 _GEMMA2_BLOCK = {**_BLOCK, "post_attention_layernorm": "post_attention_norm",
                  "pre_feedforward_layernorm": "ffn_norm",
                  "post_feedforward_layernorm": "post_ffw_norm"}
@@ -113,3 +115,27 @@ def test_gguf_configs_state_the_family_fields(tmp_path):
     assert config.architectures == ["Gemma2ForCausalLM"]
     assert (config.head_dim, config.query_pre_attn_scalar, config.sliding_window) == (16, 16, 8)
     assert (config.attn_logit_softcapping, config.final_logit_softcapping) == (2.0, 3.0)
+
+
+def test_phi3_longrope_factors_come_from_the_file(tmp_path):
+    import gguf
+    import numpy as np
+
+    from minivllm.transformers_utils.config import get_config
+
+    path = str(tmp_path / "phi3.gguf")
+    writer = gguf.GGUFWriter(path, "phi3")
+    _add_metadata(writer, dict(TINY_DENSE, max_position_embeddings=512),
+                  make_bpe_tokenizer(["hello world"], 280))
+    writer.add_rope_scaling_orig_ctx_len(64)
+    writer.add_tensor("rope_factors_long.weight", np.linspace(1, 4, 8, dtype=np.float32))
+    writer.add_tensor("rope_factors_short.weight", np.ones(8, np.float32))
+    writer.add_tensor("token_embd.weight", np.zeros((8, 64), np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    rope = get_config(path).rope_parameters
+    assert rope["rope_type"] == "longrope" and rope["original_max_position_embeddings"] == 64
+    assert rope["long_factor"] == pytest.approx(np.linspace(1, 4, 8).tolist())
+    assert rope["short_factor"] == [1.0] * 8
