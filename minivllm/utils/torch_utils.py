@@ -1,11 +1,12 @@
 """Torch helpers vLLM's files import from `vllm.utils.torch_utils`."""
 
 import contextlib
-import random
 from collections.abc import Callable, Iterator
 
 import torch
 from packaging.version import Version
+
+from minivllm.platforms import current_platform
 
 # The KV-cache / model dtype strings vLLM accepts.
 STR_DTYPE_TO_TORCH_DTYPE: dict[str, torch.dtype] = {
@@ -44,17 +45,8 @@ def is_torch_equal(target: str) -> bool:
 
 
 def set_random_seed(seed: int | None) -> None:
-    """Seed Python's, NumPy's (when installed) and torch's generators."""
-    if seed is None:
-        return
-    random.seed(seed)
-    try:
-        import numpy as np
-    except ImportError:
-        np = None
-    if np is not None:
-        np.random.seed(seed)
-    torch.manual_seed(seed)
+    """Seed Python's, NumPy's and torch's generators (the platform's `seed_everything`)."""
+    current_platform.seed_everything(seed)
 
 
 def direct_register_custom_op(op_name: str, op_func: Callable, mutates_args: list[str] | None = None,
@@ -65,8 +57,6 @@ def direct_register_custom_op(op_name: str, op_func: Callable, mutates_args: lis
     """Register `op_func` as the op `torch.ops.<namespace>.<op_name>`, its schema inferred from
     its annotations; `fake_impl` gives shapes to compiled graphs. The kernel is registered for
     the current platform's dispatch key (CPU or CUDA) unless `dispatch_key` says otherwise."""
-    from minivllm.platforms import current_platform
-
     lib = target_lib or _LIB
     schema = torch.library.infer_schema(op_func, mutates_args=mutates_args or [])
     lib.define(op_name + schema, tags=tags)
