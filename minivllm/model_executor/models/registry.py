@@ -52,6 +52,7 @@ _EMBEDDING_MODELS: dict[str, tuple[str, str]] = {
     "LlamaBidirectionalModel": ("llama", "LlamaBidirectionalModel"),
     "Qwen2Model": ("qwen2", "Qwen2ForCausalLM"),
     "Qwen2ForCausalLM": ("qwen2", "Qwen2ForCausalLM"),
+    "Gemma2Model": ("gemma2", "Gemma2ForCausalLM"),
 }
 _SEQUENCE_CLASSIFICATION_MODELS: dict[str, tuple[str, str]] = {
     "LlamaBidirectionalForSequenceClassification": ("llama", "LlamaBidirectionalForSequenceClassification"),

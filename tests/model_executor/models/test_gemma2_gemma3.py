@@ -70,3 +70,5 @@ def test_prefixes_and_bad_names(gemma2_path, gemma3_path, tmp_path):
 def test_gemma2_gemma3_registered():
     for arch in ("Gemma2ForCausalLM", "Gemma3ForCausalLM"):
         assert ModelRegistry.resolve_model_cls([arch])[0].__name__ == arch
+    # vLLM's embedding name for Gemma 2 checkpoints: the causal class, pooled when asked.
+    assert ModelRegistry.resolve_model_cls(["Gemma2Model"])[0].__name__ == "Gemma2ForCausalLM"
