@@ -96,6 +96,11 @@ class _LazyRegisteredModel:
             self._info = _ModelInfo.from_model_cls(self.load_model_cls())
         return self._info
 
+    @property
+    def family(self) -> str:
+        """The model file's name (`qwen2`, `commandr`): how the error lists architectures."""
+        return self.module_name.rsplit(".", 1)[-1]
+
     def __repr__(self) -> str:
         return f"_LazyRegisteredModel({self.module_name}:{self.class_name})"
 
@@ -106,6 +111,10 @@ class _RegisteredModel:
     def __init__(self, model_cls: type[nn.Module]) -> None:
         self.model_cls = model_cls
         self._info = _ModelInfo.from_model_cls(model_cls)
+
+    @property
+    def family(self) -> str:
+        return self.model_cls.__module__.rsplit(".", 1)[-1]
 
     def load_model_cls(self) -> type[nn.Module]:
         return self.model_cls
@@ -184,7 +193,7 @@ class _ModelRegistry:
         archs = [architectures] if isinstance(architectures, str) else list(architectures)
         if not archs:
             raise ValueError("No model architectures are specified; the HF config's "
-                             f"`architectures` is empty. Supported architectures: {self.get_supported_archs()}")
+                             f"`architectures` is empty. {self._supported_by_family()}")
         for arch in archs:
             result = attempt(arch)
             if result is not None:
@@ -194,7 +203,16 @@ class _ModelRegistry:
             raise ValueError(f"Model architectures {registered} failed to be inspected. "
                              "Please check the logs for more details.")
         raise ValueError(f"Model architectures {archs} are not supported for now. "
-                         f"Supported architectures: {self.get_supported_archs()}")
+                         f"{self._supported_by_family()}")
+
+    def _supported_by_family(self) -> str:
+        """`Supported architectures, by model file: llama: A, B; qwen2: C, D; ...`."""
+        families: dict[str, list[str]] = {}
+        for arch, entry in self.models.items():
+            families.setdefault(entry.family, []).append(arch)
+        listed = "; ".join(f"{family}: {', '.join(sorted(archs, key=str.lower))}"
+                           for family, archs in sorted(families.items()))
+        return f"Supported architectures, by model file: {listed}"
 
 
 ModelRegistry = _ModelRegistry({

@@ -56,7 +56,10 @@ def test_unknown_architecture_lists_supported():
         ModelRegistry.resolve_model_cls(["NopeForCausalLM"])
     msg = str(info.value)
     assert "Model architectures ['NopeForCausalLM'] are not supported for now." in msg
-    assert "Supported architectures: [" in msg and "'LlamaForCausalLM'" in msg
+    # grouped by model file, each family's names sorted
+    assert "Supported architectures, by model file: " in msg
+    assert "; llama: InternLM3ForCausalLM, IQuestCoderForCausalLM, " in msg
+    assert "phi3: Phi3ForCausalLM" in msg and "commandr: Cohere2ForCausalLM, CohereForCausalLM" in msg
     with pytest.raises(ValueError, match="No model architectures"):
         ModelRegistry.resolve_model_cls([])
 
