@@ -15,6 +15,7 @@ which op); such a step simply stays eager. The caller owns the static inputs: it
 step's values into them before `replay()` and reads the outputs the capture returned.
 """
 
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -77,9 +78,13 @@ class CPUGraph:
 
 
 def _recording(fn: Callable[..., int], calls: list) -> Callable[..., int]:
+    thread = threading.get_ident()
+
     def record(*args: Any) -> int:
-        # Kept as ctypes values: a replayed call then skips the conversion (~1 us of ~2).
-        calls.append((fn, tuple(map(_as_ctype, fn.argtypes, args))))
+        # Only the capturing thread's calls belong to the step (a server has other threads).
+        if threading.get_ident() == thread:
+            # Kept as ctypes values: a replayed call then skips the conversion (~1 us of ~2).
+            calls.append((fn, tuple(map(_as_ctype, fn.argtypes, args))))
         return fn(*args)
     record.__name__ = fn.__name__
     return record

@@ -59,3 +59,17 @@ def test_capture_restores_the_library():
     with CPUGraph().capture():
         assert lib.minivllm_rms_norm_bf16 is not before
     assert lib.minivllm_rms_norm_bf16 is before
+
+
+def test_only_the_capturing_threads_calls_are_recorded():
+    _kernels_or_skip()
+    import threading
+    x = torch.randn(2, 64).bfloat16()
+    w = torch.ones(64).bfloat16()
+    other = threading.Thread(target=_step, args=(x.clone(), w))
+    graph = CPUGraph()
+    with graph.capture():
+        other.start()
+        other.join()
+        _step(x, w)
+    assert graph.ok and len(graph.calls) == 2
