@@ -1,14 +1,17 @@
 // Rotary position embedding of bf16 query/key rows, in place (vLLM's rotary_embedding op).
 //
 // Eager torch rotates a decode step's q/k with ~8 small ops per layer (index_select of cos/sin,
-// roll, two products, an add, views); this is one pass over the rows, and a native call that a
-// CPU graph (compilation/cpu_graph.py) can record. Roundings follow eager bf16: each product
-// x * cos and x * sin is rounded to bf16, then their sum/difference is rounded again, so the
-// result is bit-identical to RotaryEmbedding.forward_native on bf16 tensors.
+// roll, two products, an add, views); this is one pass over the rows (AVX-512 for NeoX halves),
+// and a native call that a CPU graph (compilation/cpu_graph.py) can record. Roundings follow
+// eager bf16: each product x * cos and x * sin is rounded to bf16, then their sum/difference is
+// rounded again, so the result is bit-identical to RotaryEmbedding.forward_native on bf16.
 
 #include <cstdint>
 
 #include <omp.h>
+#if defined(__AVX512BF16__)
+#include <immintrin.h>
+#endif
 
 #include "cpu_math.h"
 
@@ -23,10 +26,40 @@ inline float round_bf16(float x) {
   return to_float(b);
 }
 
+#if defined(__AVX512BF16__)
+inline __m512 load16(const uint16_t* p, __mmask16 live) {
+  const __m256i raw = _mm256_maskz_loadu_epi16(live, p);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+}
+
+// NeoX halves 16 pairs at a time: the same roundings as the scalar loop below.
+inline void rotate_neox16(uint16_t* x, const uint16_t* cos, const uint16_t* sin, int half) {
+  int i = 0;
+  for (; i < half; i += 16) {
+    const __mmask16 live = half - i >= 16 ? 0xFFFF : (__mmask16)((1u << (half - i)) - 1);
+    const __m512 x1 = load16(x + i, live), x2 = load16(x + i + half, live);
+    const __m512 c = load16(cos + i, live), s = load16(sin + i, live);
+    using minivllm::round_bf16_16;
+    const __m512 o1 = _mm512_sub_ps(round_bf16_16(_mm512_mul_ps(x1, c)),
+                                    round_bf16_16(_mm512_mul_ps(x2, s)));
+    const __m512 o2 = _mm512_add_ps(round_bf16_16(_mm512_mul_ps(x2, c)),
+                                    round_bf16_16(_mm512_mul_ps(x1, s)));
+    _mm256_mask_storeu_epi16(x + i, live, (__m256i)_mm512_cvtneps_pbh(o1));
+    _mm256_mask_storeu_epi16(x + i + half, live, (__m256i)_mm512_cvtneps_pbh(o2));
+  }
+}
+#endif
+
 // One head of `head_size` values: the first `rotary_dim` rotated by cos/sin [rotary_dim / 2].
 // NeoX pairs element i with i + rotary_dim / 2; GPT-J pairs 2i with 2i + 1.
 inline void rotate_head(uint16_t* x, const uint16_t* cos, const uint16_t* sin, int half,
                         bool neox) {
+#if defined(__AVX512BF16__)
+  if (neox) {
+    rotate_neox16(x, cos, sin, half);
+    return;
+  }
+#endif
   for (int i = 0; i < half; ++i) {
     uint16_t* p1 = neox ? x + i : x + 2 * i;
     uint16_t* p2 = neox ? x + i + half : x + 2 * i + 1;
