@@ -39,15 +39,28 @@ def test_cohere_qk_norm_tp2(qk_norm_path):
                                 num_tokens=12, tensor_parallel_size=2)
 
 
-def test_cohere2_sliding_and_global_layers(tmp_path):
+@pytest.fixture(scope="module")
+def cohere2_path(tmp_path_factory) -> str:
     # Layer 0 slides over 8 tokens with RoPE, layer 1 attends globally without positions.
-    path = write_tiny_checkpoint(tmp_path / "command_r7b", Cohere2Config, Cohere2ForCausalLM,
-                                 sliding_window=8, layer_types=["sliding_attention",
-                                                                "full_attention"], **BASE)
+    return write_tiny_checkpoint(tmp_path_factory.mktemp("command_r7b"), Cohere2Config,
+                                 Cohere2ForCausalLM, sliding_window=8,
+                                 layer_types=["sliding_attention", "full_attention"], **BASE)
+
+
+def test_cohere2_sliding_and_global_layers(cohere2_path):
+    path = cohere2_path
     assert_matches_transformers(path)
     model = build_model(path)
     assert [layer.self_attn.use_rope for layer in model.model.layers] == [True, False]
     assert [layer.self_attn.attn.sliding_window for layer in model.model.layers] == [8, None]
+
+
+@pytest.mark.slow
+def test_cohere2_pp2(cohere2_path):
+    """Two pipeline stages: the un-added branch sum and the residual cross as intermediate
+    tensors, the tied LM head sits on the last stage."""
+    assert_matches_transformers(cohere2_path, prompts=make_prompts(1000, lens=(9, 40)),
+                                num_tokens=12, pipeline_parallel_size=2)
 
 
 def test_cohere_is_registered():
