@@ -1,10 +1,11 @@
-"""`minivllm bench {throughput,latency,serve,make-gguf}`: the parsers, under the `minivllm` command."""
+"""`minivllm bench {throughput,latency,moe,serve,make-gguf}`: the parsers, under the `minivllm` command."""
 
 import argparse
 import sys
 
 from minivllm.benchmarks.gguf_variants import add_make_gguf_args, run_make_gguf
 from minivllm.benchmarks.latency import add_latency_args, run_latency
+from minivllm.benchmarks.moe import add_moe_args, run_moe
 from minivllm.benchmarks.throughput import add_throughput_args, run_throughput
 
 
@@ -15,6 +16,11 @@ def _cmd_throughput(args: argparse.Namespace) -> int:
 
 def _cmd_latency(args: argparse.Namespace) -> int:
     run_latency(args)
+    return 0
+
+
+def _cmd_moe(args: argparse.Namespace) -> int:
+    run_moe(args)
     return 0
 
 
@@ -35,6 +41,11 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
                              "--compare llama.cpp against llama.cpp on the same GGUF file")
     add_latency_args(latency)
     latency.set_defaults(func=_cmd_latency)
+    moe = sub.add_parser("moe", help="a random MoE model with real MoE layer shapes (default "
+                         "Qwen3-30B-A3B's): batch-1 decode and a batch against transformers, "
+                         "with the active-parameter bandwidth floor")
+    add_moe_args(moe)
+    moe.set_defaults(func=_cmd_moe)
     make_gguf = sub.add_parser("make-gguf", help="write a re-quantized GGUF variant (Q8_0, Q4_K, "
                                "...) of a GGUF model, for the latency comparisons")
     add_make_gguf_args(make_gguf)

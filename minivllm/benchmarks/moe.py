@@ -1,0 +1,176 @@
+"""`minivllm bench moe`: MoE decode and batch speed against transformers on the same weights.
+
+A randomly initialised Qwen3-MoE checkpoint with a real MoE layer's shapes (default
+Qwen3-30B-A3B's: hidden 2048, 128 experts of intermediate 768, top-8, 32 query / 4 KV heads of
+128) but only a few layers and a smaller vocabulary, so that it fits in memory twice (written
+once to a temporary folder, then loaded by each backend in turn). Two measurements, each backend
+warmed up first:
+- batch-1 decode: (time of 1 + N new tokens - time of 1 new token) / N, one prompt;
+- a batch of prompts (default 64) generated together: output tokens / wall time.
+Printed with the same-run ratios and the decode floor the memory allows: the bytes of the
+parameters one token reads (attention, router, top-k experts, norms, LM head) / the measured
+read bandwidth.
+"""
+
+import argparse
+import json
+import os
+import tempfile
+import time
+
+import torch
+
+from minivllm.benchmarks.backends import check_cpu_load, hf_generate, release
+from minivllm.benchmarks.roofline import measure_read_bandwidth
+
+_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+def add_moe_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    shape = parser.add_argument_group("model shape (defaults: Qwen3-30B-A3B's MoE layers)")
+    for flag, default in (("num-layers", 2), ("hidden-size", 2048), ("num-experts", 128),
+                          ("moe-intermediate-size", 768), ("top-k", 8), ("num-heads", 32),
+                          ("num-kv-heads", 4), ("head-dim", 128), ("vocab-size", 32768)):
+        shape.add_argument(f"--{flag}", type=int, default=default)
+    parser.add_argument("--dtype", default="bfloat16", choices=list(_DTYPES))
+    parser.add_argument("--input-len", type=int, default=32, help="prompt tokens")
+    parser.add_argument("--decode-tokens", type=int, default=32,
+                        help="batch-1 decode: new tokens timed after the first")
+    parser.add_argument("--num-prompts", type=int, default=64)
+    parser.add_argument("--output-len", type=int, default=32,
+                        help="batch run: new tokens per prompt")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--skip-hf", action="store_true", help="minivllm only (no ratios)")
+    parser.add_argument("--output-json", default=None, help="write the results to this JSON file")
+    return parser
+
+
+def moe_config(args: argparse.Namespace):
+    from transformers import Qwen3MoeConfig
+
+    return Qwen3MoeConfig(
+        vocab_size=args.vocab_size, hidden_size=args.hidden_size,
+        intermediate_size=4 * args.hidden_size, moe_intermediate_size=args.moe_intermediate_size,
+        num_hidden_layers=args.num_layers, num_attention_heads=args.num_heads,
+        num_key_value_heads=args.num_kv_heads, head_dim=args.head_dim,
+        num_experts=args.num_experts, num_experts_per_tok=args.top_k, norm_topk_prob=True,
+        max_position_embeddings=4096, tie_word_embeddings=False, initializer_range=0.02,
+        architectures=["Qwen3MoeForCausalLM"])
+
+
+def write_checkpoint(args: argparse.Namespace, folder: str) -> None:
+    """Random weights in `args.dtype`, saved with transformers (both backends read this file)."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(args.seed)
+    model = AutoModelForCausalLM.from_config(moe_config(args), dtype=_DTYPES[args.dtype])
+    model.save_pretrained(folder)
+    release(model)
+
+
+def active_bytes_per_token(args: argparse.Namespace) -> int:
+    """Parameter bytes one decode token reads: per layer attention, norms, router and the top-k
+    experts' gate/up/down; then the final norm and the LM head (the embedding is one row)."""
+    h, d = args.hidden_size, args.head_dim
+    attn = h * d * (2 * args.num_heads + 2 * args.num_kv_heads) + 2 * d + 2 * h
+    experts = args.top_k * 3 * args.moe_intermediate_size * h + args.num_experts * h
+    params = args.num_layers * (attn + experts) + h + args.vocab_size * h
+    return params * _DTYPES[args.dtype].itemsize
+
+
+def _prompts(args: argparse.Namespace, count: int, seed: int) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(10, args.vocab_size, (count, args.input_len), generator=gen).tolist()
+
+
+def _timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def time_minivllm(args: argparse.Namespace, path: str) -> dict:
+    from minivllm import LLM, SamplingParams
+
+    llm = LLM(model=path, dtype=args.dtype, enable_prefix_caching=False,
+              max_model_len=args.input_len + max(args.decode_tokens, args.output_len) + 8,
+              max_num_seqs=max(args.num_prompts, 1), kv_cache_memory_bytes=1 << 29)
+
+    def gen(prompts: list[list[int]], n: int) -> None:
+        params = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True, detokenize=False)
+        llm.generate(prompts, params, use_tqdm=False)
+
+    try:
+        return _measure(args, gen)
+    finally:
+        release(llm)
+
+
+def time_hf(args: argparse.Namespace, path: str) -> dict:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=_DTYPES[args.dtype]).eval()
+    try:
+        result = _measure(args, lambda prompts, n: hf_generate(model, prompts, n, 0))
+        result["experts_implementation"] = getattr(model.config, "_experts_implementation", None)
+        return result
+    finally:
+        release(model)
+
+
+def _measure(args: argparse.Namespace, gen) -> dict:
+    """Warm-up, batch-1 decode (1 + N vs 1 new tokens), then the batch of prompts."""
+    gen(_prompts(args, 2, seed=1), 4)
+    one = _prompts(args, 1, seed=2)
+    first = _timed(lambda: gen(one, 1))
+    total = _timed(lambda: gen(one, 1 + args.decode_tokens))
+    decode_s = max(total - first, 1e-9) / args.decode_tokens
+    batch = _prompts(args, args.num_prompts, seed=3)
+    batch_s = _timed(lambda: gen(batch, args.output_len))
+    return {"decode_ms_per_token": decode_s * 1e3, "decode_tokens_per_s": 1.0 / decode_s,
+            "batch_output_tokens_per_s": args.num_prompts * args.output_len / batch_s,
+            "batch_seconds": batch_s}
+
+
+def run_moe(args: argparse.Namespace) -> dict:
+    load_at_start = os.getloadavg()[0]
+    results: dict[str, dict] = {}
+    with tempfile.TemporaryDirectory(prefix="minivllm-bench-moe-") as folder:
+        write_checkpoint(args, folder)
+        results["minivllm"] = time_minivllm(args, folder)
+        if not args.skip_hf:
+            results["hf"] = time_hf(args, folder)
+    bandwidth = measure_read_bandwidth()
+    floor_s = active_bytes_per_token(args) / bandwidth
+    results["floor"] = {"active_bytes_per_token": active_bytes_per_token(args),
+                        "read_bandwidth_gb_per_s": bandwidth / 1e9,
+                        "decode_floor_ms_per_token": floor_s * 1e3,
+                        "max_decode_tokens_per_s": 1.0 / floor_s}
+    _print(results)
+    results["host"] = check_cpu_load(load_at_start)
+    if args.output_json:
+        with open(args.output_json, "w") as f:
+            json.dump(results, f, indent=4)
+    return results
+
+
+def _print(results: dict) -> None:
+    for backend in ("minivllm", "hf"):
+        if backend in results:
+            r = results[backend]
+            print(f"[{backend}] batch-1 decode: {r['decode_tokens_per_s']:.2f} tok/s "
+                  f"({r['decode_ms_per_token']:.1f} ms/token); batch: "
+                  f"{r['batch_output_tokens_per_s']:.1f} output tok/s")
+    if "hf" in results:
+        ours, hf = results["minivllm"], results["hf"]
+        results["ratios"] = {
+            "decode": ours["decode_tokens_per_s"] / hf["decode_tokens_per_s"],
+            "batch": ours["batch_output_tokens_per_s"] / hf["batch_output_tokens_per_s"]}
+        print(f"minivllm / transformers (same run): batch-1 decode "
+              f"{results['ratios']['decode']:.2f}x, batch {results['ratios']['batch']:.2f}x "
+              f"(transformers experts: {hf.get('experts_implementation')})")
+    f = results["floor"]
+    print(f"bandwidth floor: {f['active_bytes_per_token'] / 1e6:.1f} MB of active parameters "
+          f"per token / {f['read_bandwidth_gb_per_s']:.1f} GB/s = "
+          f"{f['decode_floor_ms_per_token']:.1f} ms/token "
+          f"(at most {f['max_decode_tokens_per_s']:.1f} tok/s at batch 1)")
