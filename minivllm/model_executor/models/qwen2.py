@@ -27,9 +27,13 @@ class Qwen2Attention(LlamaAttention):
     because Qwen2 configs do not carry that field (the bias is part of the architecture).
     """
 
-    def __init__(self, *args: Any, bias: bool = True, bias_o_proj: bool = False,
-                 **kwargs: Any) -> None:
-        super().__init__(*args, bias=True, bias_o_proj=False, **kwargs)
+    def __init__(self, config: "Qwen2Config", *args: Any, bias: bool = True,
+                 bias_o_proj: bool = False, **kwargs: Any) -> None:
+        for field in ("dual_chunk_attention_config", "qk_norm"):
+            if getattr(config, field, None):
+                raise NotImplementedError(f"Qwen2 with {field}={getattr(config, field)!r} is not "
+                                          f"supported; only {field}=None/False")
+        super().__init__(config, *args, bias=True, bias_o_proj=False, **kwargs)
 
 
 class Qwen2DecoderLayer(LlamaDecoderLayer):

@@ -7,6 +7,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 from minivllm.model_executor.models.registry import ModelRegistry
 from tests.model_executor.models._family_helpers import (assert_bad_names_reported,
                                                           assert_matches_transformers,
+                                                          build_model,
                                                           assert_prefixes_clean,
                                                           write_tiny_checkpoint)
 
@@ -32,8 +33,6 @@ def test_qwen2_matches_transformers(paths, name):
 
 def test_qwen2_prefixes_and_bias(paths):
     assert_prefixes_clean(paths["untied"], "Qwen2ForCausalLM")
-    from tests.model_executor.models._family_helpers import build_model
-
     attn = build_model(paths["untied"]).model.layers[0].self_attn
     assert attn.qkv_proj.bias is not None and attn.o_proj.bias is None
 
@@ -48,3 +47,15 @@ def test_qwen2_registered():
     for arch in ("Qwen2ForCausalLM", "Qwen2Model"):
         cls, _ = ModelRegistry.resolve_model_cls([arch])
         assert cls.__name__ == "Qwen2ForCausalLM"
+
+
+def test_qwen2_refuses_what_it_cannot_honour(paths, tmp_path):
+    import json
+    import shutil
+
+    folder = shutil.copytree(paths["untied"], tmp_path / "dca")
+    config = json.loads((folder / "config.json").read_text())
+    config["dual_chunk_attention_config"] = {"chunk_size": 64}
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(NotImplementedError, match="dual_chunk_attention_config"):
+        build_model(str(folder))
