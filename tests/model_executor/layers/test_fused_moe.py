@@ -247,3 +247,25 @@ def test_bf16_amx_path_close_to_fp32():
         got = fused_experts(x.bfloat16(), w1.bfloat16(), w2.bfloat16(), weights, ids)
         assert got.dtype == torch.bfloat16
         torch.testing.assert_close(got.float(), ref, rtol=0.05, atol=0.02)
+
+
+def test_compiled_forward_calls_the_opaque_op_without_graph_breaks():
+    """Under torch.compile the expert loop is the `minivllm::fused_experts` op (fullgraph)."""
+    state = _checkpoint()
+    x, logits = torch.randn(T, H, generator=_gen(20)), torch.randn(T, E, generator=_gen(21))
+    with layer_context():
+        layer = _layer()
+        layer.load_weights(state.items())
+    compiled = torch.compile(layer.forward_native, backend="eager", fullgraph=True)
+    torch.testing.assert_close(compiled(x, logits), layer(x, logits), rtol=0, atol=0)
+
+
+def test_enable_expert_parallel_flag_reaches_the_parallel_config():
+    import argparse
+
+    from minivllm.engine.arg_utils import EngineArgs
+
+    args = EngineArgs.add_cli_args(argparse.ArgumentParser()).parse_args(
+        ["--enable-expert-parallel", "-tp", "2"])
+    engine_args = EngineArgs.from_cli_args(args)
+    assert engine_args.enable_expert_parallel and engine_args.tensor_parallel_size == 2
