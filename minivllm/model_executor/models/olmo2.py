@@ -1,8 +1,9 @@
-"""OLMo 2: post-norm blocks and an RMS QK-norm over all heads, on the Llama classes.
+"""OLMo 2 and OLMo 3: post-norm blocks and an RMS QK-norm over all heads, on the Llama classes.
 
 A block is `h = x + norm_a(attn(x)); out = h + norm_m(mlp(h))` (no input norm). The q / k norms
 span every head (`[num_heads * head_dim]`), so under TP the projections are gathered, normed and
-split again.
+split again. OLMo 3 adds sliding-window layers (`layer_types`, handled by Llama's attention)
+and RoPE parameters per layer type (`rope_parameters[layer_type]`, as transformers nests them).
 """
 
 from functools import partial
@@ -16,8 +17,11 @@ from minivllm.distributed import (get_tensor_model_parallel_rank,
                                   tensor_model_parallel_all_gather)
 from minivllm.distributed.utils import split_tensor_along_last_dim
 from minivllm.model_executor.layers.layernorm import RMSNorm
+from minivllm.model_executor.layers.quantization import QuantizationConfig
+from minivllm.model_executor.layers.rotary_embedding import get_rope
 
 from .llama import LlamaAttention, LlamaForCausalLM, LlamaMLP, LlamaModel
+from .utils import extract_layer_index
 
 
 class Olmo2Attention(LlamaAttention):
@@ -28,6 +32,16 @@ class Olmo2Attention(LlamaAttention):
         self.tp_rank = get_tensor_model_parallel_rank()
         self.q_norm = RMSNorm(self.total_num_heads * self.head_dim, eps=config.rms_norm_eps)
         self.k_norm = RMSNorm(self.total_num_kv_heads * self.head_dim, eps=config.rms_norm_eps)
+
+    def _init_rotary_emb(self, config, quant_config: QuantizationConfig | None) -> None:
+        params = getattr(config, "rope_parameters", None) or {}
+        layer_types = getattr(config, "layer_types", None)
+        if layer_types:
+            # NOTE: LlamaAttention builds qkv_proj (whose prefix names the layer) before this hook.
+            layer_type = layer_types[extract_layer_index(self.qkv_proj.prefix)]
+            params = params.get(layer_type, params)
+        self.rotary_emb = get_rope(self.head_dim, max_position=self.max_position_embeddings,
+                                   rope_parameters=params or None, is_neox_style=True)
 
     def _apply_qk_norm(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if self.tp_size > 1:                      # the norm needs every head: [T, nH * d]

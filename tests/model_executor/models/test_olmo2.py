@@ -6,8 +6,8 @@ from transformers import Olmo2Config, Olmo2ForCausalLM
 from minivllm.model_executor.models.registry import ModelRegistry
 from tests.model_executor.models._family_helpers import (assert_bad_names_reported,
                                                          assert_matches_transformers,
-                                                         assert_prefixes_clean, make_prompts,
-                                                         write_tiny_checkpoint)
+                                                         assert_prefixes_clean, build_model,
+                                                         make_prompts, write_tiny_checkpoint)
 
 
 @pytest.fixture(scope="module")
@@ -32,3 +32,20 @@ def test_olmo2_tp2_matches_transformers(olmo2_path):
 def test_olmo2_is_registered():
     cls, _ = ModelRegistry.resolve_model_cls(["Olmo2ForCausalLM"])
     assert cls.__module__ == "minivllm.model_executor.models.olmo2"
+
+
+def test_olmo3_sliding_layers_and_rope_per_layer_type(tmp_path):
+    from transformers import Olmo3Config, Olmo3ForCausalLM
+
+    # transformers nests rope_parameters by layer type; the two types get different thetas.
+    path = write_tiny_checkpoint(
+        tmp_path / "olmo3", Olmo3Config, Olmo3ForCausalLM, sliding_window=8,
+        layer_types=["sliding_attention", "full_attention"],
+        rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                         "full_attention": {"rope_type": "default", "rope_theta": 500.0}})
+    assert_matches_transformers(path)
+    model = build_model(path)
+    assert [layer.self_attn.rotary_emb.base for layer in model.model.layers] == [10000.0, 500.0]
+    assert [layer.self_attn.attn.sliding_window for layer in model.model.layers] == [8, None]
+    cls, _ = ModelRegistry.resolve_model_cls(["Olmo3ForCausalLM"])
+    assert cls.__name__ == "Olmo2ForCausalLM"
