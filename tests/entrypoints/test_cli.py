@@ -5,9 +5,10 @@ import sys
 
 
 # What a cold `minivllm generate` on a GGUF model must not import (cost measured on 2 cores):
-# transformers (~1 s, ~2.3 s with LlamaConfig's validators) and the server/benchmark stacks.
-_HEAVY_MODULES = ("transformers", "fastapi", "uvicorn", "httpx", "minivllm.benchmarks",
-                  "minivllm.entrypoints.openai")
+# transformers (~1 s, ~2.3 s with LlamaConfig's validators), torch._dynamo (~1.5-2 s with sympy;
+# eager runs and CPU-graph captures never need it) and the server/benchmark stacks.
+_HEAVY_MODULES = ("transformers", "torch._dynamo", "sympy", "fastapi", "uvicorn", "httpx",
+                  "minivllm.benchmarks", "minivllm.entrypoints.openai")
 _GENERATE = """import sys
 from minivllm.entrypoints.cli import main
 rc = main(["generate", "What is the capital of France?", "--max-tokens", "24"])
