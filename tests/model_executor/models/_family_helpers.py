@@ -45,6 +45,14 @@ def write_tiny_checkpoint(folder: str | Path, config_cls: type, model_cls: type,
     return str(folder)
 
 
+def write_checkpoints(tmp_path_factory, family: str, config_cls: type, model_cls: type,
+                      configs: dict[str, dict]) -> dict[str, str]:
+    """One tiny checkpoint per named config variant: `{variant: path}`."""
+    return {name: write_tiny_checkpoint(tmp_path_factory.mktemp(f"{family}_{name}"), config_cls,
+                                        model_cls, **overrides)
+            for name, overrides in configs.items()}
+
+
 def make_prompts(vocab_size: int, lens: tuple[int, ...] = PROMPT_LENS,
                  seed: int = 1) -> list[list[int]]:
     gen = torch.Generator().manual_seed(seed)

@@ -9,7 +9,7 @@ from tests.model_executor.models._family_helpers import (assert_bad_names_report
                                                           assert_matches_transformers,
                                                           build_model,
                                                           assert_prefixes_clean,
-                                                          write_tiny_checkpoint)
+                                                          write_checkpoints)
 
 CONFIGS = {
     "untied": dict(),
@@ -21,9 +21,7 @@ CONFIGS = {
 
 @pytest.fixture(scope="module")
 def paths(tmp_path_factory) -> dict[str, str]:
-    return {name: write_tiny_checkpoint(tmp_path_factory.mktemp(f"qwen2_{name}"), Qwen2Config,
-                                        Qwen2ForCausalLM, **cfg)
-            for name, cfg in CONFIGS.items()}
+    return write_checkpoints(tmp_path_factory, "qwen2", Qwen2Config, Qwen2ForCausalLM, CONFIGS)
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))

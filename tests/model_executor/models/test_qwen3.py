@@ -8,7 +8,7 @@ from minivllm.model_executor.models.registry import ModelRegistry
 from tests.model_executor.models._family_helpers import (assert_bad_names_reported,
                                                           assert_matches_transformers,
                                                           assert_prefixes_clean,
-                                                          write_tiny_checkpoint)
+                                                          write_checkpoints)
 
 CONFIGS = {
     # head_dim 32 != hidden / heads (16): q/k/v are wider than the hidden state.
@@ -19,9 +19,7 @@ CONFIGS = {
 
 @pytest.fixture(scope="module")
 def paths(tmp_path_factory) -> dict[str, str]:
-    return {name: write_tiny_checkpoint(tmp_path_factory.mktemp(f"qwen3_{name}"), Qwen3Config,
-                                        Qwen3ForCausalLM, **cfg)
-            for name, cfg in CONFIGS.items()}
+    return write_checkpoints(tmp_path_factory, "qwen3", Qwen3Config, Qwen3ForCausalLM, CONFIGS)
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
