@@ -141,8 +141,10 @@ def test_get_rope_caches_one_module_per_key():
 
 
 def test_rope_errors():
-    with pytest.raises(ValueError, match="Unknown RoPE scaling type 'su'.*default, linear"):
-        get_rope(16, MAX_POS, rope_parameters={"rope_type": "su"})
+    with pytest.raises(ValueError, match="Unknown RoPE scaling type 'nope'.*default, linear"):
+        get_rope(16, MAX_POS, rope_parameters={"rope_type": "nope"})
+    with pytest.raises(ValueError, match=r"LongRoPE needs rope_parameters \['short_factor'\]"):
+        get_rope(16, MAX_POS, rope_parameters={"rope_type": "su", "long_factor": [1.0] * 8})
     with pytest.raises(ValueError, match="partial_rotary_factor must be in"):
         get_rope(16, MAX_POS, rope_parameters={"partial_rotary_factor": 1.5})
     with pytest.raises(NotImplementedError, match="mrope_section"):

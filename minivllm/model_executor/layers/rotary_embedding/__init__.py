@@ -78,6 +78,10 @@ def _build_rope(head_size: int, rotary_dim: int, max_position: int, is_neox_styl
 
 def _build_longrope(head_size: int, rotary_dim: int, max_position: int, is_neox_style: bool,
                     params: dict[str, Any], dtype: torch.dtype) -> RotaryEmbedding:
+    missing = [k for k in ("short_factor", "long_factor") if not params.get(k)]
+    if missing:
+        raise ValueError(f"LongRoPE needs rope_parameters {missing} (one factor per rotated "
+                         f"frequency), got keys {sorted(params)}")
     # transformers' `attention_factor` scales both tables unless vLLM's per-table mscales are set.
     attention_factor = params.get("attention_factor")
     return Phi3LongRoPEScaledRotaryEmbedding(
