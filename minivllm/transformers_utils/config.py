@@ -99,10 +99,16 @@ def _longrope_parameters(gguf_file: GGUFFile, fields: dict[str, Any]) -> dict[st
             "original_max_position_embeddings": fields.get("original_max_position_embeddings")}
 
 
+_GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}
+
+
 def _gemma_gguf_fields(meta: dict[str, Any], arch: str, fields: dict[str, Any]) -> None:
-    """What llama.cpp's Gemma 2/3 graphs fix instead of storing: queries scaled by the head size,
-    Gemma 3's local layers at RoPE base 10000 (the config class's default), its layer pattern."""
-    if "head_dim" in fields:
+    """What llama.cpp's Gemma 2/3 graphs fix instead of storing: queries scaled by the head size
+    (by hidden / heads for the 27B models, which llama.cpp knows by their layer count), Gemma 3's
+    local layers at RoPE base 10000 (the config class's default), its layer pattern."""
+    if fields.get("num_hidden_layers") == _GEMMA_27B_LAYERS[arch]:
+        fields["query_pre_attn_scalar"] = fields["hidden_size"] // fields["num_attention_heads"]
+    elif "head_dim" in fields:
         fields["query_pre_attn_scalar"] = fields["head_dim"]
     if arch != "gemma3":
         return

@@ -139,3 +139,14 @@ def test_phi3_longrope_factors_come_from_the_file(tmp_path):
     assert rope["rope_type"] == "longrope" and rope["original_max_position_embeddings"] == 64
     assert rope["long_factor"] == pytest.approx(np.linspace(1, 4, 8).tolist())
     assert rope["short_factor"] == [1.0] * 8
+
+
+def test_gemma2_27b_scales_queries_by_hidden_over_heads():
+    from minivllm.transformers_utils.config import _gemma_gguf_fields
+
+    fields = dict(num_hidden_layers=46, hidden_size=4608, num_attention_heads=32, head_dim=128)
+    _gemma_gguf_fields({}, "gemma2", fields)
+    assert fields["query_pre_attn_scalar"] == 144       # llama.cpp's 27B rule, not head_dim
+    fields = dict(num_hidden_layers=42, hidden_size=3584, num_attention_heads=16, head_dim=256)
+    _gemma_gguf_fields({}, "gemma2", fields)
+    assert fields["query_pre_attn_scalar"] == 256
