@@ -46,7 +46,8 @@ class GptOssAttention(LlamaAttention):
         prefix, window = self.attn.layer_name, self.attn.sliding_window
         del get_current_vllm_config().compilation_config.static_forward_context[prefix]
         self.attn = Attention(self.num_heads, self.head_dim, self.scaling,
-                              num_kv_heads=self.num_kv_heads, cache_config=kwargs.get("cache_config"),
+                              num_kv_heads=self.num_kv_heads,
+                              cache_config=kwargs.get("cache_config"),
                               quant_config=kwargs.get("quant_config"),
                               per_layer_sliding_window=window, prefix=prefix, sinks=self.sinks)
 

@@ -7,7 +7,7 @@ sparse one where the config says so) and `EXPERT_NAMES_MAPPER`, which renames pe
 checkpoint weights to w1 / w2 / w3 before Llama's gate/up stacking could claim them.
 """
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -21,9 +21,6 @@ from minivllm.model_executor.layers.quantization import QuantizationConfig
 from .llama import LlamaDecoderLayer, LlamaForCausalLM, LlamaMLP
 from .qwen2 import Qwen2Attention, Qwen2Model
 from .utils import WeightsMapper, extract_layer_index
-
-if TYPE_CHECKING:     # annotations only: transformers is slow to import
-    from transformers import Qwen2MoeConfig
 
 # Checkpoints name an expert's projections gate_proj / up_proj / down_proj (Qwen, OLMoE) or
 # w1 / w3 / w2 (Mixtral); FusedMoE's mapping uses the latter.

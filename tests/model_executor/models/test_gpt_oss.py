@@ -32,12 +32,10 @@ def test_gpt_oss_matches_transformers(gpt_oss_path):
     assert_matches_transformers(gpt_oss_path)
 
 
-def test_gpt_oss_sinks_matter(gpt_oss_path, tmp_path):
-    """The same checkpoint with every sink logit at 3.0 still matches transformers, and gives
-    other logprobs than the original: the backend does not drop the sinks."""
+def test_gpt_oss_large_sinks_match_transformers(gpt_oss_path, tmp_path):
+    """Every sink logit at 3.0 (they then take most of each softmax): still transformers'
+    tokens and logprobs, so the backend neither drops nor mis-scales them."""
     from safetensors.torch import load_file, save_file
-
-    from minivllm import LLM
 
     state = load_file(f"{gpt_oss_path}/model.safetensors")
     for name in [n for n in state if n.endswith("sinks")]:
@@ -46,12 +44,8 @@ def test_gpt_oss_sinks_matter(gpt_oss_path, tmp_path):
     folder.mkdir()
     save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
     (folder / "config.json").write_text(open(f"{gpt_oss_path}/config.json").read())
-    assert_matches_transformers(str(folder), num_tokens=4)
-    prompts = make_prompts(1000, lens=(17,))
-    kwargs = dict(dtype="float32", block_size=4)
-    base = minivllm_greedy(LLM(model=gpt_oss_path, **kwargs), prompts, num_tokens=2)[0][1]
-    big = minivllm_greedy(LLM(model=str(folder), **kwargs), prompts, num_tokens=2)[0][1]
-    assert (base - big).abs().max() > 1e-3
+    assert_matches_transformers(str(folder), prompts=make_prompts(1000, lens=(9, 40)),
+                                num_tokens=8)
 
 
 def test_gpt_oss_bf16_close_to_transformers_fp32(gpt_oss_path):

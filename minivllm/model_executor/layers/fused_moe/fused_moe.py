@@ -79,7 +79,8 @@ def grouped_topk(hidden_states: torch.Tensor, gating_output: torch.Tensor, topk:
     """
     scores = _scores(gating_output, scoring_func)                   # [T, E]
     num_tokens, num_experts = scores.shape
-    if num_expert_group <= 0 or num_experts % num_expert_group or not 0 < topk_group <= num_expert_group:
+    if (num_expert_group <= 0 or num_experts % num_expert_group
+            or not 0 < topk_group <= num_expert_group):
         raise ValueError(f"grouped top-k needs num_expert_group dividing the {num_experts} experts "
                          f"and 0 < topk_group <= num_expert_group; got num_expert_group="
                          f"{num_expert_group}, topk_group={topk_group}")

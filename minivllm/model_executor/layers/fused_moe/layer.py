@@ -96,7 +96,8 @@ class FusedMoE(CustomOp):
         self.custom_routing_function, self.scoring_func = custom_routing_function, scoring_func
         self.routed_scaling_factor = routed_scaling_factor
         self.e_score_correction_bias = e_score_correction_bias
-        self.apply_router_weight_on_input, self.activation = apply_router_weight_on_input, activation
+        self.apply_router_weight_on_input = apply_router_weight_on_input
+        self.activation = activation
         self.has_bias = has_bias
         # Held outside the module tree: the model owns them (and their prefixes) already.
         self._outside = (shared_experts, gate)
