@@ -96,13 +96,13 @@ class FastTokenizer:
 
     # --- encode / decode ----------------------------------------------------------------------
     def encode(self, text: str, add_special_tokens: bool = True, **kwargs: Any) -> list[int]:
-        if kwargs:
+        if kwargs or not isinstance(text, str):
             return self._hf().encode(text, add_special_tokens=add_special_tokens, **kwargs)
         return self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
 
     def __call__(self, text: str | list[str], add_special_tokens: bool = True, **kwargs: Any) -> Any:
         """`{"input_ids", "attention_mask"}` of one text or a batch (anything more: transformers)."""
-        if kwargs:
+        if kwargs or not (isinstance(text, str) or _is_str_list(text)):
             return self._hf()(text, add_special_tokens=add_special_tokens, **kwargs)
         if isinstance(text, str):
             ids = self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
@@ -113,8 +113,7 @@ class FastTokenizer:
     def decode(self, token_ids: int | list[int], skip_special_tokens: bool = False, **kwargs: Any) -> str:
         if kwargs:
             return self._hf().decode(token_ids, skip_special_tokens=skip_special_tokens, **kwargs)
-        ids = [token_ids] if isinstance(token_ids, int) else list(token_ids)
-        return self._tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+        return self._tokenizer.decode(_id_list(token_ids), skip_special_tokens=skip_special_tokens)
 
     def batch_decode(self, sequences: list[list[int]], skip_special_tokens: bool = False) -> list[str]:
         return [self.decode(seq, skip_special_tokens) for seq in sequences]
@@ -124,7 +123,7 @@ class FastTokenizer:
         if isinstance(ids, int):
             return self._tokenizer.id_to_token(ids)
         skip = set(self._special_ids) if skip_special_tokens else ()
-        return [self._tokenizer.id_to_token(i) for i in ids if i not in skip]
+        return [self._tokenizer.id_to_token(i) for i in _id_list(ids) if i not in skip]
 
     def convert_tokens_to_ids(self, tokens: str | list[str]) -> int | None | list[int | None]:
         if isinstance(tokens, str):
@@ -141,7 +140,8 @@ class FastTokenizer:
                             return_dict: bool = True, **kwargs: Any) -> Any:
         """As transformers': the rendered text, or its ids (in a dict unless return_dict=False)."""
         template = chat_template if chat_template is not None else self.chat_template
-        batched = bool(conversation) and isinstance(conversation[0], (list, tuple))
+        batched = (isinstance(conversation, (list, tuple)) and bool(conversation)
+                   and isinstance(conversation[0], (list, tuple)))
         conversations = conversation if batched else [conversation]
         template_kwargs = {k: v for k, v in kwargs.items() if k not in _HF_ONLY_CHAT_ARGS}
         if (template is None or not conversation or len(template_kwargs) < len(kwargs)
@@ -206,6 +206,17 @@ class FastTokenizer:
         specials = [(t, self._tokenizer.token_to_id(t)) for t in (bos, eos) if t]
         self._tokenizer.post_processor = processors.TemplateProcessing(
             single=single, pair=pair, special_tokens=specials)
+
+
+def _id_list(token_ids: Any) -> list[int]:
+    """Plain ints from an int, a list, or an array/tensor of ids (tokenizers takes only ints)."""
+    if hasattr(token_ids, "tolist"):
+        token_ids = token_ids.tolist()
+    return [token_ids] if isinstance(token_ids, int) else [int(i) for i in token_ids]
+
+
+def _is_str_list(texts: Any) -> bool:
+    return isinstance(texts, (list, tuple)) and all(isinstance(t, str) for t in texts)
 
 
 class Encoding(dict):

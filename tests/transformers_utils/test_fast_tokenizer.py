@@ -4,7 +4,9 @@ import copy
 import os
 import pickle
 
+import numpy as np
 import pytest
+import torch
 from transformers import AutoTokenizer
 
 from minivllm.transformers_utils.fast_tokenizer import FastTokenizer
@@ -29,6 +31,9 @@ def test_engine_calls_never_build_transformers_tokenizer(pair):
     assert tokens == ref.convert_ids_to_tokens(ids + [0], skip_special_tokens=True)
     assert ours.convert_tokens_to_string(tokens) == ref.convert_tokens_to_string(tokens)
     assert ours(["hello", "hell"]) == ref(["hello", "hell"])
+    for array in (np.array(ids), torch.tensor(ids)):       # ids as arrays decode as lists do
+        assert ours.decode(array) == ref.decode(array)
+        assert ours.convert_ids_to_tokens(array) == ref.convert_ids_to_tokens(array)
     for kwargs in ({}, {"return_dict": False}, {"tokenize": False, "add_generation_prompt": True}):
         assert ours.apply_chat_template(CHAT, **kwargs) == ref.apply_chat_template(CHAT, **kwargs)
     assert ours.apply_chat_template([CHAT, CHAT[1:]], tokenize=False) == \
