@@ -21,6 +21,7 @@ from minivllm.config.load import LOAD_FORMATS
 from minivllm.model_executor.layers.quantization import (QUANTIZATION_METHODS,
                                                          get_quantization_config)
 from minivllm.model_executor.model_loader.weight_utils import get_quant_config
+from minivllm.plugins import load_general_plugins
 
 _DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
 _DEVICE_CHOICES = ("cpu", "cuda", "auto")
@@ -98,6 +99,7 @@ class EngineArgs:
 
     def create_engine_config(self) -> VllmConfig:
         """Validate every part once and assemble the VllmConfig."""
+        load_general_plugins()     # a plugin may register the architecture asked for
         if self.quantization not in (None, "none", *QUANTIZATION_METHODS):
             get_quantization_config(self.quantization)   # raises, listing the known names
         model_config = ModelConfig(model=self.model, tokenizer=self.tokenizer, dtype=self.dtype,

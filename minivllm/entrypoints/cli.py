@@ -1,4 +1,4 @@
-"""The `minivllm` command: generate, chat, serve, bench."""
+"""The `minivllm` command: generate, chat, serve, bench, check-model."""
 
 import argparse
 import sys
@@ -72,12 +72,14 @@ def build_parser(with_optional_commands: bool = True) -> argparse.ArgumentParser
 
 
 def _add_optional_commands(sub) -> None:
-    """`bench` and `serve` live in their own packages."""
+    """`bench`, `serve` and `check-model` live in their own packages."""
     from minivllm.benchmarks.cli import add_bench_parser
+    from minivllm.entrypoints.check_model.cli import add_check_model_parser
     from minivllm.entrypoints.openai.cli import add_serve_parser
 
     add_bench_parser(sub)
     add_serve_parser(sub)
+    add_check_model_parser(sub)
 
 
 _NODE_FIELDS = ("nnodes", "node_rank", "master_addr", "master_port")

@@ -65,8 +65,10 @@ def _run_worker(init: WorkerInit, conn: Connection) -> None:
     import torch.distributed as dist
 
     from minivllm.distributed import GroupCoordinator
+    from minivllm.plugins import load_general_plugins
     from minivllm.worker.worker import Worker
 
+    load_general_plugins()     # models registered by plugins resolve in this rank too
     pc = init.vllm_config.parallel_config
     torch.set_num_threads(init.num_threads)
     worker = Worker(init.vllm_config, init.rank, init.distributed_init_method)

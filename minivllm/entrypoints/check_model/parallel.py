@@ -1,0 +1,93 @@
+"""The parallel section: valid TP sizes, the PP layer split, and (with -tp/-pp) a real
+multi-process dry run that builds and loads every rank and runs one step."""
+
+import os
+
+from minivllm.config.vllm import valid_tp_sizes
+from minivllm.distributed.utils import get_pp_indices
+from minivllm.model_executor.layers.vocab_parallel_embedding import pad_vocab_size
+from minivllm.model_executor.models import interfaces as itf
+
+from .build import CheckTarget, small_cache
+from .report import Section
+
+_SHOWN_PP_SIZES = (2, 4)
+
+
+def parallel_section(section: Section, target: CheckTarget, tp: int = 1, pp: int = 1,
+                     dry_run: bool = True) -> None:
+    mc = target.vllm_config.model_config
+    heads, kv_heads = mc.get_num_attention_heads(), mc.get_total_num_kv_heads()
+    valid = valid_tp_sizes(mc)
+    inter = getattr(mc.hf_text_config, "intermediate_size", None)
+    if isinstance(inter, int):     # MergedColumnParallelLinear splits it evenly too
+        valid = [t for t in valid if inter % t == 0]
+    padded = pad_vocab_size(mc.get_vocab_size())
+    section.data["valid_tp_sizes"] = valid
+    section.data["tp_shapes"] = {t: {"heads_per_rank": heads // t,
+                                     "kv_heads_per_rank": max(1, kv_heads // t),
+                                     "kv_heads_replicated": kv_heads < t,
+                                     "vocab_rows_per_rank": padded // t} for t in valid}
+    num_layers = mc.get_num_layers()
+    supports_pp = itf.supports_pp(target.model_class)
+    section.data["supports_pp"] = supports_pp
+    section.data["pp_layer_partition"] = {}
+    sizes = sorted({s for s in (*_SHOWN_PP_SIZES, pp) if 1 < s <= num_layers})
+    for size in sizes:
+        try:
+            section.data["pp_layer_partition"][size] = [list(get_pp_indices(num_layers, r, size))
+                                                        for r in range(size)]
+        except ValueError as err:          # a VLLM_PP_LAYER_PARTITION for another size
+            if size == pp:
+                section.error("pp_partition", str(err))
+    section.data["VLLM_PP_LAYER_PARTITION"] = os.environ.get("VLLM_PP_LAYER_PARTITION")
+    if tp not in valid:
+        section.error("tp_size", f"tensor_parallel_size {tp} does not split this model "
+                      f"({heads} heads, {kv_heads} KV heads, padded vocab {padded}, "
+                      f"intermediate {inter}); valid sizes: {valid}")
+    if pp > 1 and not supports_pp:
+        section.error("pp_support", f"{target.model_class.__name__} does not support pipeline "
+                      "parallelism (SupportsPP and forward(intermediate_tensors=...))")
+    if pp > num_layers:
+        section.error("pp_size", f"pipeline_parallel_size {pp} is larger than the number of "
+                      f"layers ({num_layers})")
+    section.summary = f"valid TP sizes {valid}; " + ("PP supported" if supports_pp
+                                                     else "no PP")
+    if dry_run and tp * pp > 1 and not section.errors():
+        _dry_run(section, target, tp, pp)
+
+
+def _dry_run(section: Section, target: CheckTarget, tp: int, pp: int) -> None:
+    """Start tp x pp worker processes, build and load every rank, run one greedy step."""
+    if ".py:" in target.class_ref:
+        section.error("dry_run_registry", "worker ranks resolve the model through the registry "
+                      "in their own process: register the class in a general plugin "
+                      "(entry point group minivllm.general_plugins) to run -tp/-pp with it")
+        return
+    from minivllm import LLM, SamplingParams
+
+    load_format = target.vllm_config.load_config.load_format
+    model = target.vllm_config.model_config.model if not target.config_only else None
+    if model is None:
+        section.error("dry_run_config_only", "the dry run needs a model folder or GGUF file")
+        return
+    try:
+        llm = LLM(model, tensor_parallel_size=tp, pipeline_parallel_size=pp, dtype="float32",
+                  load_format=load_format, seed=target.vllm_config.model_config.seed,
+                  **small_cache(target))
+    except Exception as err:
+        section.error("dry_run", f"building the {tp} x {pp} ranks failed: "
+                      f"{type(err).__name__}: {err}")
+        return
+    try:
+        out = llm.generate([[1, 2, 3, 4]], SamplingParams(temperature=0, max_tokens=1,
+                                                          ignore_eos=True), use_tqdm=False)
+        section.data["dry_run"] = {"tensor_parallel_size": tp, "pipeline_parallel_size": pp,
+                                   "ranks": tp * pp, "token": out[0].outputs[0].token_ids[0]}
+        section.info("dry_run", f"{tp * pp} ranks (TP {tp} x PP {pp}) built, loaded and ran "
+                     "one step")
+    except Exception as err:
+        section.error("dry_run", f"the first step on {tp} x {pp} ranks failed: "
+                      f"{type(err).__name__}: {err}")
+    finally:
+        llm.shutdown()

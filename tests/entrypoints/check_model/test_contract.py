@@ -1,0 +1,67 @@
+"""contract and prefixes sections on broken copies of the Llama file."""
+
+from torch import nn
+
+from minivllm.entrypoints.check_model import CheckOptions, run_checks
+from minivllm.entrypoints.check_model.contract import check_constructor
+from minivllm.entrypoints.check_model.report import Section
+from tests.entrypoints.check_model._broken_llama import write_broken_llama
+
+
+def _errors(report, section: str) -> list:
+    return report.sections[section].errors()
+
+
+def test_clean_copy_passes_contract_and_prefixes(tiny_llama_factory, tmp_path):
+    spec = write_broken_llama(tmp_path, "clean")
+    report = run_checks(CheckOptions(tiny_llama_factory(), model_file=spec))
+    assert report.sections["contract"].status == "pass"
+    assert report.sections["prefixes"].status == "pass"
+    assert report.sections["contract"].data["protocols"]["SupportsPP"] is True
+    assert len(report.sections["prefixes"].data["attention_layers"]) == 2
+
+
+def test_packed_mapping_with_wrong_shard_count_names_the_fused_layers(tiny_llama_factory,
+                                                                      tmp_path):
+    spec = write_broken_llama(tmp_path, "packed_shard_count")
+    report = run_checks(CheckOptions(tiny_llama_factory(), model_file=spec))
+    errors = _errors(report, "contract")
+    assert {e.check for e in errors} == {"packed_shard_count"}
+    assert [e.layer for e in errors] == ["model.layers.0.mlp.gate_up_proj",
+                                         "model.layers.1.mlp.gate_up_proj"]
+    assert "1 names ['gate_proj']" in errors[0].message and "2 shards" in errors[0].message
+    assert report.sections["prefixes"].status == "pass"
+    assert not report.ok
+
+
+def test_wrong_prefix_on_one_layer_fails_prefixes_only_there(tiny_llama_factory, tmp_path):
+    spec = write_broken_llama(tmp_path, "wrong_prefix")
+    report = run_checks(CheckOptions(tiny_llama_factory(), model_file=spec))
+    errors = _errors(report, "prefixes")
+    assert [(e.check, e.layer) for e in errors] == [("prefix_mismatch",
+                                                     "model.layers.1.mlp.down_proj")]
+    assert "'model.layers.1.mlp.down'" in errors[0].message
+    assert report.sections["contract"].status == "pass"
+
+
+def test_duplicated_attention_name_names_the_second_layer(tiny_llama_factory, tmp_path):
+    spec = write_broken_llama(tmp_path, "duplicate_attention")
+    report = run_checks(CheckOptions(tiny_llama_factory(), model_file=spec))
+    by_check = {e.check: e for e in _errors(report, "prefixes")}
+    dup = by_check["duplicate_attention_name"]
+    assert dup.layer == "model.layers.1.self_attn.attn"
+    assert "'model.layers.0.self_attn.attn'" in dup.message
+    assert by_check["prefix_mismatch"].layer == "model.layers.1.self_attn.attn"
+    # the model still built, so every other section ran
+    assert report.sections["weights"].status == "pass"
+
+
+def test_constructor_without_vllm_config_keyword_fails():
+    class OldStyle(nn.Module):
+        def __init__(self, config, prefix=""):
+            super().__init__()
+
+    section = Section("contract")
+    assert check_constructor(section, OldStyle) is False
+    assert section.errors()[0].check == "constructor"
+    assert "vllm_config" in section.errors()[0].message

@@ -1,0 +1,54 @@
+"""parallel section: valid TP sizes, the PP split (VLLM_PP_LAYER_PARTITION), a real dry run."""
+
+import pytest
+
+from minivllm.entrypoints.check_model import CheckOptions, run_checks
+from minivllm.entrypoints.check_model.build import make_target
+from minivllm.entrypoints.check_model.parallel import parallel_section
+from minivllm.entrypoints.check_model.report import Section
+from tests.entrypoints.check_model._broken_llama import write_broken_llama
+
+
+def _section(path: str, tp: int = 1, pp: int = 1, dry_run: bool = False, **target) -> Section:
+    section = Section("parallel")
+    parallel_section(section, make_target(path, **target), tp, pp, dry_run=dry_run)
+    return section
+
+
+def test_valid_tp_sizes_and_shapes(tiny_llama_factory):
+    # 4 heads, 2 KV heads (replicated at TP 4), vocab 1000 padded to 1024, intermediate 128
+    section = _section(tiny_llama_factory())
+    assert section.data["valid_tp_sizes"] == [1, 2, 4]
+    assert section.data["tp_shapes"][4] == {"heads_per_rank": 1, "kv_heads_per_rank": 1,
+                                            "kv_heads_replicated": True,
+                                            "vocab_rows_per_rank": 256}
+    assert section.status == "pass"
+
+
+def test_invalid_tp_size_fails_listing_the_valid_ones(tiny_llama_factory):
+    [error] = _section(tiny_llama_factory(), tp=3).errors()
+    assert error.check == "tp_size" and "valid sizes: [1, 2, 4]" in error.message
+
+
+def test_pp_partition_honours_the_environment(tiny_llama_factory, monkeypatch):
+    path = tiny_llama_factory("four_layers", num_hidden_layers=4)
+    assert _section(path).data["pp_layer_partition"][2] == [[0, 2], [2, 4]]
+    monkeypatch.setenv("VLLM_PP_LAYER_PARTITION", "1,3")
+    section = _section(path, pp=2)
+    assert section.data["pp_layer_partition"][2] == [[0, 1], [1, 4]]
+    monkeypatch.setenv("VLLM_PP_LAYER_PARTITION", "1,1,2")
+    assert _section(path, pp=2).errors()[0].check == "pp_partition"
+
+
+def test_model_file_dry_run_asks_for_a_plugin(tiny_llama_factory, tmp_path):
+    spec = write_broken_llama(tmp_path, "clean")
+    [error] = _section(tiny_llama_factory(), tp=2, dry_run=True, model_file=spec).errors()
+    assert error.check == "dry_run_registry" and "minivllm.general_plugins" in error.message
+
+
+@pytest.mark.slow
+def test_tp2_dry_run_builds_and_loads_every_rank(tiny_llama_factory):
+    report = run_checks(CheckOptions(tiny_llama_factory(), tensor_parallel_size=2))
+    parallel = report.sections["parallel"]
+    assert parallel.status == "pass", parallel.findings
+    assert parallel.data["dry_run"]["ranks"] == 2
