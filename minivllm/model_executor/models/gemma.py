@@ -63,7 +63,8 @@ class GemmaAttention(nn.Module):
         tp_size = get_tensor_model_parallel_world_size()
         assert num_heads % tp_size == 0
         # KV heads are split when there are at least TP of them, otherwise replicated.
-        assert num_kv_heads % tp_size == 0 if num_kv_heads >= tp_size else tp_size % num_kv_heads == 0
+        assert (num_kv_heads % tp_size == 0 if num_kv_heads >= tp_size
+                else tp_size % num_kv_heads == 0)
         self.num_heads = num_heads // tp_size
         self.num_kv_heads = max(1, num_kv_heads // tp_size)
         self.head_dim = head_dim

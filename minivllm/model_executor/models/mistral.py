@@ -1,5 +1,6 @@
 """Mistral / Ministral 3: Llama with a model-wide sliding window and, for Ministral 3, Llama-4
-attention scaling of q by position (HF-format checkpoints; Mistral's consolidated format is not read)."""
+attention scaling of q by position. HF-format checkpoints only (Mistral's consolidated format is
+not read)."""
 
 from typing import TYPE_CHECKING, Any
 
@@ -72,7 +73,7 @@ class MistralModel(LlamaModel):
 
 
 class MistralForCausalLM(LlamaForCausalLM):
-    """Mistral with an LM head; the sliding window comes from `config.sliding_window` (all layers)."""
+    """Mistral with an LM head; `config.sliding_window` applies to every layer."""
 
     embedding_modules: dict[str, str] = {}
 

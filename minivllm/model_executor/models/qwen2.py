@@ -39,7 +39,8 @@ class Qwen2Attention(LlamaAttention):
 class Qwen2DecoderLayer(LlamaDecoderLayer):
     """Llama's pre-norm block with Qwen2's attention."""
 
-    def __init__(self, vllm_config: VllmConfig, prefix: str = "", config: "Qwen2Config | None" = None,
+    def __init__(self, vllm_config: VllmConfig, prefix: str = "",
+                 config: "Qwen2Config | None" = None,
                  attn_layer_type: type[nn.Module] = Qwen2Attention) -> None:
         super().__init__(vllm_config=vllm_config, prefix=prefix, config=config,
                          attn_layer_type=attn_layer_type)

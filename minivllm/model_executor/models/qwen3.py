@@ -49,7 +49,8 @@ def apply_qk_norm(q: torch.Tensor, k: torch.Tensor, q_norm: nn.Module, k_norm: n
 class Qwen3DecoderLayer(LlamaDecoderLayer):
     """Llama's pre-norm block with Qwen3's attention."""
 
-    def __init__(self, vllm_config: VllmConfig, prefix: str = "", config: "Qwen3Config | None" = None,
+    def __init__(self, vllm_config: VllmConfig, prefix: str = "",
+                 config: "Qwen3Config | None" = None,
                  attn_layer_type: type[nn.Module] = Qwen3Attention) -> None:
         super().__init__(vllm_config=vllm_config, prefix=prefix, config=config,
                          attn_layer_type=attn_layer_type)

@@ -24,7 +24,7 @@ FAMILIES = {   # GGUF arch -> (config class, model class, config overrides)
     "qwen3": (Qwen3Config, Qwen3ForCausalLM, dict(head_dim=32)),
     "gemma": (GemmaConfig, GemmaForCausalLM, dict(head_dim=32)),
     "gemma2": (Gemma2Config, Gemma2ForCausalLM, _GEMMA2),
-    # The global base is the file's rope.freq_base (10000 here); the local one llama.cpp's fixed 10000.
+    # The global base is the file's rope.freq_base (10000 here), the local one llama.cpp's 10000.
     "gemma3": (Gemma3TextConfig, Gemma3ForCausalLM, dict(
         head_dim=16, query_pre_attn_scalar=16, sliding_window=8,
         layer_types=["sliding_attention", "full_attention"],
@@ -102,7 +102,7 @@ def write_family_gguf(folder: str, arch: str) -> tuple[str, str]:
 @pytest.mark.parametrize("arch", list(FAMILIES))
 def test_family_gguf_matches_transformers(tmp_path, arch, quantization):
     path, hf_dir = write_family_gguf(str(tmp_path), arch)
-    vocab = load_file(os.path.join(hf_dir, "model.safetensors"))["model.embed_tokens.weight"].shape[0]
+    vocab = len(load_file(os.path.join(hf_dir, "model.safetensors"))["model.embed_tokens.weight"])
     assert_matches_transformers(path, prompts=make_prompts(vocab, (7, 33)), num_tokens=8,
                                 reference=hf_dir, quantization=quantization)
 

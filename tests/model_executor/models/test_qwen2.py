@@ -37,8 +37,8 @@ def test_qwen2_prefixes_and_bias(paths):
 
 def test_qwen2_reports_every_bad_name(paths, tmp_path):
     biases = [f"model.layers.1.self_attn.{p}_proj.bias" for p in "qkv"]
-    assert_bad_names_reported(paths["untied"], tmp_path / "broken", drop=[*biases, "lm_head.weight"],
-                              missing=["model.layers.1.self_attn.qkv_proj.bias", "lm_head.weight"])
+    assert_bad_names_reported(paths["untied"], tmp_path / "broken",
+                              drop=[*biases, "lm_head.weight"], missing=["model.layers.1.self_attn.qkv_proj.bias", "lm_head.weight"])
 
 
 def test_qwen2_registered():
