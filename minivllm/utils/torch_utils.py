@@ -49,7 +49,8 @@ def set_random_seed(seed: int | None) -> None:
     current_platform.seed_everything(seed)
 
 
-def direct_register_custom_op(op_name: str, op_func: Callable, mutates_args: list[str] | None = None,
+def direct_register_custom_op(op_name: str, op_func: Callable,
+                              mutates_args: list[str] | None = None,
                               fake_impl: Callable | None = None,
                               target_lib: torch.library.Library | None = None,
                               dispatch_key: str | None = None,

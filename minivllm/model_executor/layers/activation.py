@@ -82,7 +82,7 @@ class SiluAndMulWithClamp(CustomOp):
 
 @CustomOp.register("fatrelu_and_mul")
 class FatreluAndMul(CustomOp):
-    """`fatrelu(x[..., :d]) * x[..., d:]`: gate values at or below `threshold` become 0 (MiniCPM)."""
+    """`fatrelu(x[..., :d]) * x[..., d:]`: gates at or below `threshold` become 0 (MiniCPM)."""
 
     def __init__(self, threshold: float = 0.0) -> None:
         super().__init__()

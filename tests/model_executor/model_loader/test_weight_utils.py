@@ -36,7 +36,8 @@ def test_loaders_at_tp1():
 
 
 def test_maybe_remap_kv_scale_name(caplog):
-    params = {"model.layers.0.self_attn.attn.k_scale": 0, "model.layers.0.self_attn.attn.v_scale": 0}
+    params = dict.fromkeys(["model.layers.0.self_attn.attn.k_scale",
+                            "model.layers.0.self_attn.attn.v_scale"], 0)
     expect = {
         "model.layers.0.self_attn.kv_scale": "model.layers.0.self_attn.attn.k_scale",
         "model.layers.0.self_attn.k_proj.k_scale": "model.layers.0.self_attn.attn.k_scale",

@@ -22,7 +22,8 @@ def test_granite_matches_transformers(tmp_path):
     assert model.model.layers[0].self_attn.attn.impl.scale == 0.05
     assert model.logits_processor.scale == 1 / 3.0
     assert_bad_names_reported(path, tmp_path / "broken",
-                              drop=["model.layers.1.post_attention_layernorm.weight", "model.norm.weight"])
+                              drop=["model.layers.1.post_attention_layernorm.weight",
+                                    "model.norm.weight"])
 
 
 def test_granite_is_registered():

@@ -82,5 +82,6 @@ def test_longrope_table_choice_and_mscale():
 
 def test_phi3_is_registered():
     cls, arch = ModelRegistry.resolve_model_cls(["Phi3ForCausalLM"])
-    assert cls.__name__ == "Phi3ForCausalLM" and cls.packed_modules_mapping["qkv_proj"] == ["qkv_proj"]
+    assert cls.__name__ == "Phi3ForCausalLM"
+    assert cls.packed_modules_mapping["qkv_proj"] == ["qkv_proj"]
     assert ModelRegistry.is_pp_supported_model(["Phi3ForCausalLM"])

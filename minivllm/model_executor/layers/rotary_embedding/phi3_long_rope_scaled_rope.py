@@ -41,8 +41,8 @@ class Phi3LongRoPEScaledRotaryEmbedding(RotaryEmbedding):
         self.original_max_position_embeddings = original_max_position_embeddings
         self.short_factor, self.long_factor = list(short_factor), list(long_factor)
         scale = scaling_factor or max_position_embeddings / original_max_position_embeddings
-        default_mscale = (1.0 if scale <= 1.0 else
-                          math.sqrt(1 + math.log(scale) / math.log(original_max_position_embeddings)))
+        log_original = math.log(original_max_position_embeddings)
+        default_mscale = 1.0 if scale <= 1.0 else math.sqrt(1 + math.log(scale) / log_original)
         self.short_mscale = default_mscale if short_mscale is None else short_mscale
         self.long_mscale = default_mscale if long_mscale is None else long_mscale
         self.use_long_rope = longrope_uses_long_factors(original_max_position_embeddings,
