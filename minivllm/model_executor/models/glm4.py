@@ -24,7 +24,10 @@ class Glm4Attention(LlamaAttention):
 
 
 class Glm4DecoderLayer(nn.Module):
-    """Llama's pre-norm block with a norm on each branch's output as well."""
+    """Llama's pre-norm block with a norm on each branch's output as well (GLM-4 v1's block,
+    `glm.py`, is the same without those two: `sandwich_norms = False`)."""
+
+    sandwich_norms = True
 
     def __init__(self, vllm_config: VllmConfig, prefix: str = "") -> None:
         super().__init__()
@@ -40,9 +43,10 @@ class Glm4DecoderLayer(nn.Module):
                             quant_config=quant_config, prefix=f"{prefix}.mlp")
         eps = config.rms_norm_eps
         self.input_layernorm = RMSNorm(config.hidden_size, eps=eps)
-        self.post_self_attn_layernorm = RMSNorm(config.hidden_size, eps=eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=eps)
-        self.post_mlp_layernorm = RMSNorm(config.hidden_size, eps=eps)
+        if self.sandwich_norms:
+            self.post_self_attn_layernorm = RMSNorm(config.hidden_size, eps=eps)
+            self.post_mlp_layernorm = RMSNorm(config.hidden_size, eps=eps)
 
     def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor,
                 residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -51,9 +55,12 @@ class Glm4DecoderLayer(nn.Module):
             hidden_states = self.input_layernorm(hidden_states)
         else:
             hidden_states, residual = self.input_layernorm(hidden_states, residual)
-        attn = self.post_self_attn_layernorm(self.self_attn(positions, hidden_states))
+        attn = self.self_attn(positions, hidden_states)
+        if self.sandwich_norms:
+            attn = self.post_self_attn_layernorm(attn)
         hidden_states, residual = self.post_attention_layernorm(attn, residual)
-        return self.post_mlp_layernorm(self.mlp(hidden_states)), residual
+        mlp = self.mlp(hidden_states)
+        return (self.post_mlp_layernorm(mlp) if self.sandwich_norms else mlp), residual
 
 
 class Glm4Model(LlamaModel):

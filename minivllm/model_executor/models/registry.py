@@ -35,6 +35,7 @@ _TEXT_GENERATION_MODELS: dict[str, tuple[str, str]] = {
     "StableLmForCausalLM": ("stablelm", "StablelmForCausalLM"),
     "StableLMEpochForCausalLM": ("stablelm", "StablelmForCausalLM"),
     "Glm4ForCausalLM": ("glm4", "Glm4ForCausalLM"),
+    "GlmForCausalLM": ("glm", "GlmForCausalLM"),
     "CohereForCausalLM": ("commandr", "CohereForCausalLM"),
     "Cohere2ForCausalLM": ("commandr", "CohereForCausalLM"),
     "GraniteForCausalLM": ("granite", "GraniteForCausalLM"),
