@@ -11,6 +11,43 @@ MAX_LOGPROBS = 20   # as vLLM's default max_logprobs
 _SAMPLING_EPS = 1e-5
 
 
+@dataclass
+class StructuredOutputsParams:
+    """One output constraint (vLLM's names): a JSON schema, any JSON object, a regex, one of
+    some strings, or an EBNF / Lark grammar. The grammar library enforces it token by token."""
+
+    json: str | dict | None = None        # a JSON schema (text or dict)
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None            # Lark or GBNF / EBNF
+    json_object: bool | None = None       # any JSON object
+    structural_tag: str | None = None     # accepted for compatibility; refused at compile time
+    disable_any_whitespace: bool = False  # JSON without whitespace between tokens
+    disable_additional_properties: bool = False   # objects get additionalProperties: false
+    disable_fallback: bool = False        # accepted for compatibility: there is one backend
+    whitespace_pattern: str | None = None
+
+    def __post_init__(self) -> None:
+        given = [name for name in _CONSTRAINT_KINDS if getattr(self, name) is not None]
+        if len(given) != 1:
+            raise ValueError(
+                "structured_outputs needs exactly one constraint of "
+                f"{', '.join(_CONSTRAINT_KINDS)}; got {', '.join(given) if given else 'none'}.")
+        if self.json_object is False:
+            raise ValueError("structured_outputs json_object must be true when given.")
+        if self.choice is not None and (not self.choice or not all(
+                isinstance(c, str) for c in self.choice)):
+            raise ValueError("structured_outputs choice must be a non-empty list of strings.")
+
+    @property
+    def kind(self) -> str:
+        """The constraint given: 'json', 'regex', 'choice', 'grammar', ..."""
+        return next(name for name in _CONSTRAINT_KINDS if getattr(self, name) is not None)
+
+
+_CONSTRAINT_KINDS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
+
+
 class SamplingType(enum.IntEnum):
     GREEDY = 0
     RANDOM = 1
@@ -42,6 +79,9 @@ class SamplingParams:
     spaces_between_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     detokenize: bool = True
+    # token id -> bias added to its logit (OpenAI's logit_bias; -100 bans, +100 forces)
+    logit_bias: dict[int, float] | None = None
+    structured_outputs: StructuredOutputsParams | None = None
     # stop_token_ids plus the model's eos (unless ignore_eos): what min_tokens masks.
     _all_stop_token_ids: set[int] = field(default_factory=set, init=False, repr=False, compare=False)
 
@@ -56,6 +96,8 @@ class SamplingParams:
         self._all_stop_token_ids = set(self.stop_token_ids)
         if self.top_k == -1:
             self.top_k = 0
+        if self.logit_bias:
+            self.logit_bias = {int(t): float(b) for t, b in self.logit_bias.items()}
         self._verify_args()
         if self.temperature < _SAMPLING_EPS:
             # NOTE: greedy ignores the truncation knobs; resetting them keeps
@@ -109,6 +151,17 @@ class SamplingParams:
         if self.stop and not self.detokenize:
             raise ValueError("stop strings are only supported when detokenize is True; "
                              "use stop_token_ids instead.")
+        for token_id, bias in (self.logit_bias or {}).items():
+            if token_id < 0 or not math.isfinite(bias):
+                raise ValueError(f"logit_bias needs token ids >= 0 and finite biases, got "
+                                 f"{token_id}: {bias}.")
+
+    def verify_vocab(self, vocab_size: int) -> None:
+        """Token ids the params name must be in [0, vocab_size) (checked by the engine)."""
+        bad = [t for t in self.logit_bias or {} if t >= vocab_size]
+        if bad:
+            raise ValueError(f"logit_bias token id {bad[0]} is out of range: ids must be in "
+                             f"[0, {vocab_size}).")
 
     @property
     def sampling_type(self) -> SamplingType:

@@ -222,6 +222,10 @@ class AsyncLLM:
             else:
                 self._num_pending_seqs -= stream.num_seqs   # its add command will be skipped
         self._wakeup.set()
+        # The engine reports no output for an aborted request: count its end here (vLLM's
+        # request_success series with finished_reason="abort").
+        for stat_logger in self.stat_loggers:
+            stat_logger.on_request_finished("abort", time.monotonic() - stream.arrival_s)
 
     @property
     def num_requests(self) -> int:

@@ -118,6 +118,11 @@ class LLMEngine:
                              f"max_model_len={self.max_model_len}.")
         if params.stop and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer; use stop_token_ids instead.")
+        if self.vocab_size is not None:
+            params.verify_vocab(self.vocab_size)
+        if params.structured_outputs is not None:
+            # Validates the constraint (ValueError) before any child is queued.
+            self._structured_output_manager().grammar_init(params.structured_outputs)
         parent = _ParentState(request_id, prompt_text, prompt_token_ids)
         if params.prompt_logprobs is not None:
             parent.prompt_logprobs = [None]   # nothing predicts the first prompt token
@@ -194,6 +199,8 @@ class LLMEngine:
         shutdown = getattr(self.executor, "shutdown", None)
         if shutdown is not None:
             shutdown()
+        if self.scheduler.structured_output_manager is not None:
+            self.scheduler.structured_output_manager.shutdown()
 
     def has_unfinished_requests(self) -> bool:
         return bool(self._parents)
@@ -223,6 +230,10 @@ class LLMEngine:
         child_id = parent.request_id if n == 1 else f"{index}_{parent.request_id}"
         request = Request(child_id, parent.prompt_token_ids, child_params,
                           eos_token_id=self.eos_token_id, arrival_time=arrival_time)
+        if params.structured_outputs is not None:
+            # Compiles off this thread; the scheduler admits the request once it is ready.
+            request.structured_output_request = self._structured_output_manager().grammar_init(
+                params.structured_outputs)
         detokenizer = None
         if self.tokenizer is not None and params.detokenize:
             detokenizer = IncrementalDetokenizer(self.tokenizer, parent.prompt_token_ids, child_params)
@@ -243,8 +254,9 @@ class LLMEngine:
         if child.detokenizer is None:
             return
         params = request.sampling_params
-        if (request.status == RequestStatus.FINISHED_STOPPED
-                and not params.include_stop_str_in_output):
+        if (request.status == RequestStatus.FINISHED_STOPPED and new_token_ids
+                and not params.include_stop_str_in_output
+                and new_token_ids[-1] in params.all_stop_token_ids):
             new_token_ids = new_token_ids[:-1]   # the eos / stop token stays out of the text
         stop_string = child.detokenizer.update(new_token_ids)
         if stop_string is not None and request.stop_reason != stop_string:
@@ -254,6 +266,18 @@ class LLMEngine:
                 request.status = RequestStatus.FINISHED_STOPPED
             else:
                 self.scheduler.finish_requests(request.request_id, RequestStatus.FINISHED_STOPPED)
+
+    def _structured_output_manager(self) -> Any:
+        """Built on the first constrained request (imports llguidance, converts the tokenizer
+        lazily in its pool)."""
+        if self.scheduler.structured_output_manager is None:
+            # NOTE: imported here so that engines that never constrain skip llguidance.
+            from minivllm.v1.structured_output import StructuredOutputManager
+
+            vocab_size = self.vocab_size or (len(self.tokenizer) if self.tokenizer else 0)
+            self.scheduler.structured_output_manager = StructuredOutputManager(
+                self.tokenizer, vocab_size)
+        return self.scheduler.structured_output_manager
 
     def _record_prompt_logprobs(self, runner_output: ModelRunnerOutput) -> None:
         for req_id, positions in runner_output.prompt_logprobs.items():

@@ -62,6 +62,8 @@ class Request:
         # Chained hashes of the full blocks of all_token_ids, filled by the KV cache manager.
         self.block_hashes: list[int] = []
         self.num_preemptions = 0
+        # A StructuredOutputRequest (v1/structured_output) when the output is constrained.
+        self.structured_output_request = None
 
     @property
     def max_tokens(self) -> int | None:

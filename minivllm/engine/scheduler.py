@@ -7,8 +7,11 @@ from collections.abc import Iterable
 
 from minivllm.engine.kv_cache_manager import KVCacheManager
 from minivllm.engine.request import Request, RequestStatus
+from minivllm.logger import init_logger
 from minivllm.v1.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
 from minivllm.v1.outputs import ModelRunnerOutput
+
+logger = init_logger(__name__)
 
 
 class Scheduler:
@@ -45,6 +48,9 @@ class Scheduler:
         self.num_preemptions_total = 0          # counter for metrics and tests
         # Finished since the last schedule(): sent once so the runner drops their state.
         self.finished_req_ids: set[str] = set()
+        # Set by the engine (a StructuredOutputManager) once a constrained request arrives.
+        self.structured_output_manager = None
+        self._grammar_failed: list[Request] = []   # reported by the next update_from_output
 
     @property
     def num_running(self) -> int:
@@ -94,6 +100,11 @@ class Scheduler:
         # The runner reads the pre-step counters above; the scheduler moves on right away.
         for req_id, num_tokens in num_scheduled_tokens.items():
             self.requests[req_id].num_computed_tokens += num_tokens
+        if self.structured_output_manager is not None:
+            # Constrained requests whose chunk reaches their last token sample this step.
+            sampling = [self.requests[i] for i in num_scheduled_tokens
+                        if self.requests[i].num_computed_tokens >= self.requests[i].num_tokens]
+            output.grammar_output = self.structured_output_manager.grammar_bitmask(sampling)
         self.finished_req_ids = set()
         return output
 
@@ -112,10 +123,12 @@ class Scheduler:
                 continue   # aborted meanwhile, or a partial prefill
             for token_id in token_ids:
                 request.append_output_token_ids(token_id)
-                if self._check_stop(request):
+                if self._check_stop(request) or self._advance_grammar(request, token_id):
                     stopped.add(req_id)
                     break
             updated.append(request)
+        updated.extend(self._grammar_failed)
+        self._grammar_failed = []
         if stopped:
             self.running = [r for r in self.running if r.request_id not in stopped]
             for req_id in stopped:
@@ -178,8 +191,12 @@ class Scheduler:
         """Admits waiting requests (new or preempted) with the budget left, prefix hits applied."""
         scheduled: list[Request] = []
         budget = self.max_num_batched_tokens - sum(num_scheduled_tokens.values())
+        skipped: list[Request] = []   # grammars still compiling: they keep their place
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             request = self.waiting[0]
+            if self._waits_for_grammar(request):
+                skipped.append(self.waiting.popleft())
+                continue
             computed_blocks, num_computed = self.kv_cache_manager.get_computed_blocks(request)
             num_new_tokens = self._num_new_tokens(request, num_computed, budget)
             if self.kv_cache_manager.allocate_slots(request, num_new_tokens, computed_blocks) is None:
@@ -193,7 +210,42 @@ class Scheduler:
                 request.num_cached_tokens = num_computed
             num_scheduled_tokens[request.request_id] = num_new_tokens
             budget -= num_new_tokens
+        for request in reversed(skipped):
+            if request.is_finished:   # its grammar failed to compile
+                self._free_request(request)
+                self._grammar_failed.append(request)
+            else:
+                self.waiting.appendleft(request)
         return scheduled
+
+    def _waits_for_grammar(self, request: Request) -> bool:
+        """True while its grammar compiles, or when it failed (the request is then aborted)."""
+        so_request = request.structured_output_request
+        if so_request is None:
+            return False
+        if not so_request.is_ready():
+            return True
+        try:
+            so_request.grammar
+        except Exception as exc:   # noqa: BLE001 - any compile failure ends only this request
+            logger.warning("Request %s: its grammar failed to compile: %s", request.request_id, exc)
+            request.status = RequestStatus.FINISHED_ABORTED
+            return True
+        return False
+
+    def _advance_grammar(self, request: Request, token_id: int) -> bool:
+        """Feeds the token to the request's grammar; True when that ends the request."""
+        so_request = request.structured_output_request
+        if so_request is None:
+            return False
+        grammar = so_request.grammar
+        if not grammar.accept_tokens(request.request_id, [token_id]):
+            request.status = RequestStatus.FINISHED_ABORTED
+            return True
+        if grammar.is_terminated():   # the constraint is complete: only EOS could follow
+            request.status = RequestStatus.FINISHED_STOPPED
+            return True
+        return False
 
     def _num_new_tokens(self, request: Request, num_computed_tokens: int, budget: int) -> int:
         num_new_tokens = request.num_tokens - num_computed_tokens

@@ -9,7 +9,7 @@ from minivllm.model_executor.layers.attention.backends.cpu_attn_metadata import 
     CommonAttentionMetadata, TorchAttentionMetadataBuilder)
 from minivllm.model_executor.model_loader import get_model
 from minivllm.sequence import IntermediateTensors
-from minivllm.v1.core.sched.output import SchedulerOutput
+from minivllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
 from minivllm.v1.outputs import ModelRunnerOutput
 from minivllm.worker import hugepages
 from minivllm.worker.cpu_graph_runner import CPUGraphRunner
@@ -109,7 +109,7 @@ class ModelRunner:
         hidden = self._forward(inputs, intermediate_tensors)
         if isinstance(hidden, IntermediateTensors):
             return hidden
-        return self.sample(inputs, hidden)
+        return self.sample(inputs, hidden, so.grammar_output)
 
     def _update_states(self, so: SchedulerOutput) -> None:
         for req_id in so.finished_req_ids:
@@ -140,14 +140,21 @@ class ModelRunner:
                               positions=inputs.positions.to(self.device),
                               intermediate_tensors=intermediate_tensors)
 
-    def sample(self, inputs: StepInputs, hidden: torch.Tensor) -> ModelRunnerOutput:
-        """Logits for the rows that sample, then one token each; prompt logprobs if asked."""
+    def sample(self, inputs: StepInputs, hidden: torch.Tensor,
+               grammar: GrammarOutput | None = None) -> ModelRunnerOutput:
+        """Logits for the rows that sample, then one token each (within the grammars' bitmask
+        where requests are constrained); prompt logprobs if asked."""
         sample_ids = [inputs.req_ids[r] for r in inputs.sample_rows]
         sampled_lists: dict[str, list[int]] = {}
         logprob_lists: dict[str, list | None] = {}
         if sample_ids:
             logits = self.model.compute_logits(hidden[inputs.logits_indices])  # [S, V]
             metadata = self.sampling_states.make_metadata(sample_ids, logits.shape[-1])
+            if grammar is not None:
+                row_of = {req_id: i for i, req_id in enumerate(sample_ids)}
+                metadata.grammar_rows = torch.tensor(
+                    [row_of[r] for r in grammar.structured_output_request_ids])
+                metadata.grammar_bitmask = grammar.grammar_bitmask
             out = self.sampler(logits, metadata)
             tokens = out.sampled_token_ids.tolist()
             if out.logprobs_tensors is not None:

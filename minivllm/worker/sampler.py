@@ -1,4 +1,5 @@
-"""Batched sampling: penalties, min_tokens, temperature, min-p/top-k/top-p, then one draw per row."""
+"""Batched sampling: grammar bitmask, penalties, min_tokens, logit_bias, temperature,
+min-p/top-k/top-p, then one draw per row."""
 
 from __future__ import annotations
 
@@ -38,6 +39,18 @@ class SamplingMetadata:
     frequency_penalties: torch.Tensor | None  # [B] float32
     repetition_penalties: torch.Tensor | None  # [B] float32
     min_tokens_mask_index: tuple[torch.Tensor, torch.Tensor] | None  # (rows, token_ids) to mask
+    # (rows, token_ids, biases) of every logit_bias entry of the batch, added in one op
+    logit_bias_index: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+    # Structured outputs: bitmask row i [W] int32 constrains logits row grammar_rows[i]
+    grammar_bitmask: torch.Tensor | None = None   # [C, ceil(V / 32)] int32
+    grammar_rows: torch.Tensor | None = None      # [C] int64
+
+    @property
+    def plain_greedy(self) -> bool:
+        """Greedy rows only and nothing that changes or reports the logits."""
+        return (self.all_greedy and self.max_num_logprobs is None and self.no_penalties
+                and self.min_tokens_mask_index is None and self.logit_bias_index is None
+                and self.grammar_bitmask is None)
 
 
 @dataclass
@@ -171,7 +184,8 @@ class RequestSamplingStates:
             max_num_logprobs=max(asked) if asked else None, num_logprobs=num_logprobs,
             no_penalties=True, prompt_token_mask=None, output_token_counts=None,
             presence_penalties=None, frequency_penalties=None, repetition_penalties=None,
-            min_tokens_mask_index=self._min_tokens_index(states, vocab_size))
+            min_tokens_mask_index=self._min_tokens_index(states, vocab_size),
+            logit_bias_index=self._logit_bias_index(params))
         if any(s.penalty_slot is not None for s in states):
             self._fill_penalties(metadata, states, vocab_size)
         return metadata
@@ -189,6 +203,15 @@ class RequestSamplingStates:
         if not rows:
             return None
         return (torch.tensor(rows, device=self.device), torch.tensor(token_ids, device=self.device))
+
+    def _logit_bias_index(self, params: list[SamplingParams]
+                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        entries = [(i, t, b) for i, p in enumerate(params) for t, b in (p.logit_bias or {}).items()]
+        if not entries:
+            return None
+        rows, token_ids, biases = zip(*entries)
+        return (torch.tensor(rows, device=self.device), torch.tensor(token_ids, device=self.device),
+                torch.tensor(biases, dtype=torch.float32, device=self.device))
 
     def _fill_penalties(self, metadata: SamplingMetadata, states: list[_RequestState],
                         vocab_size: int) -> None:
@@ -241,8 +264,7 @@ class Sampler(nn.Module):
     """logits [B, V] (any float dtype) -> one token per row (vLLM's v1 order of operations)."""
 
     def forward(self, logits: torch.Tensor, metadata: SamplingMetadata) -> SamplerOutput:
-        if (metadata.all_greedy and metadata.max_num_logprobs is None and metadata.no_penalties
-                and metadata.min_tokens_mask_index is None):
+        if metadata.plain_greedy:
             # Plain greedy: argmax of the logits as they are. Widening bf16 to fp32 is exact,
             # so this is the fp32 argmax (first index on ties) without a [B, V] fp32 copy; the
             # native kernel for bf16 on CPU, else `max` (~2x faster than `argmax` on CPU).
@@ -250,11 +272,14 @@ class Sampler(nn.Module):
             if tokens is None:
                 tokens = logits.max(dim=-1).indices
             return SamplerOutput(sampled_token_ids=tokens, logprobs_tensors=None)
+        logits = logits.to(torch.float32)
+        if metadata.grammar_bitmask is not None:
+            # As vLLM: the grammar applies before the sampler, so logprobs see it too.
+            logits = apply_grammar_bitmask(logits, metadata.grammar_bitmask, metadata.grammar_rows)
         # Logprobs are reported from the raw logits, before any processing (vLLM's default).
         raw_logprobs = None
         if metadata.max_num_logprobs is not None:
-            raw_logprobs = logits.log_softmax(dim=-1, dtype=torch.float32)
-        logits = logits.to(torch.float32)
+            raw_logprobs = logits.log_softmax(dim=-1)
         if not metadata.no_penalties:
             logits = apply_penalties(logits, metadata.prompt_token_mask,
                                      metadata.output_token_counts, metadata.presence_penalties,
@@ -262,6 +287,9 @@ class Sampler(nn.Module):
         if metadata.min_tokens_mask_index is not None:
             logits = logits.index_put(metadata.min_tokens_mask_index,
                                       torch.tensor(float("-inf"), device=logits.device))
+        if metadata.logit_bias_index is not None:
+            rows, token_ids, biases = metadata.logit_bias_index
+            logits = logits.index_put((rows, token_ids), biases, accumulate=True)
         sampled = self.sample(logits, metadata)
         logprobs_tensors = None
         if raw_logprobs is not None:
@@ -294,6 +322,20 @@ def apply_penalties(logits: torch.Tensor, prompt_mask: torch.Tensor, output_coun
     logits = torch.where(prompt_mask | output_mask, penalised, logits)
     logits = logits - frequency.unsqueeze(1) * output_counts
     return logits - presence.unsqueeze(1) * output_mask
+
+
+def apply_grammar_bitmask(logits: torch.Tensor, bitmask: torch.Tensor,
+                          rows: torch.Tensor) -> torch.Tensor:
+    """-inf on the tokens the grammars forbid: bitmask [C, W] int32 (bit t of word w allows
+    token 32 * w + t) over logits rows `rows` [C] of logits [B, V], all rows in one op."""
+    shifts = torch.arange(32, dtype=torch.int32, device=logits.device)
+    allowed = (bitmask.to(logits.device).unsqueeze(-1) >> shifts) & 1       # [C, W, 32]
+    allowed = allowed.view(bitmask.shape[0], -1)[:, :logits.shape[1]].bool()  # [C, V]
+    vocab_size = allowed.shape[1]
+    constrained = logits.index_select(0, rows)                               # [C, V]
+    constrained[:, :vocab_size] = constrained[:, :vocab_size].masked_fill(~allowed, float("-inf"))
+    constrained[:, vocab_size:] = float("-inf")   # ids past the mask: not the grammar's tokens
+    return logits.index_copy(0, rows, constrained)
 
 
 def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:

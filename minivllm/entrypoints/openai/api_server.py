@@ -39,7 +39,7 @@ def _install_error_handlers(app: FastAPI) -> None:
         return _error_json(exc)
 
     @app.exception_handler(RequestValidationError)
-    async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
         # OpenAI answers malformed bodies with 400, not FastAPI's 422.
         errors = exc.errors()
         first = errors[0] if errors else {}
@@ -47,8 +47,15 @@ def _install_error_handlers(app: FastAPI) -> None:
         message = "; ".join(f"{'.'.join(str(p) for p in e.get('loc', ()) if p != 'body') or 'body'}: "
                             f"{e.get('msg', '')}" for e in errors) or "Invalid request body."
         param = loc[0] if loc and isinstance(loc[0], str) else None
-        if first.get("type") == "json_invalid":
-            message, param = f"The body is not valid JSON: {first.get('msg', '')}", None
+        content_type = request.headers.get("content-type", "")
+        if request.method == "POST" and "json" not in content_type.split(";")[0]:
+            message = (f"The request body must be JSON with Content-Type: application/json; got "
+                       f"Content-Type: {content_type or '(none)'}.")
+            param = None
+        elif first.get("type") == "json_invalid":
+            detail = (first.get("ctx") or {}).get("error") or first.get("msg", "")
+            where = f" at position {loc[0]}" if loc and isinstance(loc[0], int) else ""
+            message, param = f"The body is not valid JSON: {detail}{where}.", None
         return _error_json(OpenAIError(message, param=param))
 
     @app.exception_handler(StarletteHTTPException)

@@ -6,9 +6,9 @@ import time
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from minivllm.sampling_params import SamplingParams
+from minivllm.sampling_params import SamplingParams, StructuredOutputsParams
 
 # The sampler gathers the top-k logprobs with torch.topk; bounding k keeps it cheap and below
 # any vocabulary size (vLLM's default max_logprobs is 20 too).
@@ -23,6 +23,40 @@ class OpenAIBaseModel(BaseModel):
     # NOTE: unknown fields are ignored (as vLLM does) so newer clients keep working; NaN and
     # infinity are refused (a NaN temperature would pass every range check).
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_lone_surrogates(cls, data: Any) -> Any:
+        # NOTE: JSON's "\ud800" escape decodes to a lone surrogate, which no tokenizer and no
+        # UTF-8 response can carry; refusing it here makes it a 400 in every field.
+        where = _lone_surrogate_path(data, "")
+        if where is not None:
+            raise ValueError(f"{where or 'the body'} is not valid Unicode text: it contains a "
+                             "lone surrogate (an unpaired \\ud800-\\udfff escape).")
+        return data
+
+
+def _lone_surrogate_path(value: Any, path: str) -> str | None:
+    """The path of the first string (key or value) that is not encodable as UTF-8, or None."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return path
+        return None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            found = _lone_surrogate_path(key, path) if isinstance(key, str) else None
+            found = found if found is not None else _lone_surrogate_path(
+                item, f"{path}.{key}" if path else str(key))
+            if found is not None:
+                return found
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            found = _lone_surrogate_path(item, f"{path}[{i}]")
+            if found is not None:
+                return found
+    return None
 
 
 class ErrorInfo(OpenAIBaseModel):
@@ -60,6 +94,19 @@ class StreamOptions(OpenAIBaseModel):
     include_usage: bool = False
 
 
+class JsonSchemaResponseFormat(OpenAIBaseModel):
+    name: str = "response"
+    description: str | None = None
+    # `schema` would shadow a BaseModel attribute; the JSON key stays "schema".
+    json_schema: dict[str, Any] | bool | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(OpenAIBaseModel):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaResponseFormat | None = None
+
+
 class _SamplingRequest(OpenAIBaseModel):
     """Fields shared by completions and chat, including vLLM's extras."""
 
@@ -76,6 +123,7 @@ class _SamplingRequest(OpenAIBaseModel):
     frequency_penalty: float = 0.0
     logit_bias: dict[str, float] | None = None
     user: str | None = None
+    response_format: ResponseFormat | None = None
     # vLLM's extras (sent with the openai client through `extra_body`).
     top_k: int | None = None
     min_p: float | None = None
@@ -85,12 +133,11 @@ class _SamplingRequest(OpenAIBaseModel):
     stop_token_ids: list[int] | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    structured_outputs: dict[str, Any] | None = None   # vLLM's StructuredOutputsParams fields
 
     def _sampling_params(self, max_tokens: int, logprobs: int | None,
                          prompt_logprobs: int | None = None) -> SamplingParams:
         """Raises ValueError (from SamplingParams) naming the bad field."""
-        if self.logit_bias:
-            raise ValueError("logit_bias is not supported.")
         return SamplingParams(
             n=self.n, max_tokens=max_tokens, min_tokens=self.min_tokens,
             temperature=1.0 if self.temperature is None else self.temperature,
@@ -102,7 +149,37 @@ class _SamplingRequest(OpenAIBaseModel):
             seed=self.seed, stop=self.stop, stop_token_ids=self.stop_token_ids,
             ignore_eos=self.ignore_eos, logprobs=logprobs, prompt_logprobs=prompt_logprobs,
             include_stop_str_in_output=self.include_stop_str_in_output,
-            skip_special_tokens=self.skip_special_tokens)
+            skip_special_tokens=self.skip_special_tokens, logit_bias=self._logit_bias(),
+            structured_outputs=self._structured_outputs())
+
+    def _logit_bias(self) -> dict[int, float] | None:
+        if not self.logit_bias:
+            return None
+        try:
+            # OpenAI's range; vLLM clamps to it the same way.
+            return {int(t): min(100.0, max(-100.0, b)) for t, b in self.logit_bias.items()}
+        except ValueError:
+            raise ValueError("logit_bias keys must be token ids (integers as strings).") from None
+
+    def _structured_outputs(self) -> StructuredOutputsParams | None:
+        """From `response_format` (OpenAI) or `structured_outputs` (vLLM); not both."""
+        fmt = self.response_format
+        if fmt is not None and fmt.type != "text" and self.structured_outputs:
+            raise ValueError("structured_outputs cannot be combined with response_format.")
+        if self.structured_outputs:
+            try:
+                return StructuredOutputsParams(**self.structured_outputs)
+            except TypeError as exc:
+                raise ValueError(f"structured_outputs has an unknown field: {exc}") from None
+        if fmt is None or fmt.type == "text":
+            return None
+        if fmt.type == "json_object":
+            return StructuredOutputsParams(json_object=True)
+        if fmt.json_schema is None or fmt.json_schema.json_schema is None:
+            raise ValueError("response_format json_schema needs `json_schema.schema`.")
+        # OpenAI's strict mode: objects take no properties the schema does not list.
+        return StructuredOutputsParams(json=fmt.json_schema.json_schema,
+                                       disable_additional_properties=bool(fmt.json_schema.strict))
 
     @property
     def include_usage(self) -> bool:
@@ -120,6 +197,8 @@ class CompletionRequest(_SamplingRequest):
     best_of: int | None = None
 
     def to_sampling_params(self, max_tokens: int) -> SamplingParams:
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("stream_options is only allowed when stream is true.")
         if self.suffix:
             raise ValueError("suffix is not supported.")
         if self.best_of is not None and self.best_of != self.n:
@@ -175,6 +254,8 @@ class ChatCompletionRequest(_SamplingRequest):
     tools: list[dict[str, Any]] | None = None
 
     def to_sampling_params(self, max_tokens: int) -> SamplingParams:
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("stream_options is only allowed when stream is true.")
         if self.tools:
             raise ValueError("tools are not supported.")
         if self.top_logprobs and not self.logprobs:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
@@ -45,16 +46,21 @@ class _Job:
     created: int
     prompts: list[_Prompt]
     streams: list[RequestStream] = field(default_factory=list)
+    # echo with max_tokens=0 (lm-eval's loglikelihood): one token is computed for the prompt's
+    # logprobs and dropped from the answer.
+    echo_only: bool = False
 
 
 class OpenAIServingCompletion(OpenAIServing):
 
     async def create_completion(self, request: CompletionRequest, raw_request: Request) -> Response:
         self.check_model(request.model)
-        job = _Job(request, f"cmpl-{random_uuid()}", int(time.time()), self._prompts(request.prompt))
+        job = _Job(request, f"cmpl-{random_uuid()}", int(time.time()), self._prompts(request.prompt),
+                   echo_only=request.echo and request.max_tokens == 0)
         engine_requests = []
         for i, prompt in enumerate(job.prompts):
             max_tokens = self.resolve_max_tokens(len(prompt.token_ids), request.max_tokens)
+            max_tokens = 1 if job.echo_only else max_tokens
             params = self.sampling_params(request, max_tokens)
             engine_requests.append((f"{job.request_id}-{i}", prompt.token_ids, params))
         job.streams = self.add_requests(engine_requests)
@@ -66,6 +72,8 @@ class OpenAIServingCompletion(OpenAIServing):
             raise engine_error(exc) from exc
         if finals is None:
             return Response(status_code=499)   # the client is gone; nobody reads this
+        if job.echo_only:
+            finals = [_without_completion(f) for f in finals]
         return JSONResponse(self._response(job, finals).model_dump(mode="json"))
 
     def _prompts(self, prompt: str | list[str] | list[int] | list[list[int]]) -> list[_Prompt]:
@@ -121,6 +129,8 @@ class OpenAIServingCompletion(OpenAIServing):
         try:
             async with aclosing(merge_streams(job.streams)) as merged:
                 async for i, output in merged:
+                    if job.echo_only:
+                        output = _without_completion(output)
                     for out in output.outputs:
                         choice = self._stream_choice(job, i, output, out, states[i * n + out.index])
                         if choice is not None:
@@ -206,3 +216,12 @@ class OpenAIServingCompletion(OpenAIServing):
             return f"token_id:{token_id}"
         token = tokenizer.convert_ids_to_tokens(token_id)
         return tokenizer.convert_tokens_to_string([token]) if token is not None else ""
+
+
+def _without_completion(output: RequestOutput) -> RequestOutput:
+    """The output of an echo-only request: the prompt's part, no generated token."""
+    outputs = [dataclasses.replace(o, text="", token_ids=[], cumulative_logprob=None,
+                                   logprobs=[] if o.logprobs is not None else None,
+                                   finish_reason="length" if o.finish_reason else None,
+                                   stop_reason=None) for o in output.outputs]
+    return dataclasses.replace(output, outputs=outputs)

@@ -17,6 +17,7 @@ from minivllm.engine.async_llm import (AsyncLLM, EngineDeadError, QueueFullError
 from minivllm.entrypoints.openai.protocol import ErrorInfo, ErrorResponse
 from minivllm.outputs import RequestOutput
 from minivllm.sampling_params import SamplingParams
+from minivllm.v1.structured_output import validate_structured_outputs
 
 T = TypeVar("T")
 # Logprobs of -inf are not valid JSON; vLLM clamps them the same way.
@@ -124,18 +125,30 @@ class OpenAIServing:
                 "prompt or the completion.", param=param)
         return max_tokens
 
-    @staticmethod
-    def sampling_params(request: Any, max_tokens: int,
+    def sampling_params(self, request: Any, max_tokens: int,
                         aliases: dict[str, str] | None = None) -> SamplingParams:
         """`request.to_sampling_params`; a ValueError becomes a 400 naming the field if it can
-        (the messages start with the field's name)."""
+        (the messages start with the field's name). The output constraint is compiled to a
+        grammar and checked here, so a bad schema or regex is a 400 before anything streams."""
         try:
-            return request.to_sampling_params(max_tokens)
+            params = request.to_sampling_params(max_tokens)
         except ValueError as exc:
             first_word = str(exc).split(" ", 1)[0]
             known = first_word in _SAMPLING_FIELDS or first_word in type(request).model_fields
             param = (aliases or {}).get(first_word, first_word) if known else None
             raise OpenAIError(str(exc), param=param) from exc
+        if self.async_llm.vocab_size is not None:
+            try:
+                params.verify_vocab(self.async_llm.vocab_size)
+            except ValueError as exc:
+                raise OpenAIError(str(exc), param="logit_bias") from exc
+        if params.structured_outputs is not None:
+            try:
+                validate_structured_outputs(params.structured_outputs)
+            except ValueError as exc:
+                raise OpenAIError(str(exc), param="structured_outputs" if request.structured_outputs
+                                  else "response_format") from exc
+        return params
 
     def add_requests(self, requests: list[tuple[str, list[int], SamplingParams]]) -> list[RequestStream]:
         """Admits all requests or none (a batch that hits a full queue gets one 429)."""

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
+
 from minivllm.sampling_params import SamplingParams
 
 
@@ -32,6 +34,14 @@ class CachedRequestData:
 
 
 @dataclass
+class GrammarOutput:
+    """The token bitmask of the structured-output requests that sample this step."""
+
+    structured_output_request_ids: list[str]   # row i of grammar_bitmask
+    grammar_bitmask: torch.Tensor   # [len(ids), ceil(V / 32)] int32; bit t of word w allows 32w + t
+
+
+@dataclass
 class SchedulerOutput:
     """One step's work.
 
@@ -47,3 +57,4 @@ class SchedulerOutput:
     total_num_scheduled_tokens: int
     finished_req_ids: set[str]             # finished/aborted since last step: drop their state
     preempted_req_ids: set[str]            # drop their state too; they come back as new requests
+    grammar_output: GrammarOutput | None = None   # None when no constrained request samples

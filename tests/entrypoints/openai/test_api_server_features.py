@@ -1,0 +1,186 @@
+"""The server's structured outputs, logit_bias and the stress test's findings, on the default
+model (a real tokenizer) behind a real uvicorn on loopback, with the openai client."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+
+import httpx
+import jsonschema
+import openai
+import pytest
+
+from minivllm.engine.arg_utils import EngineArgs
+from minivllm.engine.async_llm import AsyncLLM
+from minivllm.entrypoints.openai.api_server import build_app
+from tests.entrypoints.openai._helpers import ServerThread
+
+MODEL = "default"
+SCHEMA = {"type": "object",
+          "properties": {"name": {"type": "string", "maxLength": 8},
+                         "age": {"type": "integer", "minimum": 0, "maximum": 120}},
+          "required": ["name", "age"]}
+MESSAGES = [{"role": "user", "content": "Describe a person as JSON with a name and an age."}]
+PROMPT = "The capital of France is"
+
+
+@pytest.fixture(scope="module")
+def server():
+    engine_args = EngineArgs(max_model_len=512, num_gpu_blocks_override=128, max_num_seqs=32)
+    async_llm = AsyncLLM.from_engine_args(engine_args)
+    with ServerThread(build_app(async_llm, MODEL)) as server:
+        yield server
+    async_llm.shutdown()
+
+
+@pytest.fixture(scope="module")
+def client(server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+
+
+def _gather(server, calls):
+    """Runs coroutine factories concurrently (so they share engine steps)."""
+    async def run():
+        client = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+        async with client:
+            return await asyncio.gather(*(call(client) for call in calls))
+    return asyncio.run(run())
+
+
+def test_json_schema_strict_20_seeded_requests_validate(server):
+    response_format = {"type": "json_schema",
+                       "json_schema": {"name": "person", "schema": SCHEMA, "strict": True}}
+
+    def call(seed):
+        return lambda c: c.chat.completions.create(
+            model=MODEL, messages=MESSAGES, temperature=1.0, seed=seed, max_tokens=48,
+            response_format=response_format)
+    responses = _gather(server, [call(seed) for seed in range(20)])
+    strict = {**SCHEMA, "additionalProperties": False}
+    for r in responses:
+        assert r.choices[0].finish_reason == "stop", r.choices[0].message.content
+        jsonschema.validate(json.loads(r.choices[0].message.content), strict)
+
+
+def test_json_object_regex_choice_and_free_requests_in_one_batch(server, client):
+    def free(c):
+        return c.completions.create(model=MODEL, prompt=PROMPT, temperature=0, max_tokens=8)
+    constrained = [
+        lambda c: c.chat.completions.create(model=MODEL, messages=MESSAGES, temperature=1.0,
+                                            seed=1, max_tokens=48,
+                                            response_format={"type": "json_object"}),
+        lambda c: c.completions.create(model=MODEL, prompt=PROMPT, temperature=1.0, seed=2,
+                                       max_tokens=12, extra_body={"structured_outputs": {
+                                           "regex": r" [A-Z][a-z]{2,6}\."}}),
+        lambda c: c.completions.create(model=MODEL, prompt=PROMPT, temperature=1.0, seed=3,
+                                       max_tokens=12, n=2, extra_body={"structured_outputs": {
+                                           "choice": [" Paris", " Lyon", " Nice"]}}),
+        lambda c: c.chat.completions.create(model=MODEL, messages=MESSAGES, temperature=1.0,
+                                            seed=4, max_tokens=12, extra_body={
+                                                "structured_outputs": {"grammar": 'start: "age=" /[0-9]{2}/'}}),
+    ]
+    alone = free(client).choices[0].text
+    results = _gather(server, [free, constrained[0], free, constrained[1], free, constrained[2],
+                               free, constrained[3]])
+    assert [results[i].choices[0].text for i in (0, 2, 4, 6)] == [alone] * 4
+    assert isinstance(json.loads(results[1].choices[0].message.content), dict)
+    assert re.fullmatch(r" [A-Z][a-z]{2,6}\.", results[3].choices[0].text)
+    assert len(results[5].choices) == 2
+    assert {c.text for c in results[5].choices} <= {" Paris", " Lyon", " Nice"}
+    assert re.fullmatch(r"age=[0-9]{2}", results[7].choices[0].message.content)
+
+
+@pytest.mark.parametrize("body, param, problem", [
+    ({"structured_outputs": {"regex": "a(b"}}, "structured_outputs", "unclosed group"),
+    ({"response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"type": "no-such-type"}}}}, "response_format", "no-such-type"),
+    ({"structured_outputs": {"json": "{not json"}}, "structured_outputs", "not valid JSON"),
+    ({"structured_outputs": {"regex": "a", "choice": ["a"]}}, "structured_outputs", "exactly one"),
+    ({"structured_outputs": {"no_such": 1}}, "structured_outputs", "no_such"),
+    ({"logit_bias": {"999999": 5}}, "logit_bias", "out of range"),
+    ({"logit_bias": {"abc": 5}}, "logit_bias", "token ids"),
+    ({"stream_options": {"include_usage": True}}, "stream_options", "stream is true"),
+])
+def test_bad_constraints_and_options_are_400s_naming_the_problem(server, body, param, problem):
+    for path, base in (("completions", {"prompt": PROMPT}), ("chat/completions", {"messages": MESSAGES})):
+        r = httpx.post(f"{server.url}/v1/{path}", json={"model": MODEL, "max_tokens": 4, **base, **body})
+        assert r.status_code == 400, r.text
+        error = r.json()["error"]
+        assert problem in error["message"] and error["param"] == param
+
+
+def test_logit_bias_bans_and_forces_a_token(server, client):
+    greedy = client.completions.create(model=MODEL, prompt=PROMPT, temperature=0, max_tokens=1)
+    token = httpx.post(f"{server.url}/tokenize", json={"prompt": greedy.choices[0].text,
+                                                       "add_special_tokens": False}).json()["tokens"]
+    assert len(token) == 1
+    banned = client.completions.create(model=MODEL, prompt=PROMPT, temperature=0, max_tokens=1,
+                                       logit_bias={str(token[0]): -100})
+    assert banned.choices[0].text != greedy.choices[0].text
+    forced_id = httpx.post(f"{server.url}/tokenize", json={"prompt": " banana",
+                                                           "add_special_tokens": False}).json()["tokens"]
+    forced = client.completions.create(model=MODEL, prompt=PROMPT, temperature=1.0, max_tokens=3,
+                                       logit_bias={str(forced_id[0]): 100})
+    piece = httpx.post(f"{server.url}/detokenize", json={"tokens": forced_id[:1]}).json()["prompt"]
+    assert forced.choices[0].text == piece * 3
+
+
+@pytest.mark.parametrize("path, body", [
+    ("completions", '{"model": "\\ud800", "prompt": "hi"}'),
+    ("completions", '{"prompt": "hi \\udfff there"}'),
+    ("completions", '{"prompt": ["ok", "\\ud83d"]}'),
+    ("completions", '{"prompt": "hi", "stop": ["\\ud800"]}'),
+    ("chat/completions", '{"messages": [{"role": "user", "content": "\\udc00"}]}'),
+    ("chat/completions", '{"messages": [{"role": "user", "content": "x"}], "user": "\\ud800"}'),
+])
+def test_lone_surrogates_are_400_not_500(server, path, body):
+    r = httpx.post(f"{server.url}/v1/{path}", content=body,
+                   headers={"Content-Type": "application/json"})
+    assert r.status_code == 400, r.text
+    assert "lone surrogate" in r.json()["error"]["message"]
+    # The connection survives: the server still answers.
+    assert httpx.get(f"{server.url}/health").status_code == 200
+
+
+def test_wrong_content_type_and_invalid_json_say_so(server):
+    r = httpx.post(f"{server.url}/v1/completions", content='{"prompt": "hi"}',
+                   headers={"Content-Type": "text/plain"})
+    assert r.status_code == 400 and "Content-Type" in r.json()["error"]["message"]
+    r = httpx.post(f"{server.url}/v1/completions", content='{"prompt": "hi",}',
+                   headers={"Content-Type": "application/json"})
+    message = r.json()["error"]["message"]
+    assert r.status_code == 400 and "not valid JSON" in message and "position 16" in message
+
+
+def test_echo_with_max_tokens_0_returns_the_prompt_and_its_logprobs(server, client):
+    r = client.completions.create(model=MODEL, prompt=PROMPT, echo=True, max_tokens=0, logprobs=1)
+    choice = r.choices[0]
+    num_prompt = r.usage.prompt_tokens
+    assert choice.text == PROMPT and r.usage.completion_tokens == 0
+    assert len(choice.logprobs.tokens) == num_prompt
+    assert choice.logprobs.token_logprobs[0] is None
+    assert all(lp <= 0 for lp in choice.logprobs.token_logprobs[1:])
+    with pytest.raises(openai.BadRequestError, match="max_tokens"):
+        client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=0)
+
+
+def _aborted(url: str) -> float:
+    text = httpx.get(f"{url}/metrics").text
+    match = re.search(r'^vllm:request_success_total\{[^}]*finished_reason="abort"[^}]*\} (\S+)$',
+                      text, re.MULTILINE)
+    return float(match.group(1)) if match else 0.0
+
+
+def test_client_disconnect_counts_as_abort(server, client):
+    before = _aborted(server.url)
+    stream = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=200,
+                                       temperature=0, stream=True, extra_body={"ignore_eos": True})
+    next(iter(stream))
+    stream.close()
+    deadline = time.monotonic() + 10
+    while _aborted(server.url) < before + 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _aborted(server.url) == before + 1
