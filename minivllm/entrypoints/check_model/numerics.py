@@ -101,7 +101,7 @@ def _report_layers(section: Section, rows: list[dict], rtol: float) -> None:
     section.data["rtol"] = rtol
     section.text_rows.append(f"{'module':44} {'transformers':44} {'max abs':>9} {'max rel':>9}")
     for r in rows:
-        section.text_rows.append(f"{r['module']:44} {','.join(r['hf_modules']):44} "
+        section.text_rows.append(f"{r['module']:44} {_short_names(r['hf_modules']):44} "
                                  f"{r['max_abs_error']:9.2e} {r['max_rel_error']:9.2e}"
                                  + ("" if r["ok"] else "  <-"))
     first = next((r for r in rows if not r["ok"]), None)
@@ -145,6 +145,13 @@ def _compare_greedy(section: Section, hf_model: nn.Module, ids: list[int], mv_to
     if max_diff > atol:
         section.error("logprobs", f"chosen-token logprobs differ by up to {max_diff:.3g} "
                       f"(tolerance {atol:g})")
+
+
+def _short_names(names: list[str]) -> str:
+    """`a.q_proj, a.k_proj` -> `a.q_proj+k_proj` (one column of the text table)."""
+    head = names[0].rpartition(".")[0]
+    return names[0] + "".join("+" + n.rpartition(".")[2] for n in names[1:]) if all(
+        n.rpartition(".")[0] == head for n in names) else ",".join(names)
 
 
 def _hf_names(name: str, hf: dict[str, object], packed: dict[str, list[str]]) -> list[str] | None:

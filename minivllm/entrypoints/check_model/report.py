@@ -109,11 +109,13 @@ class Report:
             sec = self.sections[name]
             head = f"[{sec.status.upper():4}] {name}"
             lines.append(head + (f": {sec.summary}" if sec.summary else ""))
+            printed: set[str] = set()
             for f in sec.findings:
                 where = f" {f.layer}:" if f.layer else ""
                 lines.append(f"  {f.severity:7}{where} {f.message}")
-                if f.fix:
+                if f.fix and f.fix not in printed:     # a repeated fix is printed once
                     lines.append(f"           fix: {f.fix}")
+                    printed.add(f.fix)
             lines.extend(f"  {row}" for row in sec.text_rows)
         lines.append("")
         lines.append("OK: every check passed" if self.ok else

@@ -83,8 +83,12 @@ def _report(section: Section, model: nn.Module, unexpected: list[str], missing: 
         rule = _rule(name, by_hf[best], model) if best is not None and dist < 2.5 else None
         if rule is not None:
             rules[rule] += 1
-        section.error("unexpected", f"checkpoint weight {name!r} maps to no parameter"
-                      + (f"; nearest parameter: {best!r} ({by_hf[best].param})" if best else ""),
+        hint = ""
+        if best is not None:
+            cand = by_hf[best]
+            hint = f"; nearest parameter: {cand.param!r}" + (
+                f" (checkpoint name {best!r})" if best != cand.param else "")
+        section.error("unexpected", f"checkpoint weight {name!r} maps to no parameter{hint}",
                       layer=name.rsplit(".", 1)[0], fix=rule)
     ckpt_pool = list(unexpected)
     for param in missing:
@@ -98,7 +102,8 @@ def _report(section: Section, model: nn.Module, unexpected: list[str], missing: 
     for rule, count in rules.most_common():
         if count > 1:
             section.error("systematic_mismatch", f"{count} checkpoint names differ from the "
-                          "model's names the same way", fix=rule)
+                          f"model's names the same way; one rule fixes them all: {rule}",
+                          fix=rule)
     section.data["rules"] = [{"rule": r, "count": n} for r, n in rules.most_common()]
 
 

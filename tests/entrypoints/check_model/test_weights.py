@@ -29,8 +29,8 @@ def test_missing_stacked_rule_names_both_sides_and_the_rule(tiny_llama_factory, 
     assert sorted(e.layer for e in missing) == ["model.layers.0.mlp.gate_up_proj",
                                                 "model.layers.1.mlp.gate_up_proj"]
     gate = next(e for e in unexpected if e.layer == "model.layers.0.mlp.gate_proj")
-    assert "nearest parameter: 'model.layers.0.mlp.gate_proj.weight' " \
-           "(model.layers.0.mlp.gate_up_proj.weight)" in gate.message
+    assert "nearest parameter: 'model.layers.0.mlp.gate_up_proj.weight' " \
+           "(checkpoint name 'model.layers.0.mlp.gate_proj.weight')" in gate.message
     rules = {r["rule"]: r["count"] for r in weights.data["rules"]}
     assert any('{".gate_proj": (".gate_up_proj", 0)}' in r and n == 2 for r, n in rules.items())
     assert any('{".up_proj": (".gate_up_proj", 1)}' in r and n == 2 for r, n in rules.items())
