@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 
 import jsonschema
 import pytest
@@ -94,3 +95,26 @@ def test_params_need_exactly_one_constraint():
     with pytest.raises(ValueError, match="exactly one"):
         StructuredOutputsParams(regex="a", choice=["a"])
     assert StructuredOutputsParams(choice=["a"]).kind == "choice"
+
+
+def test_a_slow_grammar_does_not_stall_other_requests(llm, monkeypatch):
+    manager = llm.llm_engine._structured_output_manager()
+    release = threading.Event()
+    compile_grammar = manager._compile
+
+    def slow_compile(grammar: str):
+        release.wait(30)   # a schema that takes long to compile
+        return compile_grammar(grammar)
+    monkeypatch.setattr(manager, "_compile", slow_compile)
+    engine = llm.llm_engine
+    slow = StructuredOutputsParams(regex=r"slow [0-9]{5}")   # not compiled before: not cached
+    engine.add_request("slow", PROMPT, _sampled(slow, seed=0))
+    engine.add_request("free", PROMPT, SamplingParams(temperature=0, max_tokens=4))
+    finished = {}
+    while "free" not in finished:
+        finished.update({o.request_id: o for o in engine.step() if o.finished})
+    assert "slow" not in finished and engine.has_unfinished_requests()
+    release.set()
+    while engine.has_unfinished_requests():
+        finished.update({o.request_id: o for o in engine.step() if o.finished})
+    assert re.fullmatch(r"slow [0-9]{5}", finished["slow"].outputs[0].text)
