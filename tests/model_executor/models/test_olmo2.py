@@ -23,6 +23,7 @@ def test_olmo2_matches_transformers(olmo2_path, tmp_path):
                                     "model.layers.1.post_feedforward_layernorm.weight"])
 
 
+@pytest.mark.slow
 def test_olmo2_tp2_matches_transformers(olmo2_path):
     """TP = 2 gathers q / k for the norm over every head and splits them again."""
     assert_matches_transformers(olmo2_path, prompts=make_prompts(1000, lens=(9, 40)),
