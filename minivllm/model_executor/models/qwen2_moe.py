@@ -136,8 +136,8 @@ class MoeForCausalLM(LlamaForCausalLM):
         return "decoder_layer_type" if issubclass(self.model_cls, Qwen2Model) else "layer_type"
 
     def get_expert_mapping(self) -> list[tuple[str, str, int, str]]:
-        moe = next(m for m in self.modules() if isinstance(m, FusedMoE))
-        return moe.expert_mapping
+        moe = next((m for m in self.modules() if isinstance(m, FusedMoE)), None)
+        return [] if moe is None else moe.expert_mapping     # none on an all-dense PP stage
 
 
 class Qwen2MoeForCausalLM(MoeForCausalLM):

@@ -38,3 +38,11 @@ def test_qwen2_moe_prefixes_and_bad_names(qwen2_moe_path, tmp_path):
               "model.layers.1.mlp.shared_expert_gate.weight"],
         missing=["model.layers.0.mlp.experts.w2_weight",
                  "model.layers.1.mlp.shared_expert_gate.weight"])
+
+
+def test_qwen2_moe_expert_mapping(qwen2_moe_path):
+    from tests.model_executor.models._family_helpers import build_model
+
+    mapping = build_model(qwen2_moe_path).get_expert_mapping()
+    assert len(mapping) == 3 * TINY_MOE["num_experts"]
+    assert ("experts.w13_", "experts.7.w3.", 7, "w3") in mapping
