@@ -47,9 +47,8 @@ def contract_section(section: Section, model_class: type[nn.Module], model: nn.M
                       "class is neither a text generation nor a pooling model")
     if itf.SupportsPP in model_class.__mro__:
         _check_pp(section, model_class, model)
-    if itf.SupportsEagle3 in model_class.__mro__ and not protocols["SupportsEagle3"]:
-        section.error("eagle3", "SupportsEagle3 is declared but set_aux_hidden_state_layers / "
-                      "get_eagle3_default_aux_hidden_state_layers are missing")
+    if itf.SupportsEagle3 in model_class.__mro__:
+        _check_eagle3(section, model)
     _check_packed_modules(section, model_class, model, protocols)
     declared = [n for n, ok in protocols.items() if ok]
     section.summary = "protocols: " + (", ".join(declared) or "none")
@@ -91,9 +90,26 @@ def _check_pp(section: Section, model_class: type[nn.Module], model: nn.Module) 
     if not itf.supports_kw(getattr(model_class, "forward", None), "intermediate_tensors"):
         section.error("pp_forward", "SupportsPP is declared but forward() takes no "
                       "`intermediate_tensors`: later pipeline stages cannot get their inputs")
-    if not callable(getattr(model, "make_empty_intermediate_tensors", None)):
-        section.error("pp_intermediate", "SupportsPP is declared but the model has no "
-                      "make_empty_intermediate_tensors (make_empty_intermediate_tensors_factory)")
+    own = "make_empty_intermediate_tensors" in vars(model)
+    inherited = getattr(type(model), "make_empty_intermediate_tensors", None)
+    if not own and (inherited is None or inherited is itf.SupportsPP.make_empty_intermediate_tensors):
+        section.error("pp_intermediate", "SupportsPP is declared but the model keeps the "
+                      "protocol's empty make_empty_intermediate_tensors: set it from "
+                      "make_empty_intermediate_tensors_factory(...)")
+
+
+def _check_eagle3(section: Section, model: nn.Module) -> None:
+    # The protocol's inherited bodies work on an inner model that is an EagleModelMixin with
+    # `layers`; a class that overrides both needs neither.
+    cls = type(model)
+    if all(getattr(cls, m) is not getattr(itf.SupportsEagle3, m)
+           for m in ("set_aux_hidden_state_layers", "get_eagle3_default_aux_hidden_state_layers")):
+        return
+    holder = itf._aux_holder(model)
+    if not isinstance(holder, itf.EagleModelMixin) or not hasattr(holder, "layers"):
+        section.error("eagle3", f"SupportsEagle3 is declared but {type(holder).__name__} (the "
+                      "inner model) is not an EagleModelMixin with `layers`: EAGLE-3 cannot "
+                      "read its auxiliary hidden states")
 
 
 def _check_packed_modules(section: Section, model_class: type[nn.Module], model: nn.Module,

@@ -65,3 +65,53 @@ def test_constructor_without_vllm_config_keyword_fails():
     assert check_constructor(section, OldStyle) is False
     assert section.errors()[0].check == "constructor"
     assert "vllm_config" in section.errors()[0].message
+
+
+def _contract_of(cls, model) -> dict[str, str]:
+    from minivllm.entrypoints.check_model.contract import contract_section
+
+    section = Section("contract")
+    contract_section(section, cls, model)
+    return {f.check: f.severity for f in section.findings}
+
+
+def test_protocol_requirements_each_fail():
+    from minivllm.model_executor.models.interfaces import SupportsEagle3, SupportsPP
+
+    class NoPP(nn.Module, SupportsPP, SupportsEagle3):
+        supports_eagle3 = True
+
+        def __init__(self, *, vllm_config=None, prefix=""):
+            super().__init__()
+
+        def forward(self, input_ids, positions):     # no intermediate_tensors
+            return input_ids
+
+    found = _contract_of(NoPP, NoPP())
+    assert found == {"pp_forward": "error", "pp_intermediate": "error", "eagle3": "error",
+                     "embed_input_ids": "warning", "compute_logits": "error"}
+
+
+def test_fused_layer_missing_from_packed_mapping(tiny_llama_factory, tmp_path):
+    # the mapping forgets qkv_proj (and keeps an entry that names no layer)
+    from minivllm.entrypoints.check_model.build import build_model, make_target
+
+    target = make_target(tiny_llama_factory(), model_file=write_broken_llama(tmp_path, "clean"))
+    model, _ = build_model(target)
+
+    class Forgetful(target.model_class):
+        packed_modules_mapping = {"gate_up_proj": ["gate_proj", "up_proj"], "wqkv": ["a", "b"]}
+
+    found = _contract_of(Forgetful, model)
+    assert found == {"packed_missing": "error", "packed_unused": "warning"}
+
+
+def test_attention_name_without_one_layer_index():
+    from minivllm.entrypoints.check_model.contract import prefixes_section
+
+    model = nn.Module()
+    model.block = nn.Module()
+    model.block.layer_name = "block"       # an attention layer named without its layer number
+    section = Section("prefixes")
+    prefixes_section(section, model, [])
+    assert [(e.check, e.layer) for e in section.errors()] == [("layer_index", "block")]

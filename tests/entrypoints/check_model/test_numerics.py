@@ -13,6 +13,7 @@ def test_injected_mlp_bug_is_found_in_both_trees(tiny_llama_factory, tmp_path):
     assert numerics.data["first_divergence"] == {"module": "model.layers.1.mlp",
                                                  "hf_modules": ["model.layers.1.mlp"]}
     [divergence] = [e for e in numerics.errors() if e.check == "divergence"]
+    assert "logprobs" in {e.check for e in numerics.errors()}     # 1% shows in the logprobs
     assert divergence.layer == "model.layers.1.mlp"
     rows = {r["module"]: r for r in numerics.data["layers"]}
     # everything up to the bug matches; the fused layers were compared to the shards' concat
@@ -52,3 +53,65 @@ def test_numerics_is_skipped_without_hf(tiny_llama_factory):
     report = run_checks(CheckOptions(tiny_llama_factory()))
     assert report.sections["numerics"].status == "skip"
     assert "--hf" in report.sections["numerics"].findings[0].message
+
+
+class _FixedLogits:
+    """A stand-in transformers model whose next-token logits are the same at every step."""
+
+    def __init__(self, logits):
+        self.logits = logits
+
+    def __call__(self, input_ids):
+        from types import SimpleNamespace
+
+        return SimpleNamespace(logits=self.logits.expand(1, input_ids.shape[1], -1))
+
+
+def _greedy_findings(hf_logits, mv_tokens, mv_top):
+    import torch
+
+    from minivllm.entrypoints.check_model.numerics import _compare_greedy
+    from minivllm.entrypoints.check_model.report import Section
+    from minivllm.outputs import Logprob
+
+    lp = torch.log_softmax(hf_logits.double(), -1)
+    mv_logprobs = [{t: Logprob(float(lp[t])) for t in mv_top} for _ in mv_tokens]
+    section = Section("numerics")
+    _compare_greedy(section, _FixedLogits(hf_logits.view(1, 1, -1)), [1, 2], mv_tokens,
+                    mv_logprobs, atol=1e-3)
+    return [(f.check, f.severity) for f in section.findings]
+
+
+def test_greedy_near_tie_is_reported_not_failed():
+    import torch
+
+    logits = torch.tensor([0.0, 5.0, 4.999, -3.0, -4.0, -5.0, -6.0, -7.0])
+    # transformers picks 1, minivllm 2; each is in the other's top 5
+    assert _greedy_findings(logits, [2, 2], mv_top=[2, 1]) == [("near_tie", "info")]
+
+
+def test_greedy_tokens_that_are_no_tie_fail():
+    import torch
+
+    logits = torch.tensor([0.0, 9.0, 1.0, 1.5, 2.0, 2.5, 3.0, -9.0])
+    assert _greedy_findings(logits, [7], mv_top=[7]) == [("tokens", "error")]
+
+
+def test_a_mismatch_that_later_rows_absorb_is_a_warning():
+    from minivllm.entrypoints.check_model.numerics import _report_layers
+    from minivllm.entrypoints.check_model.report import Section
+
+    def row(name, ok):
+        return {"module": name, "hf_modules": [name], "max_abs_error": 0.0 if ok else 1.0,
+                "max_rel_error": 0.0 if ok else 0.9, "ok": ok}
+
+    section = Section("numerics")
+    _report_layers(section, [row("embed", False), row("layer0", True), row("norm", True)], 1e-3)
+    assert [(f.check, f.severity, f.layer) for f in section.findings] == [
+        ("local_mismatch", "warning", "embed")]
+    assert section.data["first_divergence"] is None
+    section = Section("numerics")
+    _report_layers(section, [row("embed", False), row("layer0", True), row("layer1", False),
+                             row("norm", False)], 1e-3)
+    assert section.data["first_divergence"]["module"] == "layer1"
+    assert [f.check for f in section.errors()] == ["divergence"]

@@ -54,3 +54,19 @@ def test_renamed_checkpoint_gets_a_substr_rule(tiny_llama_factory, tmp_path):
     systematic = [e for e in weights.errors() if e.check == "systematic_mismatch"]
     assert systematic and all('".attention.": ".self_attn."' in e.fix for e in systematic)
     assert len([e for e in weights.errors() if e.check == "unexpected"]) == 8
+
+
+def test_a_tensor_of_the_wrong_shape_is_a_load_error(tiny_llama_factory, tmp_path):
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    folder = tmp_path / "bad_shape"
+    shutil.copytree(tiny_llama_factory(), folder)
+    state = load_file(str(folder / "model.safetensors"))
+    state["model.layers.1.mlp.down_proj.weight"] = torch.zeros(64, 100)   # intermediate is 128
+    save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    weights = run_checks(CheckOptions(str(folder))).sections["weights"]
+    [error] = [e for e in weights.errors() if e.check == "load_error"]
+    assert error.layer == "model.layers.1.mlp.down_proj.weight"
