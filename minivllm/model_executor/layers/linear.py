@@ -195,6 +195,18 @@ class _FusedShardsMixin:
                 weight_loader(param, loaded_weight, shard_id)
             yield name
 
+    def missing_shards(self, param: torch.Tensor) -> list:
+        """Shard ids of `param` that some shard loaded and others did not (a checkpoint with
+        q_proj.bias but no k_proj.bias would otherwise leave the k rows silently zero)."""
+        loaded = param.__dict__.get("_loaded_shards")
+        if loaded is None:
+            return []
+        return [shard for shard in self.shard_ids() if shard not in loaded]
+
+    @staticmethod
+    def _note_shard(param: torch.Tensor, shard: int | str) -> None:
+        param.__dict__.setdefault("_loaded_shards", set()).add(shard)
+
 
 class MergedColumnParallelLinear(_FusedShardsMixin, ColumnParallelLinear):
     """Several column-parallel matrices side by side (gate_up_proj); each one sharded separately.
@@ -213,6 +225,9 @@ class MergedColumnParallelLinear(_FusedShardsMixin, ColumnParallelLinear):
         super().__init__(input_size, sum(output_sizes), bias, gather_output, skip_bias_add,
                          params_dtype, quant_config, prefix, output_sizes=list(output_sizes),
                          return_bias=return_bias, disable_tp=disable_tp)
+
+    def shard_ids(self) -> list[int]:
+        return list(range(len(self.output_sizes)))
 
     def _validate_shard_id(self, shard_id: int | tuple[int, ...] | None) -> None:
         n = len(self.output_sizes)
@@ -244,6 +259,7 @@ class MergedColumnParallelLinear(_FusedShardsMixin, ColumnParallelLinear):
         if output_dim is None:
             default_weight_loader(param, loaded_weight)
             return
+        self._note_shard(param, loaded_shard_id)
         shard_offset = sum(self.output_sizes[:loaded_shard_id]) // self.tp_size
         shard_size = self.output_sizes[loaded_shard_id] // self.tp_size
         param_data = param.data.narrow(output_dim, shard_offset, shard_size)
@@ -289,6 +305,9 @@ class QKVParallelLinear(_FusedShardsMixin, ColumnParallelLinear):
                          quant_config, prefix, output_sizes=output_sizes,
                          return_bias=return_bias, disable_tp=disable_tp)
 
+    def shard_ids(self) -> list[str]:
+        return ["q", "k", "v"]
+
     def _validate_shard_id(self, shard_id: str | None) -> None:
         if shard_id not in (None, "q", "k", "v"):
             raise ValueError("Shard id for QKVParallelLinear should be 'q', 'k', or 'v', "
@@ -322,6 +341,7 @@ class QKVParallelLinear(_FusedShardsMixin, ColumnParallelLinear):
                                         ("v", q_rows + k_rows, v_rows)):
                 self.weight_loader(param, loaded_weight.narrow(output_dim, offset, size), shard)
             return
+        self._note_shard(param, loaded_shard_id)
         shard_offset, shard_size, source_start = self._shard_layout(loaded_shard_id)
         param_data = param.data.narrow(output_dim, shard_offset, shard_size)
         if not getattr(param, "is_sharded_weight", False):

@@ -72,6 +72,7 @@ class DefaultModelLoader(BaseModelLoader):
         missing: list[str] = []
         if track and loaded is not None:
             missing = sorted(name for name, _ in model.named_parameters() if name not in loaded)
+            missing += _missing_shards(model)
         if missing or unexpected:
             raise ValueError(_load_error(type(model).__name__, missing, unexpected))
 
@@ -108,6 +109,19 @@ def get_model(*, vllm_config: VllmConfig, model_config: ModelConfig | None = Non
     """Build and load the model described by `vllm_config` (ready for inference, in eval mode)."""
     loader = get_model_loader(vllm_config.load_config)
     return loader.load_model(vllm_config, model_config=model_config, prefix=prefix)
+
+
+def _missing_shards(model: nn.Module) -> list[str]:
+    """'<param> (shard <id>)' for each shard of a fused parameter that loaded only in part."""
+    out = []
+    for module_name, module in model.named_modules():
+        missing_shards = getattr(module, "missing_shards", None)
+        if not callable(missing_shards):
+            continue
+        for param_name, param in module.named_parameters(recurse=False):
+            out += [f"{module_name}.{param_name} (shard {shard!r})"
+                    for shard in missing_shards(param)]
+    return out
 
 
 def _load_error(model_name: str, missing: list[str], unexpected: list[str]) -> str:

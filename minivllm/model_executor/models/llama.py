@@ -50,7 +50,8 @@ class LlamaMLP(nn.Module):
             quant_config=quant_config, reduce_results=reduce_results, disable_tp=disable_tp,
             prefix=f"{prefix}.down_proj")
         if hidden_act != "silu":
-            raise ValueError(f"Unsupported activation: {hidden_act}. Only silu is supported for now.")
+            raise ValueError(f"Unsupported activation: {hidden_act} (config field hidden_act); "
+                             "LlamaMLP supports silu only")
         self.act_fn = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -75,6 +75,20 @@ def test_missing_only(tmp_path):
         get_model(vllm_config=_cfg(tmp_path))
 
 
+def test_a_fused_parameter_loaded_in_part_is_missing_its_shards(tmp_path):
+    # q/k/v biases in the checkpoint except k's, and no up_proj: the fused parameters load
+    # partly, which must not pass as loaded (their k rows / up half would stay zero).
+    _save(tmp_path, attention_bias=True)
+    _rewrite(tmp_path, drop=["model.layers.1.self_attn.k_proj.bias",
+                             "model.layers.0.mlp.up_proj.weight"])
+    with pytest.raises(ValueError) as info:
+        get_model(vllm_config=_cfg(tmp_path))
+    msg = str(info.value)
+    assert "model.layers.1.self_attn.qkv_proj.bias (shard 'k')" in msg
+    assert "model.layers.0.mlp.gate_up_proj.weight (shard 1)" in msg
+    assert "(2 in all)" in msg
+
+
 def test_dummy_loader_needs_no_checkpoint(tmp_path):
     _save(tmp_path)
     cfg = _cfg(tmp_path, load_format="dummy")
