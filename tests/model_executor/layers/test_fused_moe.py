@@ -269,3 +269,17 @@ def test_enable_expert_parallel_flag_reaches_the_parallel_config():
         ["--enable-expert-parallel", "-tp", "2"])
     engine_args = EngineArgs.from_cli_args(args)
     assert engine_args.enable_expert_parallel and engine_args.tensor_parallel_size == 2
+
+
+def test_linear_only_quant_config_leaves_experts_unquantized_and_says_so(monkeypatch):
+    from unittest import mock
+
+    from minivllm.model_executor.layers.fused_moe import layer as layer_module
+    from minivllm.model_executor.layers.quantization.fp8 import Fp8Config
+
+    monkeypatch.setattr(layer_module, "_WARNED", set())
+    with mock.patch.object(layer_module.logger, "warning") as warning, layer_context():
+        first, second = _layer(quant_config=Fp8Config()), _layer(quant_config=Fp8Config())
+    assert first.w13_weight.dtype == second.w2_weight.dtype == torch.float32
+    warning.assert_called_once()                     # once per run, not once per layer
+    assert "stay unquantized" in warning.call_args.args[0]

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from minivllm.config import get_current_vllm_config
+from minivllm.logger import init_logger
 from minivllm.distributed import (get_ep_group, get_tensor_model_parallel_rank,
                                   get_tensor_model_parallel_world_size)
 from minivllm.model_executor.custom_op import CustomOp
@@ -31,6 +32,9 @@ from minivllm.model_executor.layers.fused_moe.fused_moe import (ACTIVATIONS, SCO
                                                                 grouped_topk)
 from minivllm.model_executor.models.auto_weights_loader import UnexpectedWeightsError
 from minivllm.model_executor.parameter import set_weight_attrs
+
+logger = init_logger(__name__)
+_WARNED: set[type] = set()
 
 ExpertMapping = list[tuple[str, str, int, str]]
 _SHARD_IDS = ("w1", "w2", "w3")
@@ -293,9 +297,14 @@ def _refuse_unsupported(layer: nn.Module, quant_config: object, prefix: str, ena
                         dp_size: int | None, unsupported: dict[str, object]) -> None:
     """Features this FusedMoE does not provide raise here, naming the feature."""
     # Quant configs return None for layers they leave alone (every one here does for MoE).
-    if quant_config is not None and quant_config.get_quant_method(layer, prefix=prefix) is not None:
-        raise NotImplementedError(f"quantized MoE experts ({type(quant_config).__name__}) are "
-                                  f"not supported: {prefix}")
+    if quant_config is not None:
+        if quant_config.get_quant_method(layer, prefix=prefix) is not None:
+            raise NotImplementedError(f"quantized MoE experts ({type(quant_config).__name__}) "
+                                      f"are not supported: {prefix}")
+        if type(quant_config) not in _WARNED:             # once per run, not per layer
+            _WARNED.add(type(quant_config))
+            logger.warning("MoE experts stay unquantized (%s covers only linear layers)",
+                           type(quant_config).__name__)
     if enable_eplb or num_redundant_experts:
         raise NotImplementedError("expert load balancing (EPLB) is not supported")
     if is_sequence_parallel or (dp_size or 1) > 1:
