@@ -283,3 +283,30 @@ def test_linear_only_quant_config_leaves_experts_unquantized_and_says_so(monkeyp
     assert first.w13_weight.dtype == second.w2_weight.dtype == torch.float32
     warning.assert_called_once()                     # once per run, not once per layer
     assert "stay unquantized" in warning.call_args.args[0]
+
+
+def test_vllm_style_loading_loop():
+    """vLLM model files load experts with their own loop over `make_expert_params_mapping`:
+    the mapped names are this layer's parameters and `weight_loader` reports success."""
+    from torch import nn
+
+    state = {f"experts.{k}": v for k, v in _checkpoint().items()}
+    with layer_context():
+        holder = nn.Module()
+        holder.experts = _layer()
+        reference = _layer()
+    reference.load_weights(_checkpoint().items())
+    mapping = FusedMoE.make_expert_params_mapping(holder, ckpt_gate_proj_name="gate_proj",
+                                                  ckpt_down_proj_name="down_proj",
+                                                  ckpt_up_proj_name="up_proj", num_experts=E)
+    params = dict(holder.named_parameters())
+    for name, tensor in state.items():
+        for param_name, weight_name, expert_id, shard_id in mapping:
+            if weight_name in name:
+                mapped = name.replace(weight_name, param_name)
+                param = params[mapped]
+                assert param.weight_loader(param, tensor, mapped, shard_id=shard_id,
+                                           expert_id=expert_id, return_success=True)
+                break
+    assert torch.equal(holder.experts.w13_weight, reference.w13_weight)
+    assert torch.equal(holder.experts.w2_weight, reference.w2_weight)
