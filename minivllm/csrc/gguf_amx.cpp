@@ -130,7 +130,8 @@ struct PanelFill {
 };
 
 // All passes of a packed chunk of x (`rows` rows) over one panel of `strips` (1, 2) strips of
-// weight rows n0.., filling the next panel (`fill`) during the first pass.
+// weight rows n0.., filling the next panel (`fill`) a little after every tile step of the
+// chunk's first 4 pairs of groups (so the dequantisation runs beside tile products).
 template <int Q>
 void panel_passes(const uint16_t* panel, int strips, int64_t k, const uint32_t* xp,
                   int64_t rows, int64_t n0, const uint16_t* bias, uint16_t* y, int64_t y_stride,
@@ -138,23 +139,22 @@ void panel_passes(const uint16_t* panel, int strips, int64_t k, const uint32_t* 
   alignas(64) float c[4][16][16];
   const int64_t steps = k / 32;
   const uint16_t* sp[2] = {panel, panel + 16 * k};
-  bool first = true;
+  const int64_t pairs = std::min<int64_t>(4, (rows + 31) / 32);  // pairs the fill is spread over
+  int64_t done = 0;                                               // tile steps so far
   for (int64_t p = 0; p * 64 < rows; ++p) {
     const int64_t left = std::min<int64_t>(64, rows - 64 * p);
     const int64_t groups = (left + 15) / 16;
     const uint32_t* xpp = xp + p * steps * kGroups * 256;
     for (int64_t g0 = 0; g0 < groups; g0 += 2) {
-      // the fill's rows spread over this pair's steps (all in the first pair)
-      const int64_t base = fill.next;
       auto work = [&](int64_t s) {
-        if (first) fill.upto(base + (s + 1) * (fill.rows - base + steps - 1) / steps);
+        if (done + s < pairs * steps) fill.upto((done + s + 1) * fill.rows / (pairs * steps) + 1);
       };
       const bool two = g0 + 1 < groups;
       if (strips == 2 && two) panel_tiles<2, 2>(sp, k, xpp, groups, g0, work, c);
       else if (strips == 2) panel_tiles<2, 1>(sp, k, xpp, groups, g0, work, c);
       else if (two) panel_tiles<1, 2>(sp, k, xpp, groups, g0, work, c);
       else panel_tiles<1, 1>(sp, k, xpp, groups, g0, work, c);
-      first = false;
+      done += steps;
       for (int a = 0; a < strips; ++a)
         for (int g = 0; g < (two ? 2 : 1); ++g)
           store_tile(c[2 * a + g], left - 16 * (g0 + g), n0 + 16 * a, bias,

@@ -128,7 +128,7 @@ def test_amx_prompt_path_matches_dequantised_linear():
 
 @pytest.mark.parametrize("qtype", [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q6_K],
                          ids=lambda t: T(t).name)
-def test_amx_path_equals_bf16_gemm_of_dequantised_weight(qtype):
+def test_amx_path_equals_bf16_gemm_of_dequantised_weight(qtype, monkeypatch):
     """gguf_amx.cpp (5+ bf16 rows): each type's bf16 strip dequantiser and the tile passes give
     the bf16 AMX GEMM's results on the dequantised weight bit for bit: 7 blocks of 16 rows over
     2 threads (a one-strip panel at a thread's end), 1-4 groups of 16 rows of x, ragged units."""
@@ -138,6 +138,7 @@ def test_amx_path_equals_bf16_gemm_of_dequantised_weight(qtype):
     qw = torch.from_numpy(random_weight(qtype, 112, cols, seed=int(qtype)))
     w = gl.gguf_dequantize(qw, qtype, torch.bfloat16)
     gen = torch.Generator().manual_seed(int(qtype))
+    monkeypatch.setattr(gl, "GGUF_AMX_MAX_ROWS", 1024)
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(2)
@@ -148,6 +149,24 @@ def test_amx_path_equals_bf16_gemm_of_dequantised_weight(qtype):
             assert torch.equal(y, ops.gemm_bf16(x, w, b)), f"m={m}"
     finally:
         torch.set_num_threads(threads)
+
+
+def test_long_prompt_chunks_use_dequantised_tiles(monkeypatch):
+    """Past GGUF_AMX_MAX_ROWS rows bf16 x takes dequantised tiles + F.linear (oneDNN)."""
+    monkeypatch.setattr(gl, "GGUF_AMX_MAX_ROWS", 16)
+    monkeypatch.setattr(gl, "_FALLBACK_TILE", 64 * 576)       # 64-row tiles: several of them
+    qw = torch.from_numpy(random_weight(T.Q4_1, 208, 576))
+    w = gl.gguf_dequantize(qw, T.Q4_1, torch.bfloat16)
+    tiles = []
+    dequantize = gl.gguf_dequantize
+    monkeypatch.setattr(gl, "gguf_dequantize", lambda *a: tiles.append(a[0].shape[0]) or
+                        dequantize(*a))
+    x, b = torch.randn(40, 576).bfloat16(), torch.randn(208).bfloat16()
+    torch.testing.assert_close(gl.gguf_linear(x, qw, T.Q4_1, b), F.linear(x, w) + b)
+    assert tiles == [64, 64, 64, 16]
+    tiles.clear()
+    gl.gguf_linear(x[:16], qw, T.Q4_1, b)                   # 16 rows: the AMX strips (or tiles
+    assert tiles == ([] if ops._has_amx else [64, 64, 64, 16])  # without AMX)
 
 
 def test_prompt_path_without_amx_uses_dequantised_tiles(monkeypatch):

@@ -3,9 +3,9 @@
 - `gguf_linear` on CPU with the native kernels (`csrc/gguf_gemm.cpp`): up to `GGUF_DOT_MAX_ROWS`
   bf16 / fp16 rows of x (decode steps) multiply the packed blocks directly, x quantized to int8
   per 32 elements (AVX-512 VNNI, else a scalar loop); more rows (batched decode steps, prompt
-  chunks) go to `csrc/gguf_amx.cpp`, which dequantises 16 weight rows at a time into a bf16
-  strip and runs AMX tile products on it (without AMX, or for fp16 x: dequantised tiles through
-  `F.linear`). fp32 x, the reference precision, always takes the
+  chunks up to `GGUF_AMX_MAX_ROWS`) go to `csrc/gguf_amx.cpp`, which dequantises 16 weight rows
+  at a time into a bf16 strip and runs AMX tile products on it (longer chunks, no AMX, or fp16
+  x: dequantised tiles through `F.linear`). fp32 x, the reference precision, always takes the
   dequantised tiles (exact weights, no int8 step). The whole weight is never widened at once.
 - other devices, or no native kernels: `gguf_dequantize` + `F.linear` (correct, not fast).
 - `gguf_dequantize`: native on CPU, else the pure-PyTorch dequantisers of `gguf_dequant`.
@@ -27,11 +27,16 @@ GGUF_KERNEL_TYPES: frozenset[int] = frozenset(int(t) for t in DEQUANTIZERS)
 _BLOCKS: dict[int, tuple[int, int]] = {
     t: GGML_QUANT_SIZES[GGMLQuantizationType(t)] for t in GGUF_KERNEL_TYPES}
 _DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
-# Rows of x up to which the int8 dot kernels beat dequantised tiles + AMX. The dot's cost grows
-# with each row of x (6 vector ops per 128 weights and row), the tiles' stays at the
-# dequantisation (~25 per 128): on the 2-core box (one thread, CPU time; Q4_1 gate_up / down,
-# Q8_0 LM head) the dot is 1.4-1.7x faster at 4 rows, even at 6 and 1.2-2x slower from 8.
+# Rows of x up to which the int8 dot kernels beat the AMX strips (gguf_amx.cpp). The dot's cost
+# grows with each row of x (6 vector ops per 128 weights and row), the strips' stays at the
+# dequantisation (~25 per 128): on the 2-core box (one thread, CPU time, 30 layers of the default
+# model's Q4_1 linears, so weights come from memory as in a step) the dot wins at 4 rows, the two
+# are even at 5-6 and the strips win from 8; the Q8_0 LM head takes the strips from 5 rows.
 GGUF_DOT_MAX_ROWS = 4
+# Rows of x up to which the AMX strips beat dequantised tiles + oneDNN (`F.linear`): the strips
+# re-read x^T from L2 for every 32 weight rows, which oneDNN's blocking avoids; measured as
+# above: strips 1.0-1.2x the bf16 path's speed at 256-512 rows, oneDNN tiles ahead from 768.
+GGUF_AMX_MAX_ROWS = 512
 # Elements of a dequantised tile on the `F.linear` fallback path.
 _FALLBACK_TILE = 1 << 22
 
@@ -148,9 +153,10 @@ def _unsupported(qtype: int) -> tuple[int, int]:
 
 def _prompt_linear(lib: ctypes.CDLL, x: torch.Tensor, qweight: torch.Tensor, qtype: int,
                    bias: torch.Tensor | None) -> torch.Tensor:
-    """Many rows of x: the weight dequantised one tile of rows at a time (never all of it)."""
+    """Many rows of x: bf16 AMX strips up to `GGUF_AMX_MAX_ROWS` rows, else the weight dequantised
+    one tile of rows at a time (never all of it) into `F.linear`."""
     (m, k), n = x.shape, qweight.shape[0]
-    if _Native.amx and x.dtype == torch.bfloat16 and n % 16 == 0:
+    if _Native.amx and x.dtype == torch.bfloat16 and n % 16 == 0 and m <= GGUF_AMX_MAX_ROWS:
         y = x.new_empty(m, n)
         rc = lib.minivllm_gguf_gemm_amx_bf16(
             qtype, x.data_ptr(), x.stride(0), qweight.data_ptr(), qweight.stride(0),
