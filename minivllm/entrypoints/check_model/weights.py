@@ -30,18 +30,23 @@ def load_and_check(section: Section, target: CheckTarget, model: nn.Module) -> N
     """Load every checkpoint tensor into `model`, reporting unexpected and missing names."""
     model_config = target.vllm_config.model_config
     loader = DefaultModelLoader(target.vllm_config.load_config)
-    loaded: set[str] = set()
     unexpected: list[str] = []
     num_names = 0
+    failed: set[str] = set()
+    # Pass 1, one tensor at a time: which checkpoint names reach no parameter.
     for name, tensor in loader.get_all_weights(model_config, model):
         num_names += 1
         try:
-            loaded |= set(model.load_weights([(name, tensor)]) or ())
-        except UnexpectedWeightsError as err:
-            loaded |= set(err.loaded)
+            model.load_weights([(name, tensor)])
+        except UnexpectedWeightsError:
             unexpected.append(name)
         except (ValueError, AssertionError, RuntimeError) as err:
+            failed.add(name)
             section.error("load_error", f"loading {name!r} failed: {err}", layer=name)
+    # Pass 2, the whole stream as the loader sends it: which parameters get filled (a fused
+    # MoE parameter, say, counts as loaded only once every expert has arrived).
+    loaded = _load_all(model, ((n, w) for n, w in loader.get_all_weights(model_config, model)
+                               if n not in failed))
     params = [n for n, _ in model.named_parameters()]
     missing = [n for n in params if n not in loaded]
     candidates = _hf_candidates(model, params)
@@ -51,6 +56,13 @@ def load_and_check(section: Section, target: CheckTarget, model: nn.Module) -> N
                         unexpected=unexpected, missing=missing)
     section.summary = (f"{num_names} checkpoint names, {len(params)} parameters; "
                        f"{len(unexpected)} unexpected, {len(missing)} missing")
+
+
+def _load_all(model: nn.Module, weights) -> set[str]:
+    try:
+        return set(model.load_weights(weights) or ())
+    except UnexpectedWeightsError as err:
+        return set(err.loaded)
 
 
 def part_distance(a: str, b: str) -> float:

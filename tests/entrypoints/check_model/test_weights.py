@@ -70,3 +70,17 @@ def test_a_tensor_of_the_wrong_shape_is_a_load_error(tiny_llama_factory, tmp_pat
     weights = run_checks(CheckOptions(str(folder))).sections["weights"]
     [error] = [e for e in weights.errors() if e.check == "load_error"]
     assert error.layer == "model.layers.1.mlp.down_proj.weight"
+
+
+def test_moe_experts_count_as_loaded_once_all_arrive(tmp_path):
+    # FusedMoE reports w13_weight / w2_weight only when every expert's shard has been loaded
+    import torch
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    torch.manual_seed(0)
+    MixtralForCausalLM(MixtralConfig(
+        vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+        num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
+        num_experts_per_tok=2, max_position_embeddings=128)).save_pretrained(str(tmp_path))
+    weights = run_checks(CheckOptions(str(tmp_path))).sections["weights"]
+    assert weights.status == "pass", weights.findings
