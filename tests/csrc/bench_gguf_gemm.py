@@ -1,6 +1,9 @@
 """Micro-benchmark (not a test): GGUF linears on the default model's shapes, against bf16.
 
-Run: PYTHONPATH=. [THREADS=2] python tests/csrc/bench_gguf_gemm.py [M ...]  (THREADS=1: CPU time)
+Run: PYTHONPATH=. [THREADS=2] [LAYERS=30] python tests/csrc/bench_gguf_gemm.py [M ...]
+(THREADS=1: CPU time. LAYERS=n: each call takes the next of n copies of the weight, so weights come
+from memory as in a model step instead of staying in L2, which flatters the bf16 path: 2-4x the
+bytes of the packed weight.)
 For each shape (SmolLM2-135M: qkv, o, gate_up, down in Q4_1, the tied LM head in Q8_0) and row
 count M: microseconds per `gguf_linear` call, the packed weight's bytes per second, and the same
 run's bf16 path on the dequantised weight (M <= 64: the native AMX GEMM / GEMV; more rows:
@@ -53,6 +56,7 @@ def bf16_path(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 def main() -> None:
     torch.set_num_threads(int(os.environ.get("THREADS", "2")))
     ms = [int(a) for a in sys.argv[1:]] or [1, 16, 64, 256]
+    layers = int(os.environ.get("LAYERS", "1"))
     rng = np.random.default_rng(0)
     assert ops.native_available()
     for m in ms:
@@ -63,9 +67,12 @@ def main() -> None:
             qw = torch.from_numpy(quants.quantize(
                 rng.standard_normal((n, k)).astype(np.float32) * 0.05, qtype))
             w = gguf_dequantize(qw, qtype, torch.bfloat16)
+            copies = layers if name != "lm_head" else 1
+            qws, ws = [qw.clone() for _ in range(copies)], [w.clone() for _ in range(copies)]
+            turn = iter(range(10 ** 9))
             x = torch.randn(m, k).bfloat16()
-            fns = {"gguf": lambda: gguf_linear(x, qw, qtype, None),
-                   "bf16": lambda: bf16_path(x, w)}
+            fns = {"gguf": lambda: gguf_linear(x, qws[next(turn) % copies], qtype, None),
+                   "bf16": lambda: bf16_path(x, ws[next(turn) % copies])}
             if m > 1:
                 fns["deq"] = lambda: F.linear(x, gguf_dequantize(qw, qtype, torch.bfloat16))
             reps = max(15, min(400, int(2e5 / (n * k / 1e3) / max(1, m / 16))))
