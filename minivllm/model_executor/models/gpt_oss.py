@@ -109,13 +109,8 @@ class GptOssMoE(nn.Module):
 class GptOssDecoderLayer(MoeDecoderLayer):
     """gpt-oss attention (sinks, per-layer window) + the MoE block on every layer."""
 
-    def __init__(self, vllm_config: VllmConfig, prefix: str = "", config: Any = None,
-                 attn_layer_type: type[nn.Module] = GptOssAttention) -> None:
-        super().__init__(vllm_config=vllm_config, prefix=prefix, config=config,
-                         attn_layer_type=attn_layer_type)
-
-    def sparse(self, config: Any, layer_idx: int) -> bool:
-        return True
+    attn_cls = GptOssAttention
+    every_layer_sparse = True
 
     def make_moe(self, config: Any, quant_config: QuantizationConfig | None,
                  prefix: str) -> nn.Module:

@@ -19,13 +19,8 @@ from .utils import WeightsMapper
 class MixtralDecoderLayer(MoeDecoderLayer):
     """Llama attention + a sparse block on every layer."""
 
-    def __init__(self, vllm_config: VllmConfig, prefix: str = "", config: Any = None,
-                 attn_layer_type: type[nn.Module] = LlamaAttention) -> None:
-        super().__init__(vllm_config=vllm_config, prefix=prefix, config=config,
-                         attn_layer_type=attn_layer_type)
-
-    def sparse(self, config: Any, layer_idx: int) -> bool:
-        return True
+    attn_cls = LlamaAttention
+    every_layer_sparse = True
 
     def make_moe(self, config: Any, quant_config: QuantizationConfig | None,
                  prefix: str) -> nn.Module:

@@ -35,13 +35,8 @@ class OlmoeAttention(Olmo2Attention):
 class OlmoeDecoderLayer(MoeDecoderLayer):
     """OLMoE attention + a sparse block on every layer."""
 
-    def __init__(self, vllm_config: VllmConfig, prefix: str = "", config: Any = None,
-                 attn_layer_type: type[nn.Module] = OlmoeAttention) -> None:
-        super().__init__(vllm_config=vllm_config, prefix=prefix, config=config,
-                         attn_layer_type=attn_layer_type)
-
-    def sparse(self, config: Any, layer_idx: int) -> bool:
-        return True
+    attn_cls = OlmoeAttention
+    every_layer_sparse = True
 
     def make_moe(self, config: Any, quant_config: QuantizationConfig | None,
                  prefix: str) -> nn.Module:

@@ -80,22 +80,26 @@ def is_sparse_layer(config: Any, layer_idx: int, num_experts: int) -> bool:
 
 
 class MoeDecoderLayer(LlamaDecoderLayer):
-    """Llama's pre-norm block whose `mlp` is `make_moe(...)` on sparse layers.
+    """Llama's pre-norm block with `attn_cls` attention whose `mlp` is `make_moe(...)` on
+    sparse layers (every layer with `every_layer_sparse`, else Qwen-MoE's rule).
 
     NOTE: the base builds a dense MLP first and this replaces it; its weights are never
     written, so their (lazily allocated) pages are never touched.
     """
 
+    attn_cls: type[nn.Module] = Qwen2Attention
+    every_layer_sparse = False
+
     def __init__(self, vllm_config: VllmConfig, prefix: str = "", config: Any = None,
-                 attn_layer_type: type[nn.Module] = Qwen2Attention) -> None:
+                 attn_layer_type: type[nn.Module] | None = None) -> None:
         super().__init__(vllm_config=vllm_config, prefix=prefix, config=config,
-                         attn_layer_type=attn_layer_type)
+                         attn_layer_type=attn_layer_type or self.attn_cls)
         config = config or vllm_config.model_config.hf_config
         if self.sparse(config, extract_layer_index(prefix)):
             self.mlp = self.make_moe(config, self.get_quant_config(vllm_config), f"{prefix}.mlp")
 
     def sparse(self, config: Any, layer_idx: int) -> bool:
-        return is_sparse_layer(config, layer_idx, config.num_experts)
+        return self.every_layer_sparse or is_sparse_layer(config, layer_idx, config.num_experts)
 
     def make_moe(self, config: Any, quant_config: QuantizationConfig | None,
                  prefix: str) -> nn.Module:

@@ -13,10 +13,7 @@ from .qwen3 import Qwen3Attention
 class Qwen3MoeDecoderLayer(MoeDecoderLayer):
     """Qwen3 attention + the sparse block (`mlp_only_layers` / `decoder_sparse_step` as Qwen2)."""
 
-    def __init__(self, vllm_config: VllmConfig, prefix: str = "", config: object = None,
-                 attn_layer_type: type[nn.Module] = Qwen3Attention) -> None:
-        super().__init__(vllm_config=vllm_config, prefix=prefix, config=config,
-                         attn_layer_type=attn_layer_type)
+    attn_cls = Qwen3Attention
 
 
 class Qwen3MoeModel(Qwen2Model):
