@@ -23,6 +23,7 @@ from minivllm.entrypoints.openai.protocol import (ChatCompletionRequest, Complet
 from minivllm.entrypoints.openai.serving_chat import OpenAIServingChat
 from minivllm.entrypoints.openai.serving_completions import OpenAIServingCompletion
 from minivllm.entrypoints.openai.serving_engine import OpenAIError, OpenAIServing, error_response
+from minivllm.entrypoints.openai.tool_parsers import get_tool_parser
 from minivllm.logger import init_logger
 
 logger = init_logger(__name__)
@@ -70,8 +71,14 @@ def _install_error_handlers(app: FastAPI) -> None:
                                        HTTPStatus.INTERNAL_SERVER_ERROR))
 
 
-def build_app(async_llm: AsyncLLM, served_model_name: str | None = None) -> FastAPI:
-    """The OpenAI-compatible app around a (started or not) AsyncLLM; starts its loop on startup."""
+def build_app(async_llm: AsyncLLM, served_model_name: str | None = None, *,
+              enable_auto_tool_choice: bool = False, tool_call_parser: str | None = None) -> FastAPI:
+    """The OpenAI-compatible app around a (started or not) AsyncLLM; starts its loop on startup.
+    `tool_choice: "auto"` needs `enable_auto_tool_choice` and a `tool_call_parser` name."""
+    if enable_auto_tool_choice and tool_call_parser is None:
+        raise ValueError("--enable-auto-tool-choice needs --tool-call-parser (one of hermes, "
+                         "llama3_json).")
+    tool_parser = get_tool_parser(tool_call_parser) if tool_call_parser else None
     served_model_name = served_model_name or os.path.basename(
         os.path.normpath(async_llm.model_path or "model"))
 
@@ -87,7 +94,8 @@ def build_app(async_llm: AsyncLLM, served_model_name: str | None = None) -> Fast
     app.state.served_model_name = served_model_name
     app.state.metrics = metrics = ServerMetrics(async_llm, served_model_name)
     completions = OpenAIServingCompletion(async_llm, served_model_name)
-    chat = OpenAIServingChat(async_llm, served_model_name)
+    chat = OpenAIServingChat(async_llm, served_model_name,
+                             tool_parser=tool_parser if enable_auto_tool_choice else None)
     base = OpenAIServing(async_llm, served_model_name)
     _install_error_handlers(app)
     _add_info_routes(app, async_llm, metrics, served_model_name)
@@ -164,7 +172,12 @@ def run_server(args: argparse.Namespace) -> int:
     async_llm = AsyncLLM.from_engine_args(engine_args, stall_timeout_s=args.health_stall_timeout)
     served = args.served_model_name or (os.path.basename(os.path.normpath(engine_args.model))
                                         if engine_args.model else None)
-    app = build_app(async_llm, served)
+    try:
+        app = build_app(async_llm, served, enable_auto_tool_choice=args.enable_auto_tool_choice,
+                        tool_call_parser=args.tool_call_parser)
+    except BaseException:
+        async_llm.shutdown()
+        raise
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.uvicorn_log_level,
                             timeout_graceful_shutdown=5)
     server = uvicorn.Server(config)

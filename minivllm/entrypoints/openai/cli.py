@@ -23,6 +23,11 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
                              "seconds with requests in flight")
     parser.add_argument("--uvicorn-log-level", default="info",
                         choices=["critical", "error", "warning", "info", "debug", "trace"])
+    parser.add_argument("--enable-auto-tool-choice", action="store_true",
+                        help='let the model decide to call tools (tool_choice "auto"); needs '
+                             "--tool-call-parser")
+    parser.add_argument("--tool-call-parser", default=None, choices=["hermes", "llama3_json"],
+                        help="how tool calls are read from the model's text")
     EngineArgs.add_cli_args(parser)
     parser.set_defaults(func=cmd_serve)
     return parser

@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from minivllm.entrypoints.openai.tool_parsers import tool_choice_mode, tool_choice_schema
 from minivllm.sampling_params import SamplingParams, StructuredOutputsParams
 
 # The sampler gathers the top-k logprobs with torch.topk; bounding k keeps it cheap and below
@@ -44,19 +45,17 @@ def _lone_surrogate_path(value: Any, path: str) -> str | None:
         except UnicodeEncodeError:
             return path
         return None
+    nested = (str, list, dict)   # ints and floats (token-id prompts) are skipped cheaply
     if isinstance(value, dict):
-        for key, item in value.items():
-            found = _lone_surrogate_path(key, path) if isinstance(key, str) else None
-            found = found if found is not None else _lone_surrogate_path(
-                item, f"{path}.{key}" if path else str(key))
-            if found is not None:
-                return found
+        items = [(path, k) for k in value if isinstance(k, str)]   # keys first, then values
+        items += [(f"{path}.{k}" if path else str(k), v) for k, v in value.items()
+                  if isinstance(v, nested)]
     elif isinstance(value, list):
-        for i, item in enumerate(value):
-            found = _lone_surrogate_path(item, f"{path}[{i}]")
-            if found is not None:
-                return found
-    return None
+        items = [(f"{path}[{i}]", v) for i, v in enumerate(value) if isinstance(v, nested)]
+    else:
+        return None
+    return next((found for p, v in items if (found := _lone_surrogate_path(v, p)) is not None),
+                None)
 
 
 class ErrorInfo(OpenAIBaseModel):
@@ -252,12 +251,29 @@ class ChatCompletionRequest(_SamplingRequest):
     add_generation_prompt: bool = True
     chat_template: str | None = None
     tools: list[dict[str, Any]] | None = None
+    # "none", "auto", "required" or {"type": "function", "function": {"name": ...}}
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool = True
+
+    @property
+    def tool_mode(self) -> str | None:
+        """None (no tool parsing), "auto", "required" or "named"; raises ValueError if bad."""
+        return tool_choice_mode(self.tools, self.tool_choice)
+
+    def _structured_outputs(self) -> StructuredOutputsParams | None:
+        """`required` and a named tool_choice are enforced by a JSON schema, so the output
+        always parses: a list of {name, parameters} calls, or the named tool's arguments."""
+        schema = tool_choice_schema(self.tools, self.tool_choice, self.parallel_tool_calls)
+        if schema is None:
+            return super()._structured_outputs()
+        if self.structured_outputs or (self.response_format and self.response_format.type != "text"):
+            raise ValueError(f"tool_choice {self.tool_mode!r} cannot be combined with "
+                             "response_format or structured_outputs.")
+        return StructuredOutputsParams(json=schema)
 
     def to_sampling_params(self, max_tokens: int) -> SamplingParams:
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options is only allowed when stream is true.")
-        if self.tools:
-            raise ValueError("tools are not supported.")
         if self.top_logprobs and not self.logprobs:
             raise ValueError("top_logprobs needs logprobs=true.")
         logprobs = (self.top_logprobs or 0) if self.logprobs else None
@@ -270,14 +286,39 @@ class ChatCompletionRequest(_SamplingRequest):
             else self.max_tokens
 
 
+class FunctionCall(OpenAIBaseModel):
+    name: str
+    arguments: str
+
+
+class ToolCall(OpenAIBaseModel):
+    id: str = Field(default_factory=lambda: f"chatcmpl-tool-{random_uuid()}")
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class DeltaFunctionCall(OpenAIBaseModel):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class DeltaToolCall(OpenAIBaseModel):
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: DeltaFunctionCall
+
+
 class ChatMessage(OpenAIBaseModel):
     role: str
     content: str | None = None
+    tool_calls: list[ToolCall] | None = None
 
 
 class DeltaMessage(OpenAIBaseModel):
     role: str | None = None
     content: str | None = None
+    tool_calls: list[DeltaToolCall] | None = None
 
 
 class ChatCompletionLogProb(OpenAIBaseModel):

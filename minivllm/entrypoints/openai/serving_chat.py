@@ -7,6 +7,7 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass
+from http import HTTPStatus
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -18,10 +19,12 @@ from minivllm.entrypoints.openai.protocol import (ChatCompletionLogProb, ChatCom
                                                   ChatCompletionResponseChoice,
                                                   ChatCompletionStreamChoice,
                                                   ChatCompletionStreamResponse, ChatMessage,
-                                                  DeltaMessage, UsageInfo, random_uuid)
-from minivllm.entrypoints.openai.serving_engine import (OpenAIServing, clamp_logprob, engine_error,
-                                                        merge_streams, run_until_disconnect, sse,
-                                                        sse_error)
+                                                  DeltaFunctionCall, DeltaMessage, DeltaToolCall,
+                                                  FunctionCall, ToolCall, UsageInfo, random_uuid)
+from minivllm.entrypoints.openai.serving_engine import (OpenAIError, OpenAIServing, clamp_logprob,
+                                                        engine_error, merge_streams,
+                                                        run_until_disconnect, sse, sse_error)
+from minivllm.entrypoints.openai.tool_parsers import ParsedToolCall, ToolParser
 from minivllm.outputs import CompletionOutput, Logprob
 
 
@@ -30,15 +33,22 @@ class _ChoiceState:
     num_chars: int = 0
     num_tokens: int = 0
     finished: bool = False
+    num_calls: int = 0          # tool calls sent
+    tool_call_id: str = ""      # of the named tool's streamed call
 
 
 class OpenAIServingChat(OpenAIServing):
 
+    def __init__(self, *args, tool_parser: ToolParser | None = None, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.tool_parser = tool_parser   # set by --enable-auto-tool-choice --tool-call-parser
+
     async def create_chat_completion(self, request: ChatCompletionRequest,
                                      raw_request: Request) -> Response:
         self.check_model(request.model)
+        mode = self._tool_mode(request)
         prompt_ids = self.render_chat(request.messages, request.add_generation_prompt,
-                                      request.chat_template)
+                                      request.chat_template, request.tools)
         self.check_token_ids(prompt_ids, param="messages")
         param = "max_completion_tokens" if request.max_completion_tokens is not None else "max_tokens"
         max_tokens = self.resolve_max_tokens(len(prompt_ids), request.requested_max_tokens, param)
@@ -55,10 +65,17 @@ class OpenAIServingChat(OpenAIServing):
             raise engine_error(exc) from exc
         if final is None:
             return Response(status_code=499)   # the client is gone; nobody reads this
-        choices = [ChatCompletionResponseChoice(
-            index=out.index, message=ChatMessage(role="assistant", content=out.text),
-            logprobs=self._logprobs(request, out, 0), finish_reason=out.finish_reason,
-            stop_reason=out.stop_reason) for out in final.outputs]
+        choices = []
+        for out in final.outputs:
+            content, calls = self._split_tool_calls(request, mode, out.text)
+            tool_calls = [ToolCall(function=FunctionCall(name=c.name, arguments=c.arguments))
+                          for c in calls]
+            choices.append(ChatCompletionResponseChoice(
+                index=out.index, message=ChatMessage(role="assistant", content=content,
+                                                     tool_calls=tool_calls or None),
+                logprobs=self._logprobs(request, out, 0),
+                finish_reason=self._finish_reason(mode, out.finish_reason, bool(calls)),
+                stop_reason=out.stop_reason))
         num_completion = sum(len(out.token_ids) for out in final.outputs)
         usage = UsageInfo(prompt_tokens=len(prompt_ids), completion_tokens=num_completion,
                           total_tokens=len(prompt_ids) + num_completion)
@@ -91,10 +108,11 @@ class OpenAIServingChat(OpenAIServing):
             # The role comes first, in a chunk of its own per choice (as OpenAI does).
             yield chunk([ChatCompletionStreamChoice(index=i, delta=DeltaMessage(role="assistant", content=""))
                          for i in range(request.n)])
+            mode = self._tool_mode(request)
             async with aclosing(merge_streams([stream])) as merged:
                 async for _, final in merged:
                     choices = [c for out in final.outputs
-                               if (c := self._stream_choice(request, out, states[out.index]))]
+                               if (c := self._stream_choice(request, mode, out, states[out.index]))]
                     if choices:
                         yield chunk(choices)
             if request.include_usage and final is not None:
@@ -106,22 +124,88 @@ class OpenAIServingChat(OpenAIServing):
             yield sse_error(exc)
         yield "data: [DONE]\n\n"
 
-    def _stream_choice(self, request: ChatCompletionRequest, out: CompletionOutput,
-                       state: _ChoiceState) -> ChatCompletionStreamChoice | None:
+    def _stream_choice(self, request: ChatCompletionRequest, mode: str | None,
+                       out: CompletionOutput, state: _ChoiceState) -> ChatCompletionStreamChoice | None:
         if state.finished:
             return None
-        delta = out.text[state.num_chars:]
-        state.num_chars = max(state.num_chars, len(out.text))
+        finished = out.finish_reason is not None
+        delta, tool_calls = self._stream_delta(request, mode, out.text, finished, state)
         logprobs = self._logprobs(request, out, state.num_tokens)
         state.num_tokens = len(out.token_ids)
-        state.finished = out.finish_reason is not None
+        state.finished = finished
         if logprobs is not None and not logprobs.content:
             logprobs = None
-        if not delta and logprobs is None and not state.finished:
+        if not delta and not tool_calls and logprobs is None and not state.finished:
             return None
+        called = state.num_calls > 0 or bool(state.tool_call_id)
         return ChatCompletionStreamChoice(
-            index=out.index, delta=DeltaMessage(content=delta or None), logprobs=logprobs,
-            finish_reason=out.finish_reason, stop_reason=out.stop_reason)
+            index=out.index, delta=DeltaMessage(content=delta or None, tool_calls=tool_calls or None),
+            logprobs=logprobs, finish_reason=self._finish_reason(mode, out.finish_reason, called),
+            stop_reason=out.stop_reason)
+
+    def _stream_delta(self, request: ChatCompletionRequest, mode: str | None, text: str,
+                      finished: bool, state: _ChoiceState) -> tuple[str, list[DeltaToolCall]]:
+        """The new content and the new tool calls (whole, or the named tool's argument
+        fragment) since the last chunk."""
+        if mode == "named":
+            fragment = text[state.num_chars:]
+            state.num_chars = len(text)
+            if not fragment:
+                return "", []
+            first = not state.tool_call_id
+            state.tool_call_id = state.tool_call_id or ToolCall(
+                function=FunctionCall(name="", arguments="")).id
+            name = request.tool_choice["function"]["name"] if first else None
+            return "", [DeltaToolCall(index=0, id=state.tool_call_id if first else None,
+                                      type="function" if first else None,
+                                      function=DeltaFunctionCall(name=name, arguments=fragment))]
+        if mode is None:
+            content, calls = text, []
+        elif mode == "required" and not finished:
+            content, calls = "", []   # the JSON list is parsed once complete
+        else:
+            content, calls = self._split_tool_calls(request, mode, text, final=finished)
+            content = content or ""
+        delta = content[state.num_chars:]
+        state.num_chars = max(state.num_chars, len(content))
+        new_calls = [DeltaToolCall(index=state.num_calls + i, **_whole_call(c))
+                     for i, c in enumerate(calls[state.num_calls:])]
+        state.num_calls = len(calls)
+        return delta, new_calls
+
+    def _tool_mode(self, request: ChatCompletionRequest) -> str | None:
+        try:
+            mode = request.tool_mode
+        except ValueError as exc:
+            raise OpenAIError(str(exc), param="tool_choice") from exc
+        if mode == "auto" and self.tool_parser is None:
+            raise OpenAIError('"auto" tool choice requires --enable-auto-tool-choice and '
+                              "--tool-call-parser to be set.", HTTPStatus.BAD_REQUEST, "tool_choice")
+        return mode
+
+    def _split_tool_calls(self, request: ChatCompletionRequest, mode: str | None, text: str,
+                          final: bool = True) -> tuple[str | None, list[ParsedToolCall]]:
+        """(content, tool calls) of a choice's text under the request's tool_choice."""
+        if mode == "auto":
+            content, calls = self.tool_parser.parse(text, final)
+            return (content if content.strip() or not calls else None), calls
+        if mode == "named":
+            return None, [ParsedToolCall(request.tool_choice["function"]["name"], text)]
+        if mode == "required":
+            try:   # the grammar made it a JSON list of {name, parameters}
+                items = json.loads(text)
+                return None, [ParsedToolCall(i["name"], json.dumps(i["parameters"], ensure_ascii=False))
+                              for i in items]
+            except (json.JSONDecodeError, KeyError, TypeError):
+                return text, []   # cut short by max_tokens: no call to report
+        return text, []
+
+    @staticmethod
+    def _finish_reason(mode: str | None, finish_reason: str | None, called: bool) -> str | None:
+        # OpenAI reports "tool_calls" when the model chose to call; a forced (named) call is "stop".
+        if finish_reason == "stop" and called and mode in ("auto", "required"):
+            return "tool_calls"
+        return finish_reason
 
     def _logprobs(self, request: ChatCompletionRequest, out: CompletionOutput,
                   start: int) -> ChatCompletionLogProbs | None:
@@ -147,3 +231,9 @@ class OpenAIServingChat(OpenAIServing):
             token = f"token_id:{token_id}"
         return ChatCompletionLogProb(token=token, logprob=clamp_logprob(lp.logprob),
                                      bytes=list(token.encode("utf-8", errors="replace")))
+
+
+def _whole_call(call: ParsedToolCall) -> dict:
+    return {"id": ToolCall(function=FunctionCall(name=call.name, arguments="")).id,
+            "type": "function",
+            "function": DeltaFunctionCall(name=call.name, arguments=call.arguments)}

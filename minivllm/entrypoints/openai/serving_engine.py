@@ -91,16 +91,18 @@ class OpenAIServing:
                               f"{vocab_size}).", param=param)
 
     def render_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
-                    chat_template: str | None = None) -> list[int]:
+                    chat_template: str | None = None,
+                    tools: list[dict[str, Any]] | None = None) -> list[int]:
         """Token ids of a conversation through the model's (or the given) chat template."""
         tokenizer = self.tokenizer
         if chat_template is None and not getattr(tokenizer, "chat_template", None):
             raise OpenAIError("This model has no chat template; pass `chat_template` or use "
                               "/v1/completions.", param="chat_template")
         conversation = [_normalize_message(i, m) for i, m in enumerate(messages)]
+        extra = {"tools": tools} if tools else {}
         try:
             ids = tokenizer.apply_chat_template(conversation, add_generation_prompt=add_generation_prompt,
-                                                chat_template=chat_template, tokenize=True)
+                                                chat_template=chat_template, tokenize=True, **extra)
         except Exception as exc:   # jinja2 errors, raise_exception() in templates, ...
             raise OpenAIError(f"The chat template failed on these messages: {exc}",
                               param="messages") from exc
@@ -246,7 +248,22 @@ def _normalize_message(index: int, message: dict[str, Any]) -> dict[str, Any]:
     elif content is not None and not isinstance(content, str):
         raise OpenAIError(f"messages[{index}].content must be a string or a list of text parts.",
                           param="messages")
-    return {**message, "content": content or ""}
+    normalized = {**message, "content": content or ""}
+    if isinstance(message.get("tool_calls"), list):
+        # Templates read the arguments as a mapping; OpenAI sends them as JSON text.
+        normalized["tool_calls"] = [_template_tool_call(c) for c in message["tool_calls"]]
+    return normalized
+
+
+def _template_tool_call(call: Any) -> Any:
+    function = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(function, dict) or not isinstance(function.get("arguments"), str):
+        return call
+    try:
+        arguments = json.loads(function["arguments"])
+    except json.JSONDecodeError:
+        return call
+    return {**call, "function": {**function, "arguments": arguments}}
 
 
 def clamp_logprob(logprob: float) -> float:

@@ -1,4 +1,4 @@
-"""The server's structured outputs, logit_bias and the stress test's findings, on the default
+"""The server's structured outputs, tool calls, logit_bias and the stress test's findings, on the default
 model (a real tokenizer) behind a real uvicorn on loopback, with the openai client."""
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ PROMPT = "The capital of France is"
 def server():
     engine_args = EngineArgs(max_model_len=512, num_gpu_blocks_override=128, max_num_seqs=32)
     async_llm = AsyncLLM.from_engine_args(engine_args)
-    with ServerThread(build_app(async_llm, MODEL)) as server:
+    app = build_app(async_llm, MODEL, enable_auto_tool_choice=True, tool_call_parser="hermes")
+    with ServerThread(app) as server:
         yield server
     async_llm.shutdown()
 

@@ -1,0 +1,23 @@
+"""Tool-call parsers (vLLM's `--tool-call-parser` names): model text -> content and tool calls."""
+
+from __future__ import annotations
+
+from minivllm.entrypoints.openai.tool_parsers.abstract_tool_parser import (
+    ParsedToolCall, ToolParser, tool_choice_mode, tool_choice_schema)
+from minivllm.entrypoints.openai.tool_parsers.hermes_tool_parser import Hermes2ProToolParser
+from minivllm.entrypoints.openai.tool_parsers.llama_tool_parser import Llama3JsonToolParser
+
+__all__ = ["Hermes2ProToolParser", "Llama3JsonToolParser", "ParsedToolCall", "ToolParser",
+           "get_tool_parser", "tool_choice_mode", "tool_choice_schema"]
+
+_TOOL_PARSERS: dict[str, type[ToolParser]] = {
+    "hermes": Hermes2ProToolParser,
+    "llama3_json": Llama3JsonToolParser,
+}
+
+
+def get_tool_parser(name: str) -> ToolParser:
+    if name not in _TOOL_PARSERS:
+        raise ValueError(f"Unknown tool call parser {name!r}; choose one of "
+                         f"{', '.join(sorted(_TOOL_PARSERS))}.")
+    return _TOOL_PARSERS[name]()

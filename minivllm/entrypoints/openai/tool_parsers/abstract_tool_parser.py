@@ -1,0 +1,88 @@
+"""The tool-parser contract: one `parse` that streaming and non-streaming answers share."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass
+class ParsedToolCall:
+    name: str
+    arguments: str   # a JSON object, as text (OpenAI's `function.arguments`)
+
+
+class ToolParser:
+    """Splits model text into the content a client sees and complete tool calls.
+
+    `parse(text, final)` is called on the whole text so far: while `final` is False the content
+    it returns stops before anything that may still become a tool call, so a stream can send
+    content and calls as soon as they are certain.
+    """
+
+    def parse(self, text: str, final: bool) -> tuple[str, list[ParsedToolCall]]:
+        raise NotImplementedError
+
+
+def tool_call_from_json(obj: Any) -> ParsedToolCall | None:
+    """{"name": ..., "arguments" | "parameters": {...}} -> a call; None when it is not one."""
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+        return None
+    arguments = obj.get("arguments", obj.get("parameters", {}))
+    if isinstance(arguments, str):
+        return ParsedToolCall(obj["name"], arguments)
+    return ParsedToolCall(obj["name"], json.dumps(arguments, ensure_ascii=False))
+
+
+def tool_choice_mode(tools: list[dict[str, Any]] | None, tool_choice: Any) -> str | None:
+    """None (no tool parsing), "auto", "required" or "named" (OpenAI's default: "auto" with
+    tools, else "none"); raises ValueError naming the valid choices."""
+    choice = tool_choice if tool_choice is not None else ("auto" if tools else "none")
+    if choice == "none":
+        return None
+    if not tools:
+        raise ValueError("tool_choice needs `tools`.")
+    if choice in ("auto", "required"):
+        return choice
+    if isinstance(choice, dict) and isinstance(choice.get("function"), dict):
+        _find_tool(tools, choice["function"].get("name"))
+        return "named"
+    raise ValueError("tool_choice must be 'none', 'auto', 'required' or "
+                     '{"type": "function", "function": {"name": ...}}.')
+
+
+def tool_choice_schema(tools: list[dict[str, Any]] | None, tool_choice: Any,
+                       parallel: bool) -> dict[str, Any] | None:
+    """The JSON schema that enforces a "required" (a list of {name, parameters} calls, one
+    unless parallel) or named (that tool's arguments) tool_choice; None for the others."""
+    mode = tool_choice_mode(tools, tool_choice)
+    if mode == "named":
+        return _find_tool(tools, tool_choice["function"]["name"]).get(
+            "parameters", {"type": "object"})
+    if mode != "required":
+        return None
+    calls = [{"type": "object", "required": ["name", "parameters"],
+              "properties": {"name": {"const": t["function"]["name"]},
+                             "parameters": t["function"].get("parameters", {"type": "object"})}}
+             for t in tools if isinstance(t.get("function"), dict) and "name" in t["function"]]
+    schema: dict[str, Any] = {"type": "array", "minItems": 1, "items": {"anyOf": calls}}
+    if not parallel:
+        schema["maxItems"] = 1
+    return schema
+
+
+def _find_tool(tools: list[dict[str, Any]], name: Any) -> dict[str, Any]:
+    for tool in tools:
+        function = tool.get("function")
+        if isinstance(function, dict) and function.get("name") == name:
+            return function
+    raise ValueError(f"tool_choice names {name!r}, which is not in `tools`.")
+
+
+def held_back(text: str, marker: str) -> int:
+    """How many trailing characters of `text` could be the start of `marker`."""
+    for n in range(min(len(marker) - 1, len(text)), 0, -1):
+        if marker.startswith(text[-n:]):
+            return n
+    return 0
