@@ -5,6 +5,7 @@ import importlib.util
 import json
 import os
 import sys
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -131,6 +132,45 @@ def registered_as(arch: str, model_class: type[nn.Module]) -> Iterator[None]:
             ModelRegistry.models.pop(arch, None)
         else:
             ModelRegistry.models[arch] = previous
+
+
+_PLUGIN_MODULE = "minivllm_check_model_file"
+_PLUGIN_SOURCE = """
+def register():
+    # check-model's temporary general plugin: every worker rank loads the --model-file class.
+    from minivllm import ModelRegistry
+    from minivllm.entrypoints.check_model.build import load_model_file
+
+    ModelRegistry.register_model({arch!r}, load_model_file({spec!r}))
+"""
+
+
+@contextlib.contextmanager
+def model_file_plugin(spec: str, arch: str) -> Iterator[None]:
+    """Worker processes started inside see a general plugin that registers `arch` as the
+    `--model-file` class: a temporary distribution on PYTHONPATH, as an installed plugin."""
+    with tempfile.TemporaryDirectory(prefix="check_model_plugin_") as folder:
+        with open(os.path.join(folder, f"{_PLUGIN_MODULE}.py"), "w") as f:
+            f.write(_PLUGIN_SOURCE.format(arch=arch, spec=os.path.abspath(spec.rpartition(":")[0])
+                                          + ":" + spec.rpartition(":")[2]))
+        info = os.path.join(folder, f"{_PLUGIN_MODULE}-0.dist-info")
+        os.mkdir(info)
+        with open(os.path.join(info, "METADATA"), "w") as f:
+            f.write(f"Metadata-Version: 2.1\nName: {_PLUGIN_MODULE}\nVersion: 0\n")
+        with open(os.path.join(info, "entry_points.txt"), "w") as f:
+            f.write(f"[minivllm.general_plugins]\n{_PLUGIN_MODULE} = {_PLUGIN_MODULE}:register\n")
+        saved = {k: os.environ.get(k) for k in ("PYTHONPATH", "VLLM_PLUGINS")}
+        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (folder, saved["PYTHONPATH"]) if p)
+        if saved["VLLM_PLUGINS"] is not None:     # a selection must include this plugin
+            os.environ["VLLM_PLUGINS"] = f"{saved['VLLM_PLUGINS']},{_PLUGIN_MODULE}"
+        try:
+            yield
+        finally:
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
 
 
 def small_cache(target: CheckTarget, max_model_len: int = 256) -> dict[str, int]:

@@ -1,6 +1,7 @@
 """The parallel section: valid TP sizes, the PP layer split, and (with -tp/-pp) a real
 multi-process dry run that builds and loads every rank and runs one step."""
 
+import contextlib
 import os
 
 from minivllm.config.vllm import valid_tp_sizes
@@ -8,7 +9,7 @@ from minivllm.distributed.utils import get_pp_indices
 from minivllm.model_executor.layers.vocab_parallel_embedding import pad_vocab_size
 from minivllm.model_executor.models import interfaces as itf
 
-from .build import CheckTarget, small_cache
+from .build import CheckTarget, model_file_plugin, registered_as, small_cache
 from .report import Section
 
 _SHOWN_PP_SIZES = (2, 4)
@@ -59,11 +60,6 @@ def parallel_section(section: Section, target: CheckTarget, tp: int = 1, pp: int
 
 def _dry_run(section: Section, target: CheckTarget, tp: int, pp: int) -> None:
     """Start tp x pp worker processes, build and load every rank, run one greedy step."""
-    if ".py:" in target.class_ref:
-        section.error("dry_run_registry", "worker ranks resolve the model through the registry "
-                      "in their own process: register the class in a general plugin "
-                      "(entry point group minivllm.general_plugins) to run -tp/-pp with it")
-        return
     from minivllm import LLM, SamplingParams
 
     load_format = target.vllm_config.load_config.load_format
@@ -71,10 +67,18 @@ def _dry_run(section: Section, target: CheckTarget, tp: int, pp: int) -> None:
     if model is None:
         section.error("dry_run_config_only", "the dry run needs a model folder or GGUF file")
         return
+    # Worker ranks resolve the architecture in their own processes: a --model-file class
+    # reaches them through a temporary general plugin (the driver registers it directly).
+    from_file = ".py:" in target.class_ref
+    in_ranks = model_file_plugin(target.class_ref, target.architecture) if from_file \
+        else contextlib.nullcontext()
+    in_driver = registered_as(target.architecture, target.model_class) if from_file \
+        else contextlib.nullcontext()
     try:
-        llm = LLM(model, tensor_parallel_size=tp, pipeline_parallel_size=pp, dtype="float32",
-                  load_format=load_format, seed=target.vllm_config.model_config.seed,
-                  **small_cache(target))
+        with in_ranks, in_driver:
+            llm = LLM(model, tensor_parallel_size=tp, pipeline_parallel_size=pp,
+                      dtype="float32", load_format=load_format,
+                      seed=target.vllm_config.model_config.seed, **small_cache(target))
     except Exception as err:
         section.error("dry_run", f"building the {tp} x {pp} ranks failed: "
                       f"{type(err).__name__}: {err}")

@@ -6,7 +6,6 @@ from minivllm.entrypoints.check_model import CheckOptions, run_checks
 from minivllm.entrypoints.check_model.build import make_target
 from minivllm.entrypoints.check_model.parallel import parallel_section
 from minivllm.entrypoints.check_model.report import Section
-from tests.entrypoints.check_model._broken_llama import write_broken_llama
 
 
 def _section(path: str, tp: int = 1, pp: int = 1, dry_run: bool = False, **target) -> Section:
@@ -40,10 +39,30 @@ def test_pp_partition_honours_the_environment(tiny_llama_factory, monkeypatch):
     assert _section(path, pp=2).errors()[0].check == "pp_partition"
 
 
-def test_model_file_dry_run_asks_for_a_plugin(tiny_llama_factory, tmp_path):
-    spec = write_broken_llama(tmp_path, "clean")
-    [error] = _section(tiny_llama_factory(), tp=2, dry_run=True, model_file=spec).errors()
-    assert error.check == "dry_run_registry" and "minivllm.general_plugins" in error.message
+_RANK_MARKER = """
+from minivllm.distributed import get_tensor_model_parallel_world_size
+from minivllm.model_executor.models.llama import LlamaForCausalLM as _Base
+
+
+class MarkedLlama(_Base):
+    def __init__(self, *, vllm_config, prefix=""):
+        if get_tensor_model_parallel_world_size() > 1:
+            raise RuntimeError("the --model-file class was built in a worker rank")
+        super().__init__(vllm_config=vllm_config, prefix=prefix)
+"""
+
+
+@pytest.mark.slow
+def test_model_file_reaches_every_rank_through_a_temporary_plugin(tiny_llama_factory, tmp_path):
+    import os
+
+    (tmp_path / "marked.py").write_text(_RANK_MARKER)
+    before = os.environ.get("PYTHONPATH")
+    section = _section(tiny_llama_factory(), tp=2, dry_run=True,
+                       model_file=f"{tmp_path / 'marked.py'}:MarkedLlama")
+    [error] = section.errors()
+    assert error.check == "dry_run" and "built in a worker rank" in error.message
+    assert os.environ.get("PYTHONPATH") == before
 
 
 @pytest.mark.slow
