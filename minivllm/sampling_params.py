@@ -81,6 +81,7 @@ class SamplingParams:
     detokenize: bool = True
     # token id -> bias added to its logit (OpenAI's logit_bias; -100 bans, +100 forces)
     logit_bias: dict[int, float] | None = None
+    allowed_token_ids: list[int] | None = None   # sample only among these (vLLM's extra)
     structured_outputs: StructuredOutputsParams | None = None
     # stop_token_ids plus the model's eos (unless ignore_eos): what min_tokens masks.
     _all_stop_token_ids: set[int] = field(default_factory=set, init=False, repr=False, compare=False)
@@ -151,6 +152,8 @@ class SamplingParams:
         if self.stop and not self.detokenize:
             raise ValueError("stop strings are only supported when detokenize is True; "
                              "use stop_token_ids instead.")
+        if self.allowed_token_ids is not None and not self.allowed_token_ids:
+            raise ValueError("allowed_token_ids must not be empty.")
         for token_id, bias in (self.logit_bias or {}).items():
             if token_id < 0 or not math.isfinite(bias):
                 raise ValueError(f"logit_bias needs token ids >= 0 and finite biases, got "
@@ -158,10 +161,12 @@ class SamplingParams:
 
     def verify_vocab(self, vocab_size: int) -> None:
         """Token ids the params name must be in [0, vocab_size) (checked by the engine)."""
-        bad = [t for t in self.logit_bias or {} if t >= vocab_size]
-        if bad:
-            raise ValueError(f"logit_bias token id {bad[0]} is out of range: ids must be in "
-                             f"[0, {vocab_size}).")
+        for name, ids in (("logit_bias", self.logit_bias or {}),
+                          ("allowed_token_ids", self.allowed_token_ids or [])):
+            bad = [t for t in ids if not 0 <= t < vocab_size]
+            if bad:
+                raise ValueError(f"{name} token id {bad[0]} is out of range: ids must be in "
+                                 f"[0, {vocab_size}).")
 
     @property
     def sampling_type(self) -> SamplingType:

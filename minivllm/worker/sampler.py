@@ -10,6 +10,7 @@ from torch import nn
 
 from minivllm import _custom_ops as ops
 from minivllm.sampling_params import SamplingParams, SamplingType
+from minivllm.worker.logits_masks import apply_grammar_bitmask, mask_rows
 
 _LogprobEntry = tuple[int, float, int]
 
@@ -44,13 +45,15 @@ class SamplingMetadata:
     # Structured outputs: bitmask row i [W] int32 constrains logits row grammar_rows[i]
     grammar_bitmask: torch.Tensor | None = None   # [C, ceil(V / 32)] int32
     grammar_rows: torch.Tensor | None = None      # [C] int64
+    # allowed_token_ids: rows [R] int64 and their allowed tokens [R, V] bool
+    allowed_token_mask: tuple[torch.Tensor, torch.Tensor] | None = None
 
     @property
     def plain_greedy(self) -> bool:
         """Greedy rows only and nothing that changes or reports the logits."""
         return (self.all_greedy and self.max_num_logprobs is None and self.no_penalties
                 and self.min_tokens_mask_index is None and self.logit_bias_index is None
-                and self.grammar_bitmask is None)
+                and self.grammar_bitmask is None and self.allowed_token_mask is None)
 
 
 @dataclass
@@ -185,7 +188,8 @@ class RequestSamplingStates:
             no_penalties=True, prompt_token_mask=None, output_token_counts=None,
             presence_penalties=None, frequency_penalties=None, repetition_penalties=None,
             min_tokens_mask_index=self._min_tokens_index(states, vocab_size),
-            logit_bias_index=self._logit_bias_index(params))
+            logit_bias_index=self._logit_bias_index(params),
+            allowed_token_mask=self._allowed_token_mask(params, vocab_size))
         if any(s.penalty_slot is not None for s in states):
             self._fill_penalties(metadata, states, vocab_size)
         return metadata
@@ -212,6 +216,16 @@ class RequestSamplingStates:
         rows, token_ids, biases = zip(*entries)
         return (torch.tensor(rows, device=self.device), torch.tensor(token_ids, device=self.device),
                 torch.tensor(biases, dtype=torch.float32, device=self.device))
+
+    def _allowed_token_mask(self, params: list[SamplingParams], vocab_size: int
+                            ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        rows = [i for i, p in enumerate(params) if p.allowed_token_ids]
+        if not rows:
+            return None
+        allowed = torch.zeros(len(rows), vocab_size, dtype=torch.bool, device=self.device)
+        index = [(r, t) for r, i in enumerate(rows) for t in params[i].allowed_token_ids]
+        allowed[tuple(torch.tensor(index, device=self.device).T)] = True
+        return torch.tensor(rows, device=self.device), allowed
 
     def _fill_penalties(self, metadata: SamplingMetadata, states: list[_RequestState],
                         vocab_size: int) -> None:
@@ -276,6 +290,8 @@ class Sampler(nn.Module):
         if metadata.grammar_bitmask is not None:
             # As vLLM: the grammar applies before the sampler, so logprobs see it too.
             logits = apply_grammar_bitmask(logits, metadata.grammar_bitmask, metadata.grammar_rows)
+        if metadata.allowed_token_mask is not None:
+            logits = mask_rows(logits, *metadata.allowed_token_mask)
         # Logprobs are reported from the raw logits, before any processing (vLLM's default).
         raw_logprobs = None
         if metadata.max_num_logprobs is not None:
@@ -322,20 +338,6 @@ def apply_penalties(logits: torch.Tensor, prompt_mask: torch.Tensor, output_coun
     logits = torch.where(prompt_mask | output_mask, penalised, logits)
     logits = logits - frequency.unsqueeze(1) * output_counts
     return logits - presence.unsqueeze(1) * output_mask
-
-
-def apply_grammar_bitmask(logits: torch.Tensor, bitmask: torch.Tensor,
-                          rows: torch.Tensor) -> torch.Tensor:
-    """-inf on the tokens the grammars forbid: bitmask [C, W] int32 (bit t of word w allows
-    token 32 * w + t) over logits rows `rows` [C] of logits [B, V], all rows in one op."""
-    shifts = torch.arange(32, dtype=torch.int32, device=logits.device)
-    allowed = (bitmask.to(logits.device).unsqueeze(-1) >> shifts) & 1       # [C, W, 32]
-    allowed = allowed.view(bitmask.shape[0], -1)[:, :logits.shape[1]].bool()  # [C, V]
-    vocab_size = allowed.shape[1]
-    constrained = logits.index_select(0, rows)                               # [C, V]
-    constrained[:, :vocab_size] = constrained[:, :vocab_size].masked_fill(~allowed, float("-inf"))
-    constrained[:, vocab_size:] = float("-inf")   # ids past the mask: not the grammar's tokens
-    return logits.index_copy(0, rows, constrained)
 
 
 def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:

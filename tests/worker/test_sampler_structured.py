@@ -1,10 +1,11 @@
-"""Sampler: the grammar bitmask (constrained rows only, one op) and logit_bias."""
+"""Sampler: the grammar bitmask (constrained rows only, one op), logit_bias, allowed_token_ids."""
 
 import pytest
 import torch
 
 from minivllm.sampling_params import SamplingParams
-from minivllm.worker.sampler import RequestSamplingStates, Sampler, apply_grammar_bitmask
+from minivllm.worker.logits_masks import apply_grammar_bitmask
+from minivllm.worker.sampler import RequestSamplingStates, Sampler
 
 V = 70   # not a multiple of 32: the last bitmask word is partly past the vocabulary
 
@@ -75,3 +76,13 @@ def test_logit_bias_is_validated():
     with pytest.raises(ValueError, match="out of range"):
         SamplingParams(logit_bias={V: 1.0}).verify_vocab(V)
     assert SamplingParams(logit_bias={"3": 2}).logit_bias == {3: 2.0}
+
+
+def test_allowed_token_ids_restrict_only_their_row():
+    logits = torch.randn(2, V, generator=torch.Generator().manual_seed(4))
+    params = [SamplingParams(temperature=1.0, allowed_token_ids=[3, 65]), SamplingParams(temperature=0)]
+    for _ in range(10):
+        tokens = Sampler()(logits, _metadata(params)).sampled_token_ids.tolist()
+        assert tokens[0] in (3, 65) and tokens[1] == int(logits[1].argmax())
+    with pytest.raises(ValueError, match="allowed_token_ids token id 70"):
+        SamplingParams(allowed_token_ids=[70]).verify_vocab(V)

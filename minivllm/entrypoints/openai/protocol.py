@@ -133,6 +133,7 @@ class _SamplingRequest(OpenAIBaseModel):
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     structured_outputs: dict[str, Any] | None = None   # vLLM's StructuredOutputsParams fields
+    allowed_token_ids: list[int] | None = None
 
     def _sampling_params(self, max_tokens: int, logprobs: int | None,
                          prompt_logprobs: int | None = None) -> SamplingParams:
@@ -149,14 +150,13 @@ class _SamplingRequest(OpenAIBaseModel):
             ignore_eos=self.ignore_eos, logprobs=logprobs, prompt_logprobs=prompt_logprobs,
             include_stop_str_in_output=self.include_stop_str_in_output,
             skip_special_tokens=self.skip_special_tokens, logit_bias=self._logit_bias(),
+            allowed_token_ids=self.allowed_token_ids,
             structured_outputs=self._structured_outputs())
 
     def _logit_bias(self) -> dict[int, float] | None:
-        if not self.logit_bias:
-            return None
-        try:
-            # OpenAI's range; vLLM clamps to it the same way.
-            return {int(t): min(100.0, max(-100.0, b)) for t, b in self.logit_bias.items()}
+        bias = self.logit_bias or {}
+        try:   # OpenAI's range; vLLM clamps to it the same way.
+            return {int(t): min(100.0, max(-100.0, b)) for t, b in bias.items()} or None
         except ValueError:
             raise ValueError("logit_bias keys must be token ids (integers as strings).") from None
 

@@ -143,7 +143,7 @@ class OpenAIServing:
             try:
                 params.verify_vocab(self.async_llm.vocab_size)
             except ValueError as exc:
-                raise OpenAIError(str(exc), param="logit_bias") from exc
+                raise OpenAIError(str(exc), param=str(exc).split(" ", 1)[0]) from exc
         if params.structured_outputs is not None:
             try:
                 validate_structured_outputs(params.structured_outputs)

@@ -103,6 +103,7 @@ def test_json_object_regex_choice_and_free_requests_in_one_batch(server, client)
     ({"structured_outputs": {"no_such": 1}}, "structured_outputs", "no_such"),
     ({"logit_bias": {"999999": 5}}, "logit_bias", "out of range"),
     ({"logit_bias": {"abc": 5}}, "logit_bias", "token ids"),
+    ({"allowed_token_ids": [10**7]}, "allowed_token_ids", "out of range"),
     ({"stream_options": {"include_usage": True}}, "stream_options", "stream is true"),
 ])
 def test_bad_constraints_and_options_are_400s_naming_the_problem(server, body, param, problem):
@@ -127,6 +128,9 @@ def test_logit_bias_bans_and_forces_a_token(server, client):
                                        logit_bias={str(forced_id[0]): 100})
     piece = httpx.post(f"{server.url}/detokenize", json={"tokens": forced_id[:1]}).json()["prompt"]
     assert forced.choices[0].text == piece * 3
+    allowed = client.completions.create(model=MODEL, prompt=PROMPT, temperature=1.0, max_tokens=3,
+                                        extra_body={"allowed_token_ids": forced_id[:1]})
+    assert allowed.choices[0].text == piece * 3
 
 
 @pytest.mark.parametrize("path, body", [
