@@ -54,6 +54,14 @@ def parallel_section(section: Section, target: CheckTarget, tp: int = 1, pp: int
                       f"layers ({num_layers})")
     section.summary = f"valid TP sizes {valid}; " + ("PP supported" if supports_pp
                                                      else "no PP")
+    section.text_rows.extend(
+        f"TP {t}: {s['heads_per_rank']} heads, {s['kv_heads_per_rank']} KV heads"
+        + (" (replicated)" if s["kv_heads_replicated"] else "")
+        + f", {s['vocab_rows_per_rank']} vocab rows per rank"
+        for t, s in section.data["tp_shapes"].items())
+    section.text_rows.extend(
+        f"PP {size}: layers " + ", ".join(f"[{a}, {b})" for a, b in split)
+        for size, split in section.data["pp_layer_partition"].items())
     if dry_run and tp * pp > 1 and not section.errors():
         _dry_run(section, target, tp, pp)
 
