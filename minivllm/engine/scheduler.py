@@ -51,6 +51,7 @@ class Scheduler:
         # Set by the engine (a StructuredOutputManager) once a constrained request arrives.
         self.structured_output_manager = None
         self._grammar_failed: list[Request] = []   # reported by the next update_from_output
+        self._grammar_pending: list[Request] = []  # waiting for their grammar this step
 
     @property
     def num_running(self) -> int:
@@ -86,6 +87,9 @@ class Scheduler:
         # back and thrash.
         if not preempted:
             new_reqs = self._schedule_waiting(num_scheduled_tokens)
+        if not num_scheduled_tokens and self._grammar_pending:
+            # Nothing to run but grammars compiling: pause a moment instead of spinning.
+            self._grammar_pending[0].structured_output_request.wait(0.005)
         output = SchedulerOutput(
             scheduled_new_reqs=[self._new_request_data(r) for r in new_reqs],
             scheduled_cached_reqs=CachedRequestData(
@@ -210,6 +214,7 @@ class Scheduler:
                 request.num_cached_tokens = num_computed
             num_scheduled_tokens[request.request_id] = num_new_tokens
             budget -= num_new_tokens
+        self._grammar_pending = [r for r in skipped if not r.is_finished]
         for request in reversed(skipped):
             if request.is_finished:   # its grammar failed to compile
                 self._free_request(request)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 from concurrent.futures import Future
 
 from minivllm.sampling_params import StructuredOutputsParams
@@ -19,6 +20,10 @@ class StructuredOutputRequest:
     def is_ready(self) -> bool:
         """True once compilation finished (successfully or not)."""
         return self._grammar is not None or self._compiled.done()
+
+    def wait(self, timeout_s: float) -> None:
+        """Blocks until compilation finishes or `timeout_s` passes (an idle engine's pause)."""
+        concurrent.futures.wait([self._compiled], timeout=timeout_s)
 
     @property
     def grammar(self) -> GuidanceGrammar:
