@@ -21,7 +21,7 @@ class StructuredOutputsParams:
     choice: list[str] | None = None
     grammar: str | None = None            # Lark or GBNF / EBNF
     json_object: bool | None = None       # any JSON object
-    structural_tag: str | None = None     # accepted for compatibility; refused at compile time
+    structural_tag: str | None = None     # {"structures": [{begin, schema, end}], "triggers"}
     disable_any_whitespace: bool = False  # JSON without whitespace between tokens
     disable_additional_properties: bool = False   # objects get additionalProperties: false
     disable_fallback: bool = False        # accepted for compatibility: there is one backend

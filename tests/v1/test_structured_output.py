@@ -118,3 +118,27 @@ def test_a_slow_grammar_does_not_stall_other_requests(llm, monkeypatch):
     while engine.has_unfinished_requests():
         finished.update({o.request_id: o for o in engine.step() if o.finished})
     assert re.fullmatch(r"slow [0-9]{5}", finished["slow"].outputs[0].text)
+
+
+def test_structural_tag_constrains_the_tagged_segment(llm):
+    tag = {"type": "structural_tag", "triggers": ["<fn="],
+           "structures": [{"begin": "<fn=add>", "end": "</fn>",
+                           "schema": {"type": "object", "required": ["a"], "additionalProperties": False,
+                                      "properties": {"a": {"type": "integer"}}}}]}
+    constraint = StructuredOutputsParams(structural_tag=json.dumps(tag))
+    with pytest.raises(ValueError, match="no trigger starts"):
+        validate_structured_outputs(StructuredOutputsParams(structural_tag=json.dumps(
+            {**tag, "triggers": ["<other="]})))
+    manager = llm.llm_engine._structured_output_manager()
+    tokenizer = llm.llm_engine.tokenizer
+
+    def fits(text: str) -> bool:
+        grammar = manager.grammar_init(constraint).grammar   # waits for the compilation
+        return grammar.matcher.try_consume_tokens(tokenizer.encode(text)) == len(tokenizer.encode(text))
+    # Free text around the tagged segment; inside it, only the schema.
+    assert fits('Sure, adding. <fn=add>{"a": 12}</fn> done')
+    assert not fits('Sure, adding. <fn=add>{"b": 12}')
+    assert not fits('<fn=add>{"a": "x"}')
+    out = llm.generate([PROMPT], _sampled(constraint, seed=0, max_tokens=8),
+                       use_tqdm=False)[0].outputs[0]
+    assert out.finish_reason in ("stop", "length")

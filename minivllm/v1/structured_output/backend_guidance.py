@@ -61,8 +61,28 @@ def _serialize(kind: str, spec: Any, no_whitespace: bool, no_additional: bool,
             "start: " + " | ".join(json.dumps(c) for c in choice))
     if kind == "grammar":
         return llguidance.grammar_from("grammar", spec)   # Lark, or GBNF converted to Lark
+    if kind == "structural_tag":
+        return _structural_tag_grammar(spec)
     raise ValueError(f"structured_outputs {kind} is not supported; use one of json, "
-                     "json_object, regex, choice, grammar.")
+                     "json_object, regex, choice, grammar, structural_tag.")
+
+
+def _structural_tag_grammar(spec: Any) -> str:
+    """vLLM's structural tag, {"structures": [{"begin", "schema", "end"}], "triggers": [...]}:
+    free text in which each trigger starts a tagged JSON segment (llguidance's lazy lexemes)."""
+    tag = _load_schema(spec) if isinstance(spec, str) else spec
+    if not isinstance(tag, dict) or not tag.get("structures") or not tag.get("triggers"):
+        raise ValueError("Invalid structured_outputs structural_tag: it needs `structures` "
+                         "and `triggers`.")
+    tags = []
+    for s in tag["structures"]:
+        trigger = next((t for t in tag["triggers"] if s.get("begin", "").startswith(t)), None)
+        if trigger is None or not trigger:
+            raise ValueError(f"Invalid structured_outputs structural_tag: no trigger starts "
+                             f"the begin string {s.get('begin')!r}.")
+        tags.append(llguidance.StructTag(trigger=trigger, begin=s["begin"],
+                                         grammar=s.get("schema", {}), end=s.get("end", "")))
+    return llguidance.LLMatcher.grammar_from_lark(llguidance.StructTag.to_grammar(tags))
 
 
 def _load_schema(spec: Any) -> Any:
