@@ -21,18 +21,18 @@ _DECODER_LAYER = re.compile(r"(^|\.)layers\.\d+$")
 
 def numerics_section(section: Section, target: CheckTarget, *, prompt: str | None = None,
                      max_tokens: int = 8, rtol: float = 1e-3, logprob_atol: float = 1e-3) -> None:
-    if target.checkpoint_dir is None:
-        section.skip("needs a HF checkpoint folder with weights (transformers reads it)")
+    model_config = target.vllm_config.model_config
+    if target.checkpoint_dir is None and not model_config.is_gguf:
+        section.skip("needs a checkpoint with weights (a HF folder or a GGUF file)")
         return
-    from transformers import AutoModelForCausalLM
-
     from minivllm import LLM, SamplingParams
 
-    hf_model = AutoModelForCausalLM.from_pretrained(target.checkpoint_dir, dtype=torch.float32)
-    hf_model.eval()
+    hf_model = _load_hf_model(model_config.model, model_config.is_gguf)
+    # A GGUF file runs dequantised in fp32 (quantization "none"), as transformers reads it.
+    extra = {"quantization": "none"} if model_config.is_gguf else {}
     with registered_as(target.architecture, target.model_class):
-        llm = LLM(target.checkpoint_dir, dtype="float32", enforce_eager=True,
-                  seed=target.vllm_config.model_config.seed, **small_cache(target))
+        llm = LLM(model_config.model, dtype="float32", enforce_eager=True,
+                  seed=model_config.seed, **small_cache(target), **extra)
     try:
         ids = _prompt_ids(llm.get_tokenizer(), prompt, hf_model.config.vocab_size)
         mv_model = llm.llm_engine.executor.worker.model_runner.model
@@ -51,6 +51,20 @@ def numerics_section(section: Section, target: CheckTarget, *, prompt: str | Non
     completion = outs[0].outputs[0]
     _compare_greedy(section, hf_model, ids, list(completion.token_ids), completion.logprobs,
                     logprob_atol)
+
+
+def _load_hf_model(path: str, gguf: bool) -> nn.Module:
+    """transformers' model on the same weights, fp32 (a GGUF file dequantised on load)."""
+    import os
+
+    from transformers import AutoModelForCausalLM
+
+    if gguf:
+        folder, name = os.path.split(os.path.abspath(path))
+        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    return model.eval()
 
 
 def capture_outputs(model: nn.Module, run: Callable[[], object]

@@ -1,5 +1,7 @@
 """numerics section (--hf): per-layer comparison with transformers, the first divergence."""
 
+import pytest
+
 from minivllm.entrypoints.check_model import CheckOptions, run_checks
 from minivllm.entrypoints.check_model.numerics import compare_layers
 from minivllm.model_executor.models.registry import ModelRegistry
@@ -115,3 +117,11 @@ def test_a_mismatch_that_later_rows_absorb_is_a_warning():
                              row("norm", False)], 1e-3)
     assert section.data["first_divergence"]["module"] == "layer1"
     assert [f.check for f in section.errors()] == ["divergence"]
+
+
+@pytest.mark.slow
+def test_gguf_file_is_compared_dequantised(default_model_path):
+    report = run_checks(CheckOptions(default_model_path, hf=True, max_tokens=4))
+    numerics = report.sections["numerics"]
+    assert numerics.status == "pass", numerics.findings
+    assert len(numerics.data["layers"]) > 200 and numerics.data["first_divergence"] is None
