@@ -40,13 +40,19 @@ def load_and_check(section: Section, target: CheckTarget, model: nn.Module) -> N
             model.load_weights([(name, tensor)])
         except UnexpectedWeightsError:
             unexpected.append(name)
-        except (ValueError, AssertionError, RuntimeError) as err:
+        except Exception as err:     # a model's own loader may raise anything: report it
             failed.add(name)
-            section.error("load_error", f"loading {name!r} failed: {err}", layer=name)
+            section.error("load_error", f"loading {name!r} failed: {type(err).__name__}: "
+                          f"{err}", layer=name)
     # Pass 2, the whole stream as the loader sends it: which parameters get filled (a fused
     # MoE parameter, say, counts as loaded only once every expert has arrived).
-    loaded = _load_all(model, ((n, w) for n, w in loader.get_all_weights(model_config, model)
-                               if n not in failed))
+    try:
+        loaded = _load_all(model, ((n, w) for n, w in loader.get_all_weights(model_config, model)
+                                   if n not in failed))
+    except Exception as err:     # e.g. a tied weight whose canonical name never came
+        section.error("load_error", f"loading the whole checkpoint failed: "
+                      f"{type(err).__name__}: {err}")
+        loaded = set()
     params = [n for n, _ in model.named_parameters()]
     missing = [n for n in params if n not in loaded]
     candidates = _hf_candidates(model, params)
