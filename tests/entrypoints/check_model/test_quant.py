@@ -50,3 +50,23 @@ def test_clean_fp8_config_passes(tiny_llama_factory, tmp_path):
     assert report.sections["quantization"].data["methods"]["model.layers.1.mlp.down_proj"] == \
         "UnquantizedLinearMethod"
     assert report.ok
+
+
+def test_regex_and_substring_entries(tiny_llama_factory):
+    from types import SimpleNamespace
+
+    from minivllm.entrypoints.check_model.build import build_model, make_target
+    from minivllm.entrypoints.check_model.quant import quantization_section
+    from minivllm.entrypoints.check_model.report import Section
+
+    model, _ = build_model(make_target(tiny_llama_factory()))
+    config = SimpleNamespace(get_name=lambda: "fake",
+                             ignore=["re:.*self_attn\\.q_proj", "re:model\\.layers\\.9\\..*"],
+                             modules_to_not_convert=["layers.1.mlp", "visual"])
+    section = Section("quantization")
+    quantization_section(section, model, config)
+    messages = [e.message for e in section.errors()]
+    # q_proj reaches the fused qkv_proj through its shard names; layer 9 and `visual` reach nothing
+    assert len(messages) == 2
+    assert messages[0].startswith("modules_to_not_convert entry 'visual' matches no layer")
+    assert messages[1].startswith("ignore entry 're:model") and "layers" in messages[1]
