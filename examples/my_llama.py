@@ -10,7 +10,8 @@ and run it by registering it (in the driver, or in a plugin for every process; s
 
     ModelRegistry.register_model("MyLlamaForCausalLM", "my_pkg.my_llama:MyLlamaForCausalLM")
 
-Tensor parallelism comes from the layers; pipeline parallelism is left out to keep it short.
+Tensor parallelism comes from the layers; pipeline parallelism from `make_layers` (this stage's
+layers, placeholders for the others) and the IntermediateTensors handed between stages.
 """
 
 from collections.abc import Iterable
@@ -19,7 +20,7 @@ import torch
 from torch import nn
 
 from minivllm.config import CacheConfig, VllmConfig
-from minivllm.distributed import get_tensor_model_parallel_world_size
+from minivllm.distributed import get_pp_group, get_tensor_model_parallel_world_size
 from minivllm.model_executor.layers.activation import SiluAndMul
 from minivllm.model_executor.layers.attention import Attention
 from minivllm.model_executor.layers.layernorm import RMSNorm
@@ -30,8 +31,11 @@ from minivllm.model_executor.layers.quantization import QuantizationConfig
 from minivllm.model_executor.layers.rotary_embedding import get_rope
 from minivllm.model_executor.layers.vocab_parallel_embedding import (ParallelLMHead,
                                                                      VocabParallelEmbedding)
-from minivllm.model_executor.models.interfaces import SupportsQuant
-from minivllm.model_executor.models.utils import AutoWeightsLoader, WeightsMapper, maybe_prefix
+from minivllm.model_executor.models.interfaces import SupportsPP, SupportsQuant
+from minivllm.model_executor.models.utils import (AutoWeightsLoader, PPMissingLayer, WeightsMapper,
+                                                  make_empty_intermediate_tensors_factory,
+                                                  make_layers, maybe_prefix)
+from minivllm.sequence import IntermediateTensors
 
 
 class MyMLP(nn.Module):
@@ -114,24 +118,39 @@ class MyModel(nn.Module):
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
         super().__init__()
         config = vllm_config.model_config.hf_config
-        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size,
-                                                   prefix=maybe_prefix(prefix, "embed_tokens"))
-        self.layers = nn.ModuleList(MyDecoderLayer(vllm_config, prefix=f"{prefix}.layers.{i}")
-                                    for i in range(config.num_hidden_layers))
-        self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        pp = get_pp_group()
+        # The first stage embeds; the last normalises (and, tied, also needs the embedding).
+        self.embed_tokens = VocabParallelEmbedding(
+            config.vocab_size, config.hidden_size, prefix=maybe_prefix(prefix, "embed_tokens")
+        ) if pp.is_first_rank or (config.tie_word_embeddings and pp.is_last_rank) \
+            else PPMissingLayer()
+        self.start_layer, self.end_layer, self.layers = make_layers(
+            config.num_hidden_layers, lambda prefix: MyDecoderLayer(vllm_config, prefix),
+            prefix=f"{prefix}.layers")
+        self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps) if pp.is_last_rank \
+            else PPMissingLayer()
+        self.make_empty_intermediate_tensors = make_empty_intermediate_tensors_factory(
+            ["hidden_states", "residual"], config.hidden_size)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
-        hidden_states = inputs_embeds if inputs_embeds is not None \
-            else self.embed_tokens(input_ids)             # [T, H]
-        residual = None
-        for layer in self.layers:
+                intermediate_tensors: IntermediateTensors | None,
+                inputs_embeds: torch.Tensor | None = None) -> torch.Tensor | IntermediateTensors:
+        if get_pp_group().is_first_rank:
+            hidden_states = inputs_embeds if inputs_embeds is not None \
+                else self.embed_tokens(input_ids)         # [T, H]
+            residual = None
+        else:
+            hidden_states = intermediate_tensors["hidden_states"]
+            residual = intermediate_tensors["residual"]
+        for layer in self.layers[self.start_layer:self.end_layer]:
             hidden_states, residual = layer(positions, hidden_states, residual)
+        if not get_pp_group().is_last_rank:
+            return IntermediateTensors({"hidden_states": hidden_states, "residual": residual})
         hidden_states, _ = self.norm(hidden_states, residual)
         return hidden_states
 
 
-class MyLlamaForCausalLM(nn.Module, SupportsQuant):
+class MyLlamaForCausalLM(nn.Module, SupportsPP, SupportsQuant):
     # The checkpoint's q/k/v and gate/up tensors are shards of the fused layers: the mapping
     # tells quantization and LoRA the shard names, the mapper routes the tensors while loading.
     packed_modules_mapping = {"qkv_proj": ["q_proj", "k_proj", "v_proj"],
@@ -144,6 +163,10 @@ class MyLlamaForCausalLM(nn.Module, SupportsQuant):
         super().__init__()
         config = vllm_config.model_config.hf_config
         self.model = MyModel(vllm_config=vllm_config, prefix=maybe_prefix(prefix, "model"))
+        self.make_empty_intermediate_tensors = self.model.make_empty_intermediate_tensors
+        if not get_pp_group().is_last_rank:
+            self.lm_head = PPMissingLayer()     # the loader drops this stage's lm_head weights
+            return
         self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size,
                                       quant_config=vllm_config.quant_config,
                                       prefix=maybe_prefix(prefix, "lm_head"))
@@ -155,9 +178,9 @@ class MyLlamaForCausalLM(nn.Module, SupportsQuant):
         return self.model.embed_tokens(input_ids)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                intermediate_tensors: None = None,
-                inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
-        return self.model(input_ids, positions, inputs_embeds)
+                intermediate_tensors: IntermediateTensors | None = None,
+                inputs_embeds: torch.Tensor | None = None) -> torch.Tensor | IntermediateTensors:
+        return self.model(input_ids, positions, intermediate_tensors, inputs_embeds)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
         return self.logits_processor(self.lm_head, hidden_states)   # [S, vocab]

@@ -89,22 +89,23 @@ def register():
     # The lazy string form: the module is imported only when the architecture is resolved.
     ModelRegistry.register_model("MyLlamaForCausalLM", "minivllm_test_plugin.my_llama:MyLlamaForCausalLM")
 """
-_RUN_TP2 = """
+_RUN_TP2_PP2 = """
 import json, sys
 from minivllm import LLM, SamplingParams
-llm = LLM(sys.argv[1], tensor_parallel_size=2, dtype="float32", block_size=4,
-          num_gpu_blocks_override=128, max_model_len=128)
 params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
-out = llm.generate([[5, 17, 42, 99, 3]], params, use_tqdm=False)
-print("TOKENS", json.dumps(list(out[0].outputs[0].token_ids)))
-llm.shutdown()
+for parallel in ({"tensor_parallel_size": 2}, {"pipeline_parallel_size": 2}):
+    llm = LLM(sys.argv[1], dtype="float32", block_size=4, num_gpu_blocks_override=128,
+              max_model_len=128, **parallel)
+    out = llm.generate([[5, 17, 42, 99, 3]], params, use_tqdm=False)
+    print("TOKENS", json.dumps(list(out[0].outputs[0].token_ids)))
+    llm.shutdown()
 """
 
 
 @pytest.mark.slow
-def test_pip_installed_plugin_model_runs_with_tp2(tmp_path):
+def test_pip_installed_plugin_model_runs_with_tp2_and_pp2(tmp_path):
     """A plugin package pip-installed into this venv registers MyLlamaForCausalLM; a fresh
-    process runs it on two TP ranks (each rank loads the plugin itself)."""
+    process runs it on two TP ranks, then two PP stages (each rank loads the plugin itself)."""
     pkg = tmp_path / "plugin"
     (pkg / "minivllm_test_plugin").mkdir(parents=True)
     (pkg / "pyproject.toml").write_text(_PYPROJECT)
@@ -116,13 +117,14 @@ def test_pip_installed_plugin_model_runs_with_tp2(tmp_path):
                     str(pkg)], check=True, capture_output=True, timeout=300)
     try:
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        proc = subprocess.run([sys.executable, "-c", _RUN_TP2, ckpt], capture_output=True,
+        proc = subprocess.run([sys.executable, "-c", _RUN_TP2_PP2, ckpt], capture_output=True,
                               text=True, timeout=600, env=env)
     finally:
         subprocess.run([*pip, "uninstall", "-y", "minivllm-test-plugin"], capture_output=True,
                        timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    tokens = json.loads(proc.stdout.split("TOKENS", 1)[1])
+    tp2, pp2 = (json.loads(line.split(" ", 1)[1]) for line in proc.stdout.splitlines()
+                if line.startswith("TOKENS "))
     # The same weights under the in-tree Llama, one process: the same greedy tokens.
     from minivllm import LLM, SamplingParams
 
@@ -130,4 +132,4 @@ def test_pip_installed_plugin_model_runs_with_tp2(tmp_path):
               num_gpu_blocks_override=128, max_model_len=128)
     out = ref.generate([[5, 17, 42, 99, 3]], SamplingParams(temperature=0, max_tokens=6,
                                                             ignore_eos=True), use_tqdm=False)
-    assert tokens == list(out[0].outputs[0].token_ids)
+    assert tp2 == pp2 == list(out[0].outputs[0].token_ids)

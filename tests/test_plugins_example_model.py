@@ -19,7 +19,7 @@ def test_check_model_passes_every_section_on_the_example(tiny_llama_factory):
                                      model_file=f"{EXAMPLE}:MyLlamaForCausalLM"))
     assert {s.status for s in report.sections.values()} == {"pass"}, report.to_text()
     assert report.sections["contract"].data["protocols"]["SupportsQuant"] is True
-    assert report.sections["parallel"].data["supports_pp"] is False
+    assert report.sections["parallel"].data["supports_pp"] is True
     assert report.sections["numerics"].data["first_divergence"] is None
 
 

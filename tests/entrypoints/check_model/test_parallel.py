@@ -73,10 +73,10 @@ def test_tp2_dry_run_builds_and_loads_every_rank(tiny_llama_factory):
     assert parallel.data["dry_run"]["ranks"] == 2
 
 
-def test_pp_needs_support_and_enough_layers(tiny_llama_factory):
-    from pathlib import Path
-
-    example = Path(__file__).parents[3] / "examples" / "my_llama.py"
-    no_pp = _section(tiny_llama_factory(), pp=2, model_file=f"{example}:MyLlamaForCausalLM")
+def test_pp_needs_support_and_enough_layers(tiny_llama_factory, tmp_path):
+    (tmp_path / "no_pp.py").write_text(
+        "from torch import nn\n\n\nclass NoPP(nn.Module):\n"
+        "    def __init__(self, *, vllm_config, prefix=''):\n        super().__init__()\n")
+    no_pp = _section(tiny_llama_factory(), pp=2, model_file=f"{tmp_path / 'no_pp.py'}:NoPP")
     assert [e.check for e in no_pp.errors()] == ["pp_support"]
     assert [e.check for e in _section(tiny_llama_factory(), pp=3).errors()] == ["pp_size"]
