@@ -154,7 +154,7 @@ class ModelRunner:
                 row_of = {req_id: i for i, req_id in enumerate(sample_ids)}
                 metadata.grammar_rows = torch.tensor(
                     [row_of[r] for r in grammar.structured_output_request_ids])
-                metadata.grammar_bitmask = grammar.grammar_bitmask
+                metadata.grammar_bitmask = torch.from_numpy(grammar.grammar_bitmask)
             out = self.sampler(logits, metadata)
             tokens = out.sampled_token_ids.tolist()
             if out.logprobs_tensors is not None:

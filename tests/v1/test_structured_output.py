@@ -142,3 +142,20 @@ def test_structural_tag_constrains_the_tagged_segment(llm):
     out = llm.generate([PROMPT], _sampled(constraint, seed=0, max_tokens=8),
                        use_tqdm=False)[0].outputs[0]
     assert out.finish_reason in ("stop", "length")
+
+
+@pytest.mark.slow   # ~25 s: two worker processes start
+def test_tensor_parallel_workers_get_the_bitmask(tmp_path):
+    # Two real worker processes over gloo: the step's bitmask reaches both ranks (by value).
+    from tests.entrypoints.openai._helpers import write_tiny_checkpoint
+
+    llm = LLM(model=write_tiny_checkpoint(str(tmp_path)), dtype="float32", tensor_parallel_size=2,
+              num_gpu_blocks_override=64, max_model_len=256)
+    try:
+        params = [_sampled(StructuredOutputsParams(regex=r"[a-z]{3} [0-9]{2}"), seed=i,
+                           max_tokens=20) for i in range(3)]
+        outs = llm.generate(["The quick brown fox"] * 3, params, use_tqdm=False)
+    finally:
+        llm.llm_engine.shutdown()
+    for out in outs:
+        assert re.fullmatch(r"[a-z]{3} [0-9]{2}", out.outputs[0].text)

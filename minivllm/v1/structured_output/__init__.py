@@ -10,6 +10,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import llguidance
+import numpy as np
 import torch
 
 from minivllm.sampling_params import StructuredOutputsParams
@@ -66,8 +67,8 @@ class StructuredOutputManager:
         if not constrained:
             return None
         grammars = [r.structured_output_request.grammar for r in constrained]
-        bitmask = torch.empty(len(grammars), (self.vocab_size + 31) // 32, dtype=torch.int32)
-        fill_bitmask(self._get_executor(), grammars, bitmask)
+        bitmask = np.empty((len(grammars), (self.vocab_size + 31) // 32), dtype=np.int32)
+        fill_bitmask(self._get_executor(), grammars, torch.from_numpy(bitmask))   # shares memory
         return GrammarOutput(structured_output_request_ids=[r.request_id for r in constrained],
                              grammar_bitmask=bitmask)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import torch
+import numpy as np
 
 from minivllm.sampling_params import SamplingParams
 
@@ -38,7 +38,9 @@ class GrammarOutput:
     """The token bitmask of the structured-output requests that sample this step."""
 
     structured_output_request_ids: list[str]   # row i of grammar_bitmask
-    grammar_bitmask: torch.Tensor   # [len(ids), ceil(V / 32)] int32; bit t of word w allows 32w + t
+    # [len(ids), ceil(V / 32)] int32; bit t of word w allows 32w + t. NOTE: numpy, as vLLM's,
+    # so it pickles by value to worker processes (a torch tensor would travel by shared memory).
+    grammar_bitmask: np.ndarray
 
 
 @dataclass
