@@ -159,3 +159,11 @@ def test_tensor_parallel_workers_get_the_bitmask(tmp_path):
         llm.llm_engine.shutdown()
     for out in outs:
         assert re.fullmatch(r"[a-z]{3} [0-9]{2}", out.outputs[0].text)
+
+
+def test_properties_come_in_the_schema_order(llm):
+    schema = {"type": "object", "required": ["zeta", "alpha"], "additionalProperties": False,
+              "properties": {"zeta": {"type": "integer"}, "alpha": {"type": "integer"}}}
+    out = llm.generate([PROMPT], _sampled(StructuredOutputsParams(json=schema), seed=0),
+                       use_tqdm=False)[0].outputs[0]
+    assert list(json.loads(out.text)) == ["zeta", "alpha"]

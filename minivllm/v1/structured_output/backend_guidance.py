@@ -20,7 +20,8 @@ def grammar_key(params: StructuredOutputsParams) -> str:
     """What the compiled grammar depends on: the constraint and the JSON options (cache key)."""
     spec = getattr(params, params.kind)
     if isinstance(spec, (dict, list)):
-        spec = json.dumps(spec, sort_keys=True)
+        # NOTE: keys keep their order: the grammar writes properties in the schema's order.
+        spec = json.dumps(spec)
     return json.dumps([params.kind, spec, params.disable_any_whitespace,
                        params.disable_additional_properties, params.whitespace_pattern])
 
