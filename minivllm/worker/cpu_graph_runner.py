@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from minivllm import _custom_ops as ops
 from minivllm.compilation.cpu_graph import CPUGraph
 from minivllm.config import CompilationMode, CUDAGraphMode, VllmConfig
 from minivllm.forward_context import set_forward_context
@@ -50,7 +51,8 @@ class CPUGraphRunner:
         self.enabled = (cc.cudagraph_mode == CUDAGraphMode.FULL_DECODE_ONLY
                         and cc.mode == CompilationMode.NONE and self.max_size > 0
                         and vllm_config.parallel_config.world_size == 1
-                        and torch.device(vllm_config.device_config.device).type == "cpu")
+                        and torch.device(vllm_config.device_config.device).type == "cpu"
+                        and ops.native_available())   # without kernels nothing is replayable
         block_size = vllm_config.cache_config.block_size
         self.max_blocks = -(-vllm_config.model_config.max_model_len // block_size)
         self.entries: dict[int, _Entry] = {}
