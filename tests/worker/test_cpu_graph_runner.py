@@ -59,3 +59,21 @@ def test_steps_with_torch_ops_stay_eager(tiny_gguf):
     llm.generate(PROMPTS, params, use_tqdm=False)
     graphs = llm.llm_engine.executor.worker.model_runner.cpu_graphs
     assert not graphs.entries and not graphs.enabled and graphs.num_replays == 0
+
+
+def test_fused_layers_of_mixed_types_are_replayed(tmp_path):
+    # llama.cpp's K-quant mixes give v_proj (and down_proj) another type than q/k: the fused
+    # qkv_proj multiplies per type, each product written into its columns by a native call.
+    path = write_tiny_gguf(str(tmp_path), "Q4_0", types={"v_proj.weight": "Q8_0"})
+    tokens, logprobs, graphs = _run(path, "FULL_DECODE_ONLY")
+    ref_tokens, ref_logprobs, _ = _run(path, "NONE")
+    qkv_layers = _qkv_layers(path)
+    assert qkv_layers and all("_gguf_segments" in m.__dict__ for m in qkv_layers)
+    assert graphs.num_replays == 9
+    assert tokens == ref_tokens and logprobs == ref_logprobs
+
+
+def _qkv_layers(path: str):
+    llm = LLM(model=path, dtype="bfloat16")
+    model = llm.llm_engine.executor.worker.model_runner.model
+    return [m for name, m in model.named_modules() if name.endswith("qkv_proj")]

@@ -106,10 +106,11 @@ def gguf_dequantize(qweight: torch.Tensor, qtype: int, dtype: torch.dtype) -> to
 
 
 def gguf_linear(x: torch.Tensor, qweight: torch.Tensor, qtype: int,
-                bias: torch.Tensor | None) -> torch.Tensor:
+                bias: torch.Tensor | None, out: torch.Tensor | None = None) -> torch.Tensor:
     """`F.linear(x, dequantized weight, bias)` for x [..., in] (bf16, fp16 or fp32) and a
     uint8 [out, row_bytes] GGUF weight (unit-stride rows; a row slice is fine); returns
-    [..., out] in x.dtype."""
+    [..., out] in x.dtype. `out` (2-D x only): a [m, n] x.dtype view with unit-stride rows to
+    write into, e.g. a column slice of a fused layer's output (the kernels take its row stride)."""
     # NOTE: ~120 calls per decode step: the common path is a few attribute and dict lookups
     # (each tensor property read once).
     lib = _Native.lib if _Native.resolved else _resolve()
@@ -117,9 +118,10 @@ def gguf_linear(x: torch.Tensor, qweight: torch.Tensor, qtype: int,
     shape = x.shape
     if lib is None or code is None or len(shape) != 2 or not x.is_cpu or not qweight.is_cpu:
         if len(shape) != 2:
+            assert out is None, "out= needs 2-D x"
             return gguf_linear(x.reshape(-1, shape[-1]), qweight, qtype,
                                bias).reshape(*shape[:-1], qweight.shape[0])
-        return F.linear(x, gguf_dequantize(qweight, qtype, x.dtype), bias)
+        return _into(out, F.linear(x, gguf_dequantize(qweight, qtype, x.dtype), bias))
     (m, k), (n, row_bytes) = shape, qweight.shape
     elems, nbytes = _BLOCKS.get(qtype) or _unsupported(qtype)
     if k % elems or row_bytes * elems != k * nbytes or qweight.dtype != torch.uint8:
@@ -131,16 +133,19 @@ def gguf_linear(x: torch.Tensor, qweight: torch.Tensor, qtype: int,
         x_stride = x.stride()
     if bias is not None and (bias.dtype != x.dtype or bias.stride(0) != 1):
         bias = bias.to(x.dtype).contiguous()
+    if out is not None and (out.shape != (m, n) or out.dtype != x.dtype or out.stride(1) != 1):
+        raise ValueError(f"out must be a [{m}, {n}] {x.dtype} tensor with unit-stride rows, got "
+                         f"{out.dtype} {list(out.shape)} strides {out.stride()}")
     if m > GGUF_DOT_MAX_ROWS or code == 0:
         # fp32 x is the reference precision (runs checked against transformers): no int8 step,
         # whatever the row count, so results do not depend on how rows were batched.
-        return _prompt_linear(lib, x, qweight, qtype, bias)
-    y = torch.empty((m, n), dtype=x.dtype)
+        return _prompt_linear(lib, x, qweight, qtype, bias, out)
+    y = torch.empty((m, n), dtype=x.dtype) if out is None else out
     if m == 0:
         return y
     rc = lib.minivllm_gguf_gemm(qtype, x.data_ptr(), x_stride[0], code, qweight.data_ptr(),
                                 qweight.stride(0), bias.data_ptr() if bias is not None else None,
-                                y.data_ptr(), n, m, n, k, torch.get_num_threads())
+                                y.data_ptr(), y.stride(0), m, n, k, torch.get_num_threads())
     if rc != 0:
         raise ValueError(f"gguf_gemm kernel rejected M={m}, N={n}, K={k} (rc={rc})")
     return y
@@ -151,16 +156,20 @@ def _unsupported(qtype: int) -> tuple[int, int]:
     raise AssertionError(qtype)
 
 
+def _into(out: torch.Tensor | None, y: torch.Tensor) -> torch.Tensor:
+    return y if out is None else out.copy_(y)
+
+
 def _prompt_linear(lib: ctypes.CDLL, x: torch.Tensor, qweight: torch.Tensor, qtype: int,
-                   bias: torch.Tensor | None) -> torch.Tensor:
+                   bias: torch.Tensor | None, out: torch.Tensor | None = None) -> torch.Tensor:
     """Many rows of x: bf16 AMX strips up to `GGUF_AMX_MAX_ROWS` rows, else the weight dequantised
     one tile of rows at a time (never all of it) into `F.linear`."""
     (m, k), n = x.shape, qweight.shape[0]
     if _Native.amx and x.dtype == torch.bfloat16 and n % 16 == 0 and m <= GGUF_AMX_MAX_ROWS:
-        y = x.new_empty(m, n)
+        y = x.new_empty(m, n) if out is None else out
         rc = lib.minivllm_gguf_gemm_amx_bf16(
             qtype, x.data_ptr(), x.stride(0), qweight.data_ptr(), qweight.stride(0),
-            None if bias is None else bias.data_ptr(), y.data_ptr(), n, m, n, k,
+            None if bias is None else bias.data_ptr(), y.data_ptr(), y.stride(0), m, n, k,
             torch.get_num_threads())
         if rc == 0:
             return y
@@ -168,7 +177,7 @@ def _prompt_linear(lib: ctypes.CDLL, x: torch.Tensor, qweight: torch.Tensor, qty
     parts = [F.linear(x, gguf_dequantize(qweight[n0:n0 + tile_rows], qtype, x.dtype))
              for n0 in range(0, n, tile_rows)]
     y = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
-    return y if bias is None else y + bias
+    return _into(out, y if bias is None else y + bias)
 
 
 def gguf_embedding(ids: torch.Tensor, qweight: torch.Tensor, qtype: int,

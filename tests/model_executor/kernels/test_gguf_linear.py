@@ -107,3 +107,21 @@ def test_custom_op_eager_and_compiled():
 
     compiled = torch.compile(f, backend="aot_eager", fullgraph=True)
     torch.testing.assert_close(compiled(x), f(x))
+
+
+@pytest.mark.requires_native
+@pytest.mark.parametrize("rows", [1, 3, 9, 40])
+def test_out_writes_into_a_column_slice(rows):
+    # A fused layer of two types writes each product into its columns of one output (dot
+    # kernel up to 4 rows, AMX strips or dequantised tiles beyond).
+    gen = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, 64, generator=gen).bfloat16()
+    w = torch.from_numpy(random_weight(T.Q8_0, 48, 64, seed=rows))
+    bias = torch.randn(48, generator=gen).bfloat16()
+    full = torch.full((rows, 80), 7.0, dtype=torch.bfloat16)
+    out = gl.gguf_linear(x, w, T.Q8_0, bias, out=full[:, 16:64])
+    assert out.data_ptr() == full[:, 16:64].data_ptr()
+    assert torch.equal(full[:, 16:64], gl.gguf_linear(x, w, T.Q8_0, bias))
+    assert (full[:, :16] == 7).all() and (full[:, 64:] == 7).all()
+    with pytest.raises(ValueError, match="out must be a"):
+        gl.gguf_linear(x, w, T.Q8_0, None, out=full[:, :47])

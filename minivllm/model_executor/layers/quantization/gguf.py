@@ -191,12 +191,29 @@ class _GGUFMethodBase(QuantizeMethodBase):
               bias: torch.Tensor | None = None) -> torch.Tensor:
         segments = layer.__dict__.get("_gguf_segments")
         if segments is not None:
-            # [T, rows_1 | rows_2 | ...]: one product per type, in row order.
-            y = torch.cat([_matmul(x, w, q, None) for q, w in segments], dim=-1)
-            return y if bias is None else y + bias
+            return _segmented_matmul(x, segments, bias)
         if layer.qweight_type in _FLOAT_TYPES:
             return dispatch_linear(layer, x, bias)
         return _matmul(x, layer.qweight, layer.qweight_type, bias)
+
+
+def _segmented_matmul(x: torch.Tensor, segments: list[tuple[int, torch.Tensor]],
+                      bias: torch.Tensor | None) -> torch.Tensor:
+    """x [T, in] @ [W_1 | W_2 | ...]^T for a fused layer whose shards have different types: [T,
+    rows_1 | rows_2 | ...], one product per type in row order. Eager CPU steps write each
+    product straight into its columns (native calls only, so a CPU graph can record them)."""
+    if (x.dim() != 2 or torch.compiler.is_compiling()
+            or any(q in _FLOAT_TYPES for q, _ in segments)):
+        y = torch.cat([_matmul(x, w, q, None) for q, w in segments], dim=-1)
+        return y if bias is None else y + bias
+    y = x.new_empty(x.shape[0], sum(w.shape[0] for _, w in segments))
+    start = 0
+    for q, w in segments:
+        rows = w.shape[0]
+        part_bias = None if bias is None else bias[start:start + rows]
+        gguf_linear(x, w, q, part_bias, out=y[:, start:start + rows])
+        start += rows
+    return y
 
 
 def _matmul(x: torch.Tensor, weight: torch.Tensor, qtype: int,

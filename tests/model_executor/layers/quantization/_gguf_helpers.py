@@ -64,8 +64,10 @@ def _add_metadata(writer, config: dict, tokenizer) -> None:
     writer.add_pad_token_id(0)
 
 
-def write_tiny_gguf(folder: str, qtype_name: str, seed: int = 0, **overrides) -> str:
-    """A tiny random Llama as `folder/tiny-<type>.gguf` (2-D weights in `qtype_name`)."""
+def write_tiny_gguf(folder: str, qtype_name: str, seed: int = 0,
+                    types: dict[str, str] | None = None, **overrides) -> str:
+    """A tiny random Llama as `folder/tiny-<type>.gguf` (2-D weights in `qtype_name`, except
+    those whose HF name ends with a key of `types`: that value's type, as llama.cpp's mixes)."""
     import gguf
     from safetensors.torch import load_file
 
@@ -75,7 +77,7 @@ def write_tiny_gguf(folder: str, qtype_name: str, seed: int = 0, **overrides) ->
     config = {**TINY_LLAMA, "vocab_size": len(tokenizer), **overrides}
     hf_dir = write_tiny_llama(os.path.join(folder, "hf"), seed=seed, **config)
     state = load_file(os.path.join(hf_dir, "model.safetensors"))
-    path = os.path.join(folder, f"tiny-{qtype_name}.gguf")
+    path = os.path.join(folder, f"tiny-{qtype_name}{'-mixed' if types else ''}.gguf")
     writer = gguf.GGUFWriter(path, "llama")
     _add_metadata(writer, config, tokenizer)
     qtype = gguf.GGMLQuantizationType[qtype_name]
@@ -86,8 +88,10 @@ def write_tiny_gguf(folder: str, qtype_name: str, seed: int = 0, **overrides) ->
         elif name.endswith("k_proj.weight"):
             w = _permute(w, config["num_key_value_heads"])
         if w.ndim == 2:
-            q = gguf.quants.quantize(w, qtype)
-            writer.add_tensor(_gguf_name(name), q, raw_shape=q.shape, raw_dtype=qtype)
+            own = next((gguf.GGMLQuantizationType[t] for end, t in (types or {}).items()
+                        if name.endswith(end)), qtype)
+            q = gguf.quants.quantize(w, own)
+            writer.add_tensor(_gguf_name(name), q, raw_shape=q.shape, raw_dtype=own)
         else:
             writer.add_tensor(_gguf_name(name), w)
     writer.write_header_to_file()
