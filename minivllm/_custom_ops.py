@@ -1,10 +1,9 @@
 """Native CPU kernels (`minivllm/csrc/*.cpp`): built on first use, always optional.
 
 The sources are compiled once per machine with the system C++ compiler (each file its own job,
-all at once: ~30 s of CPU, ~15 s on 2 cores) into
-`$MINIVLLM_CACHE_DIR` (default `~/.cache/minivllm`), keyed by the sources, the flags and the CPU's
-feature flags (the build uses `-march=native`), and loaded with ctypes; their OpenMP runtime is
-the one torch already loaded. Everything works without them: when there is no compiler, the build
+all at once: ~30 s of CPU) into `$MINIVLLM_CACHE_DIR` (default `~/.cache/minivllm`), keyed by the
+sources, the flags and the CPU's feature flags (`-march=native`), and loaded with ctypes; their
+OpenMP runtime is the one torch already loaded. Everything works without them: when there is no compiler, the build
 fails, or `MINIVLLM_CPU_KERNEL=0`, callers keep their pure-PyTorch paths.
 
 - `paged_decode_attention`: one query per sequence, K/V read in place through the block table.
@@ -15,7 +14,8 @@ fails, or `MINIVLLM_CPU_KERNEL=0`, callers keep their pure-PyTorch paths.
 - `rms_norm_bf16`: RMSNorm (after the residual add) of bf16 rows in one pass, for eager steps.
 - `prefill_attention_bf16`: causal attention of a fresh prompt over its own keys with AMX tiles.
 - `argmax_bf16`: row argmax of bf16 logits (plain-greedy sampling), ~10x faster than `max`.
-- `minivllm_gguf_*`: linears on GGUF-packed weights (wrapped in `kernels/gguf_linear.py`).
+- `minivllm_gguf_*`, `minivllm_rotary_embedding_bf16`, `minivllm_gather_rows`: wrapped in
+  `model_executor/kernels/` (gguf_linear.py, rotary_embedding.py, embedding.py).
 """
 
 import ctypes

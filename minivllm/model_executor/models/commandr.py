@@ -18,7 +18,7 @@ from minivllm.model_executor.layers.quantization import QuantizationConfig
 from minivllm.model_executor.layers.rotary_embedding import get_rope
 from minivllm.model_executor.parameter import set_weight_attrs
 
-from .llama import LlamaAttention, LlamaForCausalLM, LlamaMLP, LlamaModel
+from .llama import LlamaAttention, LlamaForCausalLM, LlamaMLP, LlamaModel, input_norm
 from .utils import PPMissingLayer, extract_layer_index
 
 
@@ -110,11 +110,7 @@ class CohereDecoderLayer(nn.Module):
 
     def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor,
                 residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        if residual is None:
-            residual = hidden_states
-            hidden_states = self.input_layernorm(hidden_states)
-        else:
-            hidden_states, residual = self.input_layernorm(hidden_states, residual)
+        hidden_states, residual = input_norm(self.input_layernorm, hidden_states, residual)
         attn = self.self_attn(positions=positions, hidden_states=hidden_states)
         return attn + self.mlp(hidden_states), residual
 

@@ -129,14 +129,6 @@ class GemmaDecoderLayer(nn.Module):
     forward = LlamaDecoderLayer.forward
 
 
-def input_norm(norm: nn.Module, hidden_states: torch.Tensor, residual: torch.Tensor | None
-               ) -> tuple[torch.Tensor, torch.Tensor]:
-    """A block's first norm: (normed, residual); the first layer starts the residual stream."""
-    if residual is None:
-        return norm(hidden_states), hidden_states
-    return norm(hidden_states, residual)
-
-
 @support_torch_compile
 class GemmaModel(LlamaModel):
     """Llama's model loop; the embedding output is scaled by sqrt(hidden), the final norm is
@@ -172,4 +164,4 @@ class GemmaForCausalLM(LlamaForCausalLM):
 
 
 __all__ = ["GemmaAttention", "GemmaDecoderLayer", "GemmaForCausalLM", "GemmaMLP", "GemmaModel",
-           "gemma_activation", "gemma_attention", "gemma_mlp", "input_norm"]
+           "gemma_activation", "gemma_attention", "gemma_mlp"]

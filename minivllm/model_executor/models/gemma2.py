@@ -13,7 +13,8 @@ from minivllm.distributed import get_pp_group
 from minivllm.model_executor.layers.layernorm import GemmaRMSNorm
 from minivllm.model_executor.layers.logits_processor import LogitsProcessor
 
-from .gemma import GemmaForCausalLM, GemmaModel, gemma_attention, gemma_mlp, input_norm
+from .gemma import GemmaForCausalLM, GemmaModel, gemma_attention, gemma_mlp
+from .llama import input_norm
 from .utils import extract_layer_index
 
 

@@ -13,7 +13,7 @@ from minivllm.model_executor.layers.layernorm import RMSNorm
 from minivllm.model_executor.layers.quantization import QuantizationConfig
 from minivllm.model_executor.layers.rotary_embedding import get_rope
 
-from .llama import LlamaAttention, LlamaForCausalLM, LlamaMLP, LlamaModel
+from .llama import LlamaAttention, LlamaForCausalLM, LlamaMLP, LlamaModel, input_norm
 
 
 class Glm4Attention(LlamaAttention):
@@ -50,11 +50,7 @@ class Glm4DecoderLayer(nn.Module):
 
     def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor,
                 residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        if residual is None:
-            residual = hidden_states
-            hidden_states = self.input_layernorm(hidden_states)
-        else:
-            hidden_states, residual = self.input_layernorm(hidden_states, residual)
+        hidden_states, residual = input_norm(self.input_layernorm, hidden_states, residual)
         attn = self.self_attn(positions, hidden_states)
         if self.sandwich_norms:
             attn = self.post_self_attn_layernorm(attn)

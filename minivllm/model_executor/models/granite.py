@@ -15,7 +15,8 @@ from minivllm.model_executor.layers.logits_processor import LogitsProcessor
 from minivllm.model_executor.layers.quantization import QuantizationConfig
 from minivllm.sequence import IntermediateTensors
 
-from .llama import LlamaAttention, LlamaDecoderLayer, LlamaForCausalLM, LlamaModel
+from .llama import (LlamaAttention, LlamaDecoderLayer, LlamaForCausalLM, LlamaModel,
+                    input_norm)
 
 
 class GraniteAttention(LlamaAttention):
@@ -40,11 +41,7 @@ class GraniteDecoderLayer(LlamaDecoderLayer):
                 residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         # The block outputs leave scaled; the next fused add + norm (or the final norm) adds
         # them to the residual, which gives transformers' `residual + m * block(x)`.
-        if residual is None:
-            residual = hidden_states
-            hidden_states = self.input_layernorm(hidden_states)
-        else:
-            hidden_states, residual = self.input_layernorm(hidden_states, residual)
+        hidden_states, residual = input_norm(self.input_layernorm, hidden_states, residual)
         hidden_states = self.self_attn(positions=positions, hidden_states=hidden_states)
         hidden_states, residual = self.post_attention_layernorm(
             hidden_states * self.residual_multiplier, residual)

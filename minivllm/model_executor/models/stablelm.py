@@ -15,7 +15,7 @@ from minivllm.model_executor.layers.layernorm import LayerNorm
 from minivllm.model_executor.models.auto_weights_loader import UnexpectedWeightsError
 
 from .commandr import LayerNormPerHead, local_head_starts
-from .llama import LlamaAttention, LlamaForCausalLM, LlamaMLP, LlamaModel
+from .llama import LlamaAttention, LlamaForCausalLM, LlamaMLP, LlamaModel, input_norm
 from .utils import PPMissingLayer
 
 
@@ -91,11 +91,7 @@ class StablelmDecoderLayer(nn.Module):
 
     def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor,
                 residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        if residual is None:
-            residual = hidden_states
-            hidden_states = self.input_layernorm(hidden_states)
-        else:
-            hidden_states, residual = self.input_layernorm(hidden_states, residual)
+        hidden_states, residual = input_norm(self.input_layernorm, hidden_states, residual)
         attn = self.self_attn(positions=positions, hidden_states=hidden_states)
         if self.use_parallel_residual:             # both branches read the same normed input
             return attn + self.mlp(hidden_states), residual
