@@ -3,8 +3,8 @@
 The sources are compiled once per machine with the system C++ compiler (each file its own job,
 all at once: ~30 s of CPU) into `$MINIVLLM_CACHE_DIR` (default `~/.cache/minivllm`), keyed by the
 sources, the flags and the CPU's feature flags (`-march=native`), and loaded with ctypes; their
-OpenMP runtime is the one torch already loaded. Everything works without them: when there is no compiler, the build
-fails, or `MINIVLLM_CPU_KERNEL=0`, callers keep their pure-PyTorch paths.
+OpenMP runtime is the one torch already loaded. Everything works without them: when there is
+no compiler, the build fails, or `MINIVLLM_CPU_KERNEL=0`, callers keep their pure-PyTorch paths.
 
 - `paged_decode_attention`: one query per sequence, K/V read in place through the block table.
 - `gemv_bf16`: one-token bf16 linear (batch-1 decode), faster than oneDNN at M = 1.
@@ -84,12 +84,9 @@ _ATTN_FUNCS = {torch.bfloat16: "minivllm_paged_decode_bf16",
 
 
 class NativeLibrary:
-    """The loaded kernels: one attribute per exported function of `_SIGNATURES`.
-
-    A plain object rather than the CDLL so that a CPU graph can swap these attributes for
-    recording wrappers while it captures a step (`compilation/cpu_graph.py`). NOTE: callers look
-    a function up here at each call (`lib.minivllm_...(...)`), never keep the function itself.
-    """
+    """The loaded kernels, one attribute per function of `_SIGNATURES`: a CPU graph swaps them
+    for recorders while it captures (`compilation/cpu_graph.py`). NOTE: callers look a function
+    up here at each call (`lib.minivllm_...(...)`), never keep the function itself."""
 
     def __init__(self, cdll: ctypes.CDLL) -> None:
         self.cdll = cdll
@@ -161,10 +158,9 @@ def _compile(compiler: str, sources: list[Path], objects: Path, out: str) -> Non
     """One object per source, all compiling at once (a cold build is ~30 s of CPU: serially
     that is the whole wait), then one link."""
     flags = [f for f in _FLAGS if f != "-shared"]
-    jobs = [(src, subprocess.Popen([compiler, *flags, "-c", str(src), "-o",
-                                    str(objects / f"{src.stem}.o")],
-                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-            for src in sources]
+    cmds = [[compiler, *flags, "-c", str(src), "-o", str(objects / src.stem)] for src in sources]
+    jobs = [(src, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+            for src, cmd in zip(sources, cmds)]
     errors = []
     for src, job in jobs:
         _, stderr = job.communicate(timeout=600)
@@ -172,7 +168,7 @@ def _compile(compiler: str, sources: list[Path], objects: Path, out: str) -> Non
             errors.append(f"{src.name}: {stderr.strip()[-2000:]}")
     if errors:
         raise RuntimeError(f"{compiler} failed: " + "\n".join(errors))
-    link = subprocess.run([compiler, *_FLAGS, *sorted(map(str, objects.glob("*.o"))), "-o", out],
+    link = subprocess.run([compiler, *_FLAGS, *sorted(map(str, objects.iterdir())), "-o", out],
                           capture_output=True, text=True, timeout=300)
     if link.returncode != 0:
         raise RuntimeError(f"{compiler} failed to link: {link.stderr.strip()[-2000:]}")

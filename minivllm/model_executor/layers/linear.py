@@ -196,12 +196,10 @@ class _FusedShardsMixin:
             yield name
 
     def missing_shards(self, param: torch.Tensor) -> list:
-        """Shard ids of `param` that some shard loaded and others did not (a checkpoint with
-        q_proj.bias but no k_proj.bias would otherwise leave the k rows silently zero)."""
+        """Shard ids of `param` that no shard loaded while others did (q_proj.bias without
+        k_proj.bias would leave the k rows silently zero)."""
         loaded = param.__dict__.get("_loaded_shards")
-        if loaded is None:
-            return []
-        return [shard for shard in self.shard_ids() if shard not in loaded]
+        return [] if loaded is None else [s for s in self.shard_ids() if s not in loaded]
 
     @staticmethod
     def _note_shard(param: torch.Tensor, shard: int | str) -> None:
