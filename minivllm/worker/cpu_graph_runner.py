@@ -70,9 +70,9 @@ class CPUGraphRunner:
                 and len(inputs.input_ids) == num_reqs and num_reqs not in self.refused
                 and inputs.block_table.shape[1] <= self.max_blocks)
 
-    def run(self, model: torch.nn.Module, inputs: StepInputs) -> torch.Tensor | None:
-        """The step's hidden states [B, H] (valid until the next step of this size), or None
-        when this size cannot replay (the caller then runs the step eagerly)."""
+    def run(self, model: torch.nn.Module, inputs: StepInputs) -> torch.Tensor:
+        """The step's hidden states [B, H] (valid until the next step of this size): replayed,
+        or computed by the capture run (whether or not the capture was accepted)."""
         num_reqs = len(inputs.req_ids)
         entry = self.entries.get(num_reqs)
         if entry is not None:

@@ -123,11 +123,8 @@ class ModelRunner:
 
     def _forward(self, inputs: StepInputs, intermediate_tensors: IntermediateTensors | None):
         graphs = self.cpu_graphs
-        if (graphs is not None and intermediate_tensors is None and graphs.can_run(inputs)
-                and self.device.type == "cpu"):
-            hidden = graphs.run(self.model, inputs)
-            if hidden is not None:
-                return hidden
+        if graphs is not None and intermediate_tensors is None and graphs.can_run(inputs):
+            return graphs.run(self.model, inputs)     # CPU, one rank: checked by can_run
         common = CommonAttentionMetadata(
             query_start_loc=inputs.query_start_loc, seq_lens=inputs.seq_lens,
             block_table=inputs.block_table, slot_mapping=inputs.slot_mapping,
