@@ -152,6 +152,7 @@ LAYERS = [
     ["benchmarks"],
     ["engine"],
     ["worker"],
+    ["lora"],
     ["model_executor"],
     ["compilation", "config", "distributed", "v1", "forward_context", "sequence",
      "transformers_utils", "sampling_params", "outputs", "logger", "_custom_ops", "plugins",

@@ -3,6 +3,7 @@
 from minivllm.config.cache import CacheConfig
 from minivllm.config.compilation import CompilationConfig, CompilationMode, CUDAGraphMode
 from minivllm.config.load import DeviceConfig, LoadConfig
+from minivllm.config.lora import LoRAConfig
 from minivllm.config.model import ModelConfig, default_model_path
 from minivllm.config.parallel import ParallelConfig
 from minivllm.config.scheduler import SchedulerConfig
@@ -12,7 +13,7 @@ from minivllm.config.vllm import (VllmConfig, get_cached_compilation_config,
 
 __all__ = [
     "CacheConfig", "CompilationConfig", "CompilationMode", "CUDAGraphMode", "DeviceConfig",
-    "LoadConfig", "ModelConfig", "ParallelConfig", "SchedulerConfig", "VllmConfig",
+    "LoadConfig", "LoRAConfig", "ModelConfig", "ParallelConfig", "SchedulerConfig", "VllmConfig",
     "default_model_path", "get_cached_compilation_config", "get_current_vllm_config",
     "get_current_vllm_config_or_none", "set_current_vllm_config", "valid_tp_sizes",
 ]

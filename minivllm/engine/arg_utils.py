@@ -13,8 +13,8 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
-from minivllm.config import (CacheConfig, CompilationConfig, DeviceConfig, LoadConfig, ModelConfig,
-                             ParallelConfig, SchedulerConfig, VllmConfig)
+from minivllm.config import (CacheConfig, CompilationConfig, DeviceConfig, LoadConfig, LoRAConfig,
+                             ModelConfig, ParallelConfig, SchedulerConfig, VllmConfig)
 from minivllm.config.cache import CACHE_DTYPES
 from minivllm.config.compilation import CompilationMode
 from minivllm.config.load import LOAD_FORMATS
@@ -96,6 +96,11 @@ class EngineArgs:
                                     aliases=("-q",), choices=[*QUANTIZATION_METHODS, "none"])
     device: str = _arg("cpu", "where the model runs; auto: cuda when available",
                        choices=_DEVICE_CHOICES)
+    enable_lora: bool = _arg(False, "serve LoRA adapters (requests name theirs by LoRARequest)")
+    max_loras: int = _arg(1, "LoRA: most distinct adapters in one step (the slot table)")
+    max_lora_rank: int = _arg(16, "LoRA: largest adapter rank accepted")
+    max_cpu_loras: int | None = _arg(None, "LoRA: adapters kept loaded behind the slots, least "
+                                     "recently used evicted first (default: max_loras)")
 
     def create_engine_config(self) -> VllmConfig:
         """Validate every part once and assemble the VllmConfig."""
@@ -128,7 +133,14 @@ class EngineArgs:
             device_config=device_config,
             load_config=load_config,
             compilation_config=self._compilation_config(),
-            quant_config=get_quant_config(model_config, load_config, device_config.device))
+            quant_config=get_quant_config(model_config, load_config, device_config.device),
+            lora_config=self._lora_config())
+
+    def _lora_config(self) -> LoRAConfig | None:
+        if not self.enable_lora:
+            return None
+        return LoRAConfig(max_lora_rank=self.max_lora_rank, max_loras=self.max_loras,
+                          max_cpu_loras=self.max_cpu_loras)
 
     def _compilation_config(self) -> CompilationConfig:
         """An explicit compilation_config wins; otherwise enforce_eager picks mode 0 or 3."""

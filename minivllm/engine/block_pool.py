@@ -12,9 +12,15 @@ from dataclasses import dataclass
 BlockHash = int
 
 
-def hash_block_tokens(parent_block_hash: BlockHash | None, block_token_ids: Sequence[int]) -> BlockHash:
-    """Hash of one full block, chained to the hash of the block before it (None for the first)."""
-    return hash((parent_block_hash, tuple(block_token_ids)))
+def hash_block_tokens(parent_block_hash: BlockHash | None, block_token_ids: Sequence[int],
+                      extra_keys: tuple | None = None) -> BlockHash:
+    """Hash of one full block, chained to the hash of the block before it (None for the first).
+
+    `extra_keys` is what else changed the KV (the LoRA adapter: two adapters never share a block).
+    """
+    if extra_keys is None:
+        return hash((parent_block_hash, tuple(block_token_ids)))
+    return hash((parent_block_hash, tuple(block_token_ids), extra_keys))
 
 
 @dataclass(eq=False)

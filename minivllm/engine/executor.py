@@ -2,6 +2,7 @@
 
 from minivllm.config import VllmConfig
 from minivllm.engine.multiproc_executor import MultiprocExecutor
+from minivllm.lora.request import LoRARequest
 from minivllm.worker.worker import Worker
 
 
@@ -19,6 +20,15 @@ class UniProcExecutor:
         # NOTE: a single rank has no pipeline stages to exchange tensors with, which is all
         # `Worker.execute_model` adds, so the engine's step calls the model runner directly.
         self.execute_model = self.worker.model_runner.execute_model
+
+    def add_lora(self, lora_request: LoRARequest) -> bool:
+        return self.worker.add_lora(lora_request)
+
+    def remove_lora(self, lora_id: int) -> bool:
+        return self.worker.remove_lora(lora_id)
+
+    def list_loras(self) -> set[int]:
+        return self.worker.list_loras()
 
     def shutdown(self) -> None:
         pass

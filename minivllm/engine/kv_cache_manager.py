@@ -103,9 +103,11 @@ class KVCacheManager:
         bs = self.block_size
         token_ids = request.all_token_ids
         hashes = request.block_hashes
+        lora = getattr(request, "lora_request", None)
+        extra = (lora.lora_int_id, lora.lora_name) if lora is not None else None
         for i in range(len(hashes), len(token_ids) // bs):
             parent = hashes[i - 1] if i > 0 else None
-            hashes.append(hash_block_tokens(parent, token_ids[i * bs:(i + 1) * bs]))
+            hashes.append(hash_block_tokens(parent, token_ids[i * bs:(i + 1) * bs], extra))
 
     def _cache_blocks(self, request: Request, num_total_tokens: int) -> None:
         num_full_blocks = num_total_tokens // self.block_size

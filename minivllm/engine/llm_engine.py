@@ -25,6 +25,7 @@ from minivllm.engine.arg_utils import EngineArgs
 from minivllm.engine.detokenizer import IncrementalDetokenizer
 from minivllm.engine.request import Request, RequestStatus
 from minivllm.engine.scheduler import Scheduler
+from minivllm.lora.request import LoRARequest
 from minivllm.outputs import CompletionOutput, Logprob, RequestOutput
 from minivllm.sampling_params import SamplingParams
 from minivllm.transformers_utils.tokenizer import get_tokenizer
@@ -68,6 +69,9 @@ class LLMEngine:
                  eos_token_id: int | None = None) -> None:
         sched, cache = vllm_config.scheduler_config, vllm_config.cache_config
         self.vllm_config = vllm_config
+        self.lora_config = getattr(vllm_config, "lora_config", None)
+        # lora_int_id -> the adapter registered with add_lora (or by a request's first use)
+        self._lora_requests: dict[int, LoRARequest] = {}
         self.max_model_len: int = vllm_config.model_config.max_model_len
         get_vocab_size = getattr(vllm_config.model_config, "get_vocab_size", None)
         self.vocab_size: int | None = get_vocab_size() if get_vocab_size else None
@@ -78,7 +82,8 @@ class LLMEngine:
             num_blocks=executor.num_blocks,
             max_model_len=self.max_model_len,
             enable_prefix_caching=cache.enable_prefix_caching,
-            long_prefill_token_threshold=getattr(sched, "long_prefill_token_threshold", 0))
+            long_prefill_token_threshold=getattr(sched, "long_prefill_token_threshold", 0),
+            max_loras=self.lora_config.max_loras if self.lora_config is not None else None)
         self.executor = executor
         self.tokenizer = tokenizer
         if eos_token_id is None and tokenizer is not None:
@@ -103,10 +108,17 @@ class LLMEngine:
             raise
 
     def add_request(self, request_id: str, prompt: PromptType,
-                    params: SamplingParams | None = None, arrival_time: float | None = None) -> None:
-        """Queues a prompt (text or token ids); n > 1 becomes n child requests."""
+                    params: SamplingParams | None = None, arrival_time: float | None = None,
+                    lora_request: LoRARequest | None = None) -> None:
+        """Queues a prompt (text or token ids); n > 1 becomes n child requests.
+
+        `lora_request` picks an adapter (None: the base model); one not seen before is loaded
+        first (`add_lora`), so a bad adapter is a ValueError here, before anything is queued.
+        """
         if request_id in self._parents:
             raise ValueError(f"Request id {request_id!r} is already in use.")
+        if lora_request is not None and lora_request.lora_int_id not in self._lora_requests:
+            self.add_lora(lora_request)
         params = params if params is not None else SamplingParams()
         prompt_text, prompt_token_ids = self._tokenize(prompt)
         if not prompt_token_ids:
@@ -127,7 +139,7 @@ class LLMEngine:
         if params.prompt_logprobs is not None:
             parent.prompt_logprobs = [None]   # nothing predicts the first prompt token
         for index in range(params.n):
-            self._add_child(parent, index, params, arrival_time)
+            self._add_child(parent, index, params, arrival_time, lora_request)
         self._parents[request_id] = parent
 
     def step(self) -> list[RequestOutput]:
@@ -205,6 +217,44 @@ class LLMEngine:
     def has_unfinished_requests(self) -> bool:
         return bool(self._parents)
 
+    # ------------------------------------------------------------------ LoRA adapters
+
+    def add_lora(self, lora_request: LoRARequest) -> bool:
+        """Loads an adapter on every worker rank (ValueError naming the problem if it cannot
+        be read or does not fit the model); True once it is ready. Idempotent per id."""
+        self._check_lora_enabled()
+        known = self._lora_requests.get(lora_request.lora_int_id)
+        if known is not None:
+            if (known.lora_name, known.lora_path) != (lora_request.lora_name, lora_request.lora_path):
+                raise ValueError(f"lora_int_id {lora_request.lora_int_id} is already adapter "
+                                 f"{known.lora_name!r} ({known.lora_path}); give "
+                                 f"{lora_request.lora_name!r} another id")
+            return True
+        if not lora_request.lora_path:
+            raise ValueError(f"LoRA adapter {lora_request.lora_name!r} has no lora_path; give "
+                             "the folder holding adapter_config.json")
+        self.executor.add_lora(lora_request)
+        self._lora_requests[lora_request.lora_int_id] = lora_request
+        return True
+
+    def remove_lora(self, lora_id: int) -> bool:
+        """Forgets an adapter (its ranks' copies too); False when it was not loaded."""
+        self._check_lora_enabled()
+        known = self._lora_requests.pop(lora_id, None)
+        removed = self.executor.remove_lora(lora_id)
+        return known is not None or bool(removed)
+
+    def list_loras(self) -> set[int]:
+        """Ids of the adapters added and not removed."""
+        self._check_lora_enabled()
+        return set(self._lora_requests)
+
+    def _check_lora_enabled(self) -> None:
+        if self.lora_config is None:
+            raise ValueError("LoRA is disabled for this engine: create it with enable_lora=True "
+                             "(`--enable-lora`; `--max-loras`, `--max-lora-rank` size the "
+                             "adapter slots)")
+
     def get_num_unfinished_requests(self) -> int:
         return len(self._parents)
 
@@ -217,7 +267,7 @@ class LLMEngine:
         return None, list(prompt)
 
     def _add_child(self, parent: _ParentState, index: int, params: SamplingParams,
-                   arrival_time: float | None) -> None:
+                   arrival_time: float | None, lora_request: LoRARequest | None = None) -> None:
         n = params.n
         # The engine's own copy, so eos can be added to the stop ids min_tokens masks. Children
         # get distinct seeds (else they would be identical) and only child 0 asks for prompt
@@ -229,7 +279,8 @@ class LLMEngine:
         child_params.update_from_eos_token_id(self.eos_token_id)
         child_id = parent.request_id if n == 1 else f"{index}_{parent.request_id}"
         request = Request(child_id, parent.prompt_token_ids, child_params,
-                          eos_token_id=self.eos_token_id, arrival_time=arrival_time)
+                          eos_token_id=self.eos_token_id, arrival_time=arrival_time,
+                          lora_request=lora_request)
         if params.structured_outputs is not None:
             # Compiles off this thread; the scheduler admits the request once it is ready.
             request.structured_output_request = self._structured_output_manager().grammar_init(

@@ -13,10 +13,12 @@ import signal
 import time
 import weakref
 from multiprocessing.connection import wait
+from typing import Any
 
 from minivllm.config import VllmConfig
 from minivllm.distributed.utils import get_pp_indices
 from minivllm.logger import init_logger
+from minivllm.lora.request import LoRARequest
 from minivllm.model_executor.models.registry import ModelRegistry
 from minivllm.v1.core.sched.output import SchedulerOutput
 from minivllm.v1.outputs import ModelRunnerOutput
@@ -76,6 +78,31 @@ class MultiprocExecutor:
         output: ModelRunnerOutput = msg[1]
         self._remember_sampled(output)
         return output
+
+    def add_lora(self, lora_request: LoRARequest) -> bool:
+        return self._lora_call("add_lora", lora_request)
+
+    def remove_lora(self, lora_id: int) -> bool:
+        return self._lora_call("remove_lora", lora_id)
+
+    def list_loras(self) -> set[int]:
+        return self._lora_call("list_loras", None)
+
+    def _lora_call(self, method: str, arg: Any) -> Any:
+        """Run a worker's adapter method on every rank; a rank's ValueError is re-raised here
+        (the workers go on serving)."""
+        if self._failure is not None:
+            raise RuntimeError(self._failure)
+        try:
+            self.workers[0].conn.send(("lora", method, arg))
+        except (OSError, ValueError):
+            pass                 # rank 0 is gone; _wait_for reports how
+        (msg,) = self._wait_for(1, EXECUTE_MODEL_TIMEOUT_S, f"answer {method}")
+        _, value, error = msg
+        if error is not None:
+            kind, _, text = error.partition(": ")
+            raise (NotImplementedError if kind == "NotImplementedError" else ValueError)(text)
+        return value
 
     def _remember_sampled(self, output: ModelRunnerOutput) -> None:
         if self.pp_size > 1:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import time
 
+from minivllm.lora.request import LoRARequest
 from minivllm.sampling_params import SamplingParams
 
 
@@ -44,6 +45,7 @@ class Request:
         sampling_params: SamplingParams,
         eos_token_id: int | None = None,
         arrival_time: float | None = None,
+        lora_request: LoRARequest | None = None,
     ) -> None:
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
@@ -64,6 +66,12 @@ class Request:
         self.num_preemptions = 0
         # A StructuredOutputRequest (v1/structured_output) when the output is constrained.
         self.structured_output_request = None
+        self.lora_request = lora_request
+
+    @property
+    def lora_int_id(self) -> int:
+        """The adapter's id, 0 for the base model."""
+        return self.lora_request.lora_int_id if self.lora_request is not None else 0
 
     @property
     def max_tokens(self) -> int | None:

@@ -25,7 +25,7 @@ class Scheduler:
 
     def __init__(self, *, max_num_seqs: int, max_num_batched_tokens: int, block_size: int,
                  num_blocks: int, max_model_len: int, enable_prefix_caching: bool = True,
-                 long_prefill_token_threshold: int = 0) -> None:
+                 long_prefill_token_threshold: int = 0, max_loras: int | None = None) -> None:
         for name, value in (("max_num_seqs", max_num_seqs),
                             ("max_num_batched_tokens", max_num_batched_tokens),
                             ("max_model_len", max_model_len)):
@@ -41,6 +41,9 @@ class Scheduler:
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
         self.long_prefill_token_threshold = long_prefill_token_threshold
+        # LoRA: at most this many distinct adapters among the running requests (the workers'
+        # slot table); None when LoRA is off.
+        self.max_loras = max_loras
         self.kv_cache_manager = KVCacheManager(num_blocks, block_size, enable_prefix_caching)
         self.requests: dict[str, Request] = {}
         self.waiting: deque[Request] = deque()
@@ -196,10 +199,16 @@ class Scheduler:
         scheduled: list[Request] = []
         budget = self.max_num_batched_tokens - sum(num_scheduled_tokens.values())
         skipped: list[Request] = []   # grammars still compiling: they keep their place
+        lora_skipped: list[Request] = []   # their adapter would need a slot no one frees yet
+        loras = {r.lora_int_id for r in self.running} - {0}
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             request = self.waiting[0]
             if self._waits_for_grammar(request):
                 skipped.append(self.waiting.popleft())
+                continue
+            lora_id = request.lora_int_id
+            if lora_id and lora_id not in loras and len(loras) >= (self.max_loras or 0):
+                lora_skipped.append(self.waiting.popleft())
                 continue
             computed_blocks, num_computed = self.kv_cache_manager.get_computed_blocks(request)
             num_new_tokens = self._num_new_tokens(request, num_computed, budget)
@@ -214,7 +223,10 @@ class Scheduler:
                 request.num_cached_tokens = num_computed
             num_scheduled_tokens[request.request_id] = num_new_tokens
             budget -= num_new_tokens
+            if lora_id:
+                loras.add(lora_id)
         self._grammar_pending = [r for r in skipped if not r.is_finished]
+        self.waiting.extendleft(reversed(lora_skipped))
         for request in reversed(skipped):
             if request.is_finished:   # its grammar failed to compile
                 self._free_request(request)
@@ -274,7 +286,8 @@ class Scheduler:
             output_token_ids=list(request.output_token_ids),
             sampling_params=request.sampling_params,
             block_ids=self.kv_cache_manager.get_block_ids(request.request_id),
-            num_computed_tokens=request.num_computed_tokens)
+            num_computed_tokens=request.num_computed_tokens,
+            lora_request=request.lora_request)
 
     def _check_stop(self, request: Request) -> bool:
         """Token-level stop conditions, in vLLM's order; stop strings are the engine's."""

@@ -6,6 +6,7 @@ from typing import Any
 
 from minivllm.engine.arg_utils import EngineArgs
 from minivllm.engine.llm_engine import LLMEngine, PromptType
+from minivllm.lora.request import LoRARequest
 from minivllm.outputs import RequestOutput
 from minivllm.sampling_params import SamplingParams
 
@@ -33,8 +34,13 @@ class LLM:
 
     def generate(self, prompts: PromptType | Sequence[PromptType],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 *, use_tqdm: bool = True) -> list[RequestOutput]:
-        """Generate for every prompt; outputs come back in the order of the prompts."""
+                 *, use_tqdm: bool = True,
+                 lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None
+                 ) -> list[RequestOutput]:
+        """Generate for every prompt; outputs come back in the order of the prompts.
+
+        `lora_request`: one adapter for every prompt, or a list with one (or None) per prompt.
+        """
         prompt_list = _as_prompt_list(prompts)
         if sampling_params is None:
             sampling_params = SamplingParams()
@@ -43,10 +49,11 @@ class LLM:
         if len(params_list) != len(prompt_list):
             raise ValueError(f"Got {len(prompt_list)} prompts but {len(params_list)} sampling params; "
                              "give one SamplingParams or one per prompt.")
+        lora_list = _per_prompt_loras(lora_request, len(prompt_list))
         ids = []
-        for prompt, params in zip(prompt_list, params_list):
+        for prompt, params, lora in zip(prompt_list, params_list, lora_list):
             request_id = str(next(self._counter))
-            self.llm_engine.add_request(request_id, prompt, params)
+            self.llm_engine.add_request(request_id, prompt, params, lora_request=lora)
             ids.append(request_id)
         # A bar only for batches long enough to watch.
         return self.llm_engine.run_until_finished(
@@ -73,6 +80,15 @@ class LLM:
             ids = ids["input_ids"]
         return list(ids)
 
+    def add_lora(self, lora_request: LoRARequest) -> bool:
+        return self.llm_engine.add_lora(lora_request)
+
+    def remove_lora(self, lora_id: int) -> bool:
+        return self.llm_engine.remove_lora(lora_id)
+
+    def list_loras(self) -> set[int]:
+        return self.llm_engine.list_loras()
+
     def shutdown(self) -> None:
         engine = getattr(self, "llm_engine", None)   # None when __init__ failed
         if engine is not None:
@@ -83,6 +99,17 @@ class LLM:
             self.shutdown()
         except Exception:
             pass
+
+
+def _per_prompt_loras(lora_request: LoRARequest | Sequence[LoRARequest | None] | None,
+                      num_prompts: int) -> list[LoRARequest | None]:
+    if lora_request is None or isinstance(lora_request, LoRARequest):
+        return [lora_request] * num_prompts
+    loras = list(lora_request)
+    if len(loras) != num_prompts:
+        raise ValueError(f"Got {num_prompts} prompts but {len(loras)} lora requests; give one "
+                         "LoRARequest (or None) or one per prompt.")
+    return loras
 
 
 def _as_prompt_list(prompts: PromptType | Sequence[PromptType]) -> list[PromptType]:

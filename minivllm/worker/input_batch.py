@@ -1,6 +1,7 @@
 """Per-request state the model runner keeps across steps, and the flat inputs of one step."""
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -16,6 +17,7 @@ class CachedRequestState:
     block_ids: list[int]
     num_computed_tokens: int
     sampling_params: SamplingParams
+    lora_request: Any = None      # the request's LoRARequest, None for the base model
 
 
 @dataclass
@@ -44,7 +46,8 @@ def update_states(states: dict[str, CachedRequestState], so: SchedulerOutput) ->
         states[new.req_id] = CachedRequestState(
             req_id=new.req_id, token_ids=list(new.prompt_token_ids) + list(new.output_token_ids),
             num_prompt_tokens=len(new.prompt_token_ids), block_ids=list(new.block_ids),
-            num_computed_tokens=new.num_computed_tokens, sampling_params=new.sampling_params)
+            num_computed_tokens=new.num_computed_tokens, sampling_params=new.sampling_params,
+            lora_request=getattr(new, "lora_request", None))
     cached = so.scheduled_cached_reqs
     for req_id, new_blocks, num_computed in zip(cached.req_ids, cached.new_block_ids,
                                                 cached.num_computed_tokens):

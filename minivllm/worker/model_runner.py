@@ -5,6 +5,7 @@ import torch
 from minivllm.config import CompilationMode, VllmConfig
 from minivllm.forward_context import set_forward_context
 from minivllm.logger import init_logger
+from minivllm.lora.worker_manager import WorkerLoRAManager
 from minivllm.model_executor.layers.attention.backends.cpu_attn_metadata import (
     CommonAttentionMetadata, TorchAttentionMetadataBuilder)
 from minivllm.model_executor.model_loader import get_model
@@ -34,12 +35,24 @@ class ModelRunner:
         self.model: torch.nn.Module | None = None
         self.attn_builder = TorchAttentionMetadataBuilder(self.block_size)
         self.cpu_graphs: CPUGraphRunner | None = None
+        self.lora_manager: WorkerLoRAManager | None = None
 
     def load_model(self) -> None:
         self.model = get_model(vllm_config=self.vllm_config)
         if self.device.type == "cpu":
             hugepages.rehome_parameters(self.model)
         self.vocab_size = self.vllm_config.model_config.get_vocab_size()
+        lora_config = self.vllm_config.lora_config
+        if lora_config is not None:
+            # Wrapped after loading: the LoRA layers keep the loaded base layers inside.
+            self.lora_manager = WorkerLoRAManager(self.model, lora_config,
+                                                  self.vllm_config.model_config.dtype)
+
+    def lora_manager_or_raise(self) -> WorkerLoRAManager:
+        if self.lora_manager is None:
+            raise ValueError("LoRA is disabled for this engine: create it with enable_lora=True "
+                             "(--enable-lora)")
+        return self.lora_manager
 
     @property
     def attn_layers(self) -> dict:
@@ -106,6 +119,9 @@ class ModelRunner:
         if so.total_num_scheduled_tokens == 0:
             return ModelRunnerOutput(req_ids=[], sampled_token_ids=[])
         inputs = prepare_inputs(self.states, so, self.block_size)
+        if self.lora_manager is not None:
+            self.lora_manager.set_active_adapters(
+                [self.states[r].lora_request for r in inputs.req_ids], inputs.query_lens)
         hidden = self._forward(inputs, intermediate_tensors)
         if isinstance(hidden, IntermediateTensors):
             return hidden

@@ -5,6 +5,7 @@ import torch
 from minivllm.config import VllmConfig
 from minivllm.distributed import (ensure_model_parallel_initialized, get_pp_group,
                                   init_distributed_environment)
+from minivllm.lora.request import LoRARequest
 from minivllm.sequence import IntermediateTensors
 from minivllm.v1.core.sched.output import SchedulerOutput
 from minivllm.v1.outputs import ModelRunnerOutput
@@ -43,6 +44,16 @@ class Worker:
 
     def compile_or_warm_up_model(self) -> None:
         self.model_runner.compile_or_warm_up_model()
+
+    def add_lora(self, lora_request: LoRARequest) -> bool:
+        """Load an adapter into this rank's cache (ValueError when it does not fit the model)."""
+        return self.model_runner.lora_manager_or_raise().add_adapter(lora_request)
+
+    def remove_lora(self, lora_id: int) -> bool:
+        return self.model_runner.lora_manager_or_raise().remove_adapter(lora_id)
+
+    def list_loras(self) -> set[int]:
+        return self.model_runner.lora_manager_or_raise().list_adapters()
 
     def apply_sampled_tokens(self, sampled: dict[str, list[int]]) -> None:
         """Learn the tokens the last PP stage sampled in the previous step.

@@ -6,8 +6,9 @@ on the other nodes. The launcher and each of its workers share a socket pipe; th
 `WorkerInit` (the pickled VllmConfig and the rank), later ones are:
 
     launcher -> rank 0        ("step", SchedulerOutput, sampled) | ("shutdown",)
+                              | ("lora", method, arg)   method: add_lora / remove_lora / list_loras
     worker -> launcher        ("ready", rank, num_blocks) | ("output", ModelRunnerOutput)
-                              | ("error", rank, traceback)
+                              | ("lora_result", value, error) | ("error", rank, traceback)
 
 Rank 0 broadcasts each message to all ranks over a gloo "control" group, so workers on other
 nodes get every step without a pipe to the engine. The last PP stage's TP rank 0 answers; when
@@ -125,6 +126,9 @@ def _step_loop(worker: Any, control: Any, conn: Connection, init: WorkerInit) ->
         msg = control.broadcast_object(msg, src=0)
         if msg[0] == "shutdown":
             return
+        if msg[0] == "lora":
+            _run_lora_call(worker, control, conn, init.rank, msg[1], msg[2])
+            continue
         _, scheduler_output, sampled = msg
         if sampled:
             worker.apply_sampled_tokens(sampled)
@@ -136,6 +140,27 @@ def _step_loop(worker: Any, control: Any, conn: Connection, init: WorkerInit) ->
                 conn.send(("output", output))
         elif init.rank == 0 and relay:
             conn.send(("output", control.recv_object(src=output_rank)))
+
+
+def _run_lora_call(worker: Any, control: Any, conn: Connection, rank: int, method: str,
+                   arg: Any) -> None:
+    """An adapter call on every rank; rank 0 answers with the value or the first rank's error.
+
+    A bad adapter (ValueError) is the caller's mistake, not a worker failure: every rank keeps
+    serving, and the engine re-raises the message.
+    """
+    import torch.distributed as dist
+
+    value, error = None, None
+    try:
+        value = getattr(worker, method)(*(() if arg is None else (arg,)))
+    except (ValueError, NotImplementedError, OSError) as exc:
+        error = f"{type(exc).__name__}: {exc}"
+    errors: list[Any] = [None] * control.world_size
+    dist.all_gather_object(errors, error, group=control.cpu_group)
+    if rank == 0:
+        first = next((e for e in errors if e is not None), None)
+        conn.send(("lora_result", value, first))
 
 
 def worker_main(fd: int) -> int:

@@ -6,6 +6,7 @@ The engine writes it and the worker reads it, so it lives below both packages.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -22,6 +23,7 @@ class NewRequestData:
     sampling_params: SamplingParams
     block_ids: list[int]                 # the whole block table
     num_computed_tokens: int             # tokens whose KV is already in the cache
+    lora_request: Any = None             # a LoRARequest, or None for the base model
 
 
 @dataclass
