@@ -7,7 +7,8 @@ native calls but ~10,000 aten calls (views, allocations, checks), and costs ~2x 
 
 `CPUGraph.capture()` runs one real step while every native function of `_custom_ops` logs its
 call (function, arguments: data pointers and sizes); `replay()` makes the same calls again, in
-order, from one Python loop. That is sound only when the step does all of its arithmetic in
+order, from one native loop (`csrc/graph_replay.cpp`; from Python where a kernel has no opcode
+there). That is sound only when the step does all of its arithmetic in
 those kernels and reads its inputs from the same (static) buffers, so while capturing a
 `TorchDispatchMode` checks every torch op: views and allocations pass (allocations are kept
 alive, so the recorded pointers stay valid), anything else refuses the capture (`refused` says
@@ -15,6 +16,8 @@ which op); such a step simply stays eager. The caller owns the static inputs: it
 step's values into them before `replay()` and reads the outputs the capture returned.
 """
 
+import ctypes
+import struct
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -40,6 +43,8 @@ class CPUGraph:
         self.calls: list[tuple[Callable[..., int], tuple[Any, ...]]] = []
         self.refused: str | None = None          # the first op that made the capture unsound
         self._kept: list[torch.Tensor] = []      # every tensor the capture allocated
+        # [num_calls, slots] int64: the calls as graph_replay.cpp's records (None: Python loop)
+        self.records: torch.Tensor | None = None
 
     @contextmanager
     def capture(self) -> Iterator["CPUGraph"]:
@@ -48,7 +53,7 @@ class CPUGraph:
         if lib is None:
             raise RuntimeError("CPU graphs need the native kernels (none are loaded)")
         originals = {name: getattr(lib, name) for name in lib.function_names()
-                     if "_has_" not in name}     # capability queries are not step work
+                     if not _is_query(name)}
         for name, fn in originals.items():
             setattr(lib, name, _recording(fn, self.calls))
         guard = _CaptureGuard(self)
@@ -60,13 +65,24 @@ class CPUGraph:
                 setattr(lib, name, fn)
         if not self.calls and self.refused is None:
             self.refused = "no native kernel ran"
+        if self.ok:
+            self.records = _native_records(lib, self.calls)
 
     @property
     def ok(self) -> bool:
         return self.refused is None
 
-    def replay(self) -> None:
-        """The captured calls again (their inputs: whatever the static buffers hold now)."""
+    def replay(self, native: bool = True) -> None:
+        """The captured calls again (their inputs: whatever the static buffers hold now), from
+        the native loop unless `native` is False or some call has no opcode there."""
+        if native and self.records is not None:
+            failed_at = ctypes.c_int64(0)
+            rc = _replay_api(ops.native_lib()).replay(
+                self.records.data_ptr(), self.records.shape[0], ctypes.byref(failed_at))
+            if rc != 0:
+                name = self.calls[failed_at.value][0].__name__
+                raise RuntimeError(f"CPU graph replay: {name} returned {rc}")
+            return
         for fn, args in self.calls:
             rc = fn(*args)
             if rc != 0:
@@ -75,6 +91,53 @@ class CPUGraph:
     def refuse(self, reason: str) -> None:
         if self.refused is None:
             self.refused = reason
+
+
+def _is_query(name: str) -> bool:
+    return "_has_" in name             # capability queries are not step work
+
+
+class _ReplayAPI:
+    """csrc/graph_replay.cpp's entry points (not kernels: a graph never records them)."""
+
+    def __init__(self, cdll: ctypes.CDLL) -> None:
+        i64 = ctypes.c_int64
+        self.opcode = cdll.minivllm_graph_opcode           # (name) -> opcode, or -1
+        self.opcode.argtypes, self.opcode.restype = [ctypes.c_char_p], ctypes.c_int
+        self.slots = int(cdll.minivllm_graph_record_slots())
+        self.replay = cdll.minivllm_graph_replay           # (records, n, failed_at) -> rc
+        self.replay.argtypes = [ctypes.c_void_p, i64, ctypes.POINTER(i64)]
+        self.replay.restype = ctypes.c_int
+
+
+_apis: dict[int, _ReplayAPI] = {}
+
+
+def _replay_api(lib: ops.NativeLibrary) -> _ReplayAPI:
+    key = id(lib.cdll)
+    if key not in _apis:
+        _apis[key] = _ReplayAPI(lib.cdll)
+    return _apis[key]
+
+
+def _native_records(lib: ops.NativeLibrary, calls: list) -> torch.Tensor | None:
+    """The calls as records [opcode, arguments...] for `minivllm_graph_replay`: pointers and
+    integers as their values, floats as their bits; None when some kernel has no opcode."""
+    api = _replay_api(lib)
+    slots = api.slots
+    rows = []
+    for fn, args in calls:
+        opcode = api.opcode(fn.__name__.encode())
+        if opcode < 0 or len(args) >= slots:
+            return None
+        rows.append([opcode, *map(_slot_value, args)] + [0] * (slots - 1 - len(args)))
+    return torch.tensor(rows, dtype=torch.int64)
+
+
+def _slot_value(arg: Any) -> int:
+    if isinstance(arg, ctypes.c_float):
+        return struct.unpack("<I", struct.pack("<f", arg.value))[0]
+    return arg.value or 0          # a null c_void_p's value is None
 
 
 def _recording(fn: Callable[..., int], calls: list) -> Callable[..., int]:

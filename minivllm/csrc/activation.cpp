@@ -5,6 +5,7 @@
 // Roundings follow eager bf16: silu rounded to bf16, then the product.
 
 #include <cstdint>
+#include "kernels.h"
 
 #include "cpu_math.h"
 

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include "kernels.h"
 
 #include "cpu_math.h"
 

@@ -6,6 +6,7 @@
 // step has to be one.
 
 #include <cstdint>
+#include "kernels.h"
 #include <cstring>
 
 extern "C" {

@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include "kernels.h"
 #include <cstdlib>
 #include <cstring>
 #include <type_traits>

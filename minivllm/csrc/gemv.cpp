@@ -7,6 +7,7 @@
 // streams, one per thread.
 
 #include <cstdint>
+#include "kernels.h"
 
 #include "cpu_math.h"
 

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include "kernels.h"
 #include <cstdlib>
 
 #include <omp.h>

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include "kernels.h"
 #include <cstring>
 #include <vector>
 

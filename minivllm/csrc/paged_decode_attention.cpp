@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include "kernels.h"
 #include <vector>
 
 #include "cpu_math.h"

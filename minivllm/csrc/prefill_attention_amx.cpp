@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include "kernels.h"
 #include <cstdlib>
 #include <vector>
 

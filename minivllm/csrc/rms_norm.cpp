@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include "kernels.h"
 
 #if defined(__AVX512BF16__)
 #include <immintrin.h>

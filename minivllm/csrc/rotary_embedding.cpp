@@ -7,6 +7,7 @@
 // rounded again, so the result is bit-identical to RotaryEmbedding.forward_native on bf16.
 
 #include <cstdint>
+#include "kernels.h"
 
 #include <omp.h>
 #if defined(__AVX512BF16__)

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from minivllm import _custom_ops as ops
-from minivllm.compilation.cpu_graph import CPUGraph
+from minivllm.compilation.cpu_graph import CPUGraph, _replay_api
 
 pytestmark = pytest.mark.requires_native
 
@@ -73,3 +73,41 @@ def test_only_the_capturing_threads_calls_are_recorded():
         other.join()
         _step(x, w)
     assert graph.ok and len(graph.calls) == 2
+
+
+def test_native_replay_equals_the_python_loop():
+    _kernels_or_skip()
+    x = torch.randn(3, 64).bfloat16()
+    w = torch.randn(64).bfloat16()
+    graph = CPUGraph()
+    with graph.capture():
+        out = _step(x, w)
+    assert graph.records is not None and graph.records.shape[0] == 2   # one record per call
+    for seed in range(3):
+        x.copy_(torch.randn(3, 64, generator=torch.Generator().manual_seed(seed)).bfloat16())
+        graph.replay(native=False)
+        from_python = out.clone()
+        out.zero_()
+        graph.replay()
+        assert torch.equal(out, from_python)
+        assert torch.equal(out, _step(x, w))
+
+
+def test_every_recordable_kernel_has_an_opcode():
+    # A kernel the native loop cannot run would silently send its graphs back to Python.
+    lib = ops.native_lib()
+    missing = [name for name in lib.function_names()
+               if "_has_" not in name and _replay_api(lib).opcode(name.encode()) < 0]
+    assert missing == []
+
+
+def test_a_failing_replayed_call_is_named():
+    _kernels_or_skip()
+    x = torch.randn(2, 64).bfloat16()
+    w = torch.ones(64).bfloat16()
+    graph = CPUGraph()
+    with graph.capture():
+        _step(x, w)
+    graph.records[1, 6] = -1              # silu_mul's d < 0: the kernel returns 1
+    with pytest.raises(RuntimeError, match="minivllm_silu_mul_bf16 returned 1"):
+        graph.replay()

@@ -1,0 +1,69 @@
+// The C entry points of the native kernels, one home for their prototypes: each kernel's source
+// includes this header (so a definition that drifts from it fails to compile) and the CPU-graph
+// replay (graph_replay.cpp) calls them through it. Python's ctypes table is _custom_ops.py's
+// _SIGNATURES. Every entry point returns 0 on success, else an error code of its own.
+#pragma once
+
+#include <cstdint>
+
+extern "C" {
+
+int minivllm_paged_decode_bf16(const uint16_t* q, int64_t q_row_stride, uint16_t* k_cache,
+                               uint16_t* v_cache, int64_t slot_stride, const int32_t* block_table,
+                               int64_t table_stride, const int32_t* seq_lens, const int64_t* rows,
+                               uint16_t* out, int64_t out_row_stride, int32_t num_seqs,
+                               int32_t num_heads, int32_t num_kv_heads, int32_t head_size,
+                               int32_t block_size, int32_t window, float scale,
+                               int32_t num_threads, const uint16_t* k_new, int64_t k_stride,
+                               const uint16_t* v_new, int64_t v_stride, const int64_t* slots);
+int minivllm_paged_decode_f32(const float* q, int64_t q_row_stride, float* k_cache,
+                              float* v_cache, int64_t slot_stride, const int32_t* block_table,
+                              int64_t table_stride, const int32_t* seq_lens, const int64_t* rows,
+                              float* out, int64_t out_row_stride, int32_t num_seqs,
+                              int32_t num_heads, int32_t num_kv_heads, int32_t head_size,
+                              int32_t block_size, int32_t window, float scale,
+                              int32_t num_threads, const float* k_new, int64_t k_stride,
+                              const float* v_new, int64_t v_stride, const int64_t* slots);
+int minivllm_gemv_bf16(const uint16_t* x, const uint16_t* w, int64_t w_row_stride,
+                       const uint16_t* bias, uint16_t* y, int64_t n, int64_t k,
+                       int32_t num_threads);
+int minivllm_gemm_amx_bf16(const uint16_t* x, int64_t x_stride, const uint16_t* w,
+                           int64_t w_stride, const uint16_t* bias, uint16_t* y, int64_t y_stride,
+                           int64_t m, int64_t n, int64_t k, int32_t num_threads);
+int minivllm_gemm_amx_silu_mul_bf16(const uint16_t* x, int64_t x_stride, const uint16_t* w,
+                                    int64_t w_stride, const uint16_t* bias, uint16_t* y,
+                                    int64_t y_stride, int64_t m, int64_t d, int64_t k,
+                                    int32_t num_threads);
+int minivllm_silu_mul_bf16(const uint16_t* x, int64_t x_stride, uint16_t* y, int64_t y_stride,
+                           int64_t m, int64_t d, int32_t num_threads);
+int minivllm_rms_norm_bf16(const uint16_t* x, int64_t x_stride, const uint16_t* residual,
+                           int64_t r_stride, uint16_t* new_residual, const uint16_t* w,
+                           uint16_t* out, int64_t m, int64_t d, float eps, int32_t num_threads);
+int minivllm_prefill_attention_bf16(const uint16_t* q, int64_t q_stride, const uint16_t* k,
+                                    int64_t k_stride, const uint16_t* v, int64_t v_stride,
+                                    uint16_t* out, int64_t out_stride, int32_t len,
+                                    int32_t num_heads, int32_t num_kv_heads, int32_t head_size,
+                                    float scale, int32_t num_threads);
+int minivllm_argmax_bf16(const uint16_t* x, int64_t rows, int64_t cols, int64_t row_stride,
+                         int64_t* out, int32_t num_threads);
+int minivllm_gguf_gemm(int32_t qtype, const void* x, int64_t x_stride, int32_t dt,
+                       const uint8_t* w, int64_t w_stride, const void* bias, void* y,
+                       int64_t y_stride, int64_t m, int64_t n, int64_t k, int32_t num_threads);
+int minivllm_gguf_gemm_amx_bf16(int32_t qtype, const uint16_t* x, int64_t x_stride,
+                                const uint8_t* w, int64_t w_stride, const uint16_t* bias,
+                                uint16_t* y, int64_t y_stride, int64_t m, int64_t n, int64_t k,
+                                int32_t num_threads);
+int minivllm_gguf_dequant(int32_t qtype, const uint8_t* w, int64_t w_stride, int64_t rows,
+                          int64_t cols, void* out, int64_t out_stride, int32_t dt,
+                          int32_t num_threads);
+int minivllm_rotary_embedding_bf16(const int64_t* positions, int64_t num_tokens,
+                                   uint16_t* query, int64_t q_stride, int32_t num_q_heads,
+                                   uint16_t* key, int64_t k_stride, int32_t num_k_heads,
+                                   const uint16_t* cos_sin_cache, int64_t max_position,
+                                   int32_t head_size, int32_t rotary_dim, int32_t is_neox,
+                                   int32_t num_threads);
+int minivllm_gather_rows(const uint8_t* table, int64_t table_stride, int64_t num_table_rows,
+                         const int64_t* ids, int64_t n, int64_t row_bytes, uint8_t* out,
+                         int64_t out_stride);
+
+}  // extern "C"
