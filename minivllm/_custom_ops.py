@@ -77,6 +77,10 @@ _SIGNATURES = {
                                        _I64, _I32, _I32, _I32, _I32],
     # table, table_row_bytes_stride, num_table_rows, ids, n, row_bytes, out, out_row_bytes_stride
     "minivllm_gather_rows": [_PTR, _I64, _I64, _PTR, _I64, _I64, _PTR, _I64],
+    # MoE, argument order in layers/fused_moe/cpu_fused_moe.py
+    "minivllm_moe_topk": [_PTR, _I64, _I32, _I64] + [_I32] * 4 + [ctypes.c_float, _PTR, _PTR, _I32],
+    "minivllm_fused_experts_bf16": [_PTR, _I64, *[_PTR] * 5, *[_I64] * 3, _I32, _I64, _I64,
+                                    _PTR, _I64, _I32],
 }
 _SIGNATURES["minivllm_paged_decode_f32"] = _SIGNATURES["minivllm_paged_decode_bf16"]
 _ATTN_FUNCS = {torch.bfloat16: "minivllm_paged_decode_bf16",

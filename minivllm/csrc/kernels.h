@@ -65,5 +65,13 @@ int minivllm_rotary_embedding_bf16(const int64_t* positions, int64_t num_tokens,
 int minivllm_gather_rows(const uint8_t* table, int64_t table_stride, int64_t num_table_rows,
                          const int64_t* ids, int64_t n, int64_t row_bytes, uint8_t* out,
                          int64_t out_stride);
+int minivllm_moe_topk(const void* logits, int64_t stride, int32_t dtype, int64_t t_count,
+                      int32_t e, int32_t k, int32_t scoring, int32_t renormalize, float scale,
+                      int64_t* ids, float* weights, int32_t num_threads);
+int minivllm_fused_experts_bf16(const uint16_t* x, int64_t x_stride, const uint16_t* w13,
+                                const uint16_t* w2, const int64_t* ids, const float* weights,
+                                const int64_t* expert_map, int64_t num_global, int64_t num_local,
+                                int64_t t_count, int32_t k, int64_t h, int64_t inter,
+                                uint16_t* out, int64_t out_stride, int32_t num_threads);
 
 }  // extern "C"

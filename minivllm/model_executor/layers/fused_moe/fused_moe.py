@@ -7,9 +7,10 @@ experts in `num_expert_group` groups, only the best `topk_group` groups may be c
 
 `fused_experts` runs the experts: the (token, expert) pairs are sorted by expert, each active
 expert multiplies its contiguous rows with one GEMM pair (gate_up, activation, down), and the
-weighted rows are added back to their tokens. The Python loop is over active experts only, never
-over tokens. bf16 rows on a CPU with AMX go to the native AMX GEMMs (`csrc/gemm_amx.cpp`, with
-SiluAndMul in the epilogue) up to 1024 rows per expert, others to `F.linear` (oneDNN).
+weighted rows are added back to their tokens. SiLU experts without biases in bf16 on a CPU with
+AMX run in one native call (`cpu_fused_moe.py`); otherwise a Python loop over the active experts
+(never over tokens) calls the AMX GEMMs (`csrc/gemm_amx.cpp`) up to 1024 rows per expert, or
+`F.linear` (oneDNN).
 """
 
 import torch
@@ -17,6 +18,8 @@ import torch.nn.functional as F
 
 from minivllm import _custom_ops as ops
 from minivllm.model_executor.kernels.op_library import register_op
+from minivllm.model_executor.layers.fused_moe.cpu_fused_moe import (experts_supported,
+                                                                    fused_experts_bf16)
 
 SCORING_FUNCS = ("softmax", "sigmoid")
 ACTIVATIONS = ("silu", "gelu", "swigluoai")
@@ -156,6 +159,11 @@ def fused_experts(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tenso
     if activation not in ACTIVATIONS:
         raise ValueError(f"Unsupported MoE activation {activation!r}; choose one of "
                          f"{', '.join(ACTIVATIONS)}")
+    if (activation == "silu" and w1_bias is None and w2_bias is None
+            and not apply_router_weight_on_input and experts_supported(hidden_states, w1, w2)):
+        native = fused_experts_bf16(hidden_states, w1, w2, topk_weights, topk_ids, expert_map)
+        if native is not None:
+            return hidden_states.copy_(native) if inplace else native
     num_tokens, top_k = topk_ids.shape
     num_local = w1.shape[0]
     ids = topk_ids.long()

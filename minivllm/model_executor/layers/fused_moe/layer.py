@@ -27,6 +27,7 @@ from minivllm.logger import init_logger
 from minivllm.distributed import (get_ep_group, get_tensor_model_parallel_rank,
                                   get_tensor_model_parallel_world_size)
 from minivllm.model_executor.custom_op import CustomOp
+from minivllm.model_executor.layers.fused_moe.cpu_fused_moe import moe_topk
 from minivllm.model_executor.layers.fused_moe.fused_moe import (ACTIVATIONS, SCORING_FUNCS,
                                                                 fused_experts_op, fused_topk,
                                                                 grouped_topk)
@@ -248,6 +249,14 @@ class FusedMoE(CustomOp):
                 hidden_states, router_logits, self.top_k, self.renormalize,
                 self.num_expert_group or 0, self.topk_group or 0, self.scoring_func,
                 self.routed_scaling_factor, self.e_score_correction_bias)
+        native = None
+        # bf16 only: fp32 models keep torch's routing bit for bit (their experts stay in torch).
+        if (self.custom_routing_function is None and self.e_score_correction_bias is None
+                and router_logits.dtype == torch.bfloat16):
+            native = moe_topk(router_logits, self.top_k, self.renormalize, self.scoring_func,
+                              self.routed_scaling_factor)
+        if native is not None:                          # routing in C (a CPU graph records it)
+            return native
         if self.custom_routing_function is not None:
             weights, ids = self.custom_routing_function(hidden_states, router_logits,
                                                         self.top_k, self.renormalize)

@@ -1,0 +1,292 @@
+// MoE on CPU in two native calls: top-k routing, then every selected expert of every token.
+//
+// minivllm_moe_topk: router logits [T, E] -> (topk_ids [T, k] int64, topk_weights [T, k] fp32),
+// softmax or sigmoid scores, optionally renormalised over the k chosen, times a scaling factor.
+//
+// minivllm_fused_experts_bf16: out[t] = sum_j w[t, j] * expert_{id[t, j]}(x[t]) for bf16 x [T, H]
+// and the stacked weights w13 [E, 2I, H] (gate rows, then up rows) and w2 [E, H, I], read in
+// place (no copy, no gather of weight tensors). The (token, expert) pairs are counting-sorted by
+// expert (stable: tokens ascending), their rows gathered into one contiguous group per expert,
+// and each active expert runs the AMX GEMMs of gemm_amx.cpp on its group: gate_up with SiluAndMul
+// in the epilogue, then down. At one token that streams exactly the k experts' weights; at many
+// tokens each active expert's weight is streamed once for all of its rows. The k outputs of a
+// token are summed in fp32 with their routing weights and rounded to bf16 once.
+//
+// Roundings: h = SiluAndMul and the down output are rounded to bf16 as the unfused bf16 ops do
+// (the same kernels); the weighted top-k sum is fp32 (eager rounds each product and each add).
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <vector>
+
+#include "cpu_math.h"
+#include "kernels.h"
+
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
+#define MINIVLLM_MOE_AMX 1
+#include <immintrin.h>
+#include <omp.h>
+#endif
+
+extern "C" int minivllm_has_gemm_amx();  // gemm_amx.cpp: AMX usable here
+
+namespace {
+
+// Top-k of one token's scores s[0..E): indices by descending score, ties to the lower index
+// (torch.topk leaves their order unspecified; bf16 router logits do tie).
+void topk_row(const float* s, int32_t e, int32_t k, int64_t* ids, float* vals) {
+  int32_t filled = 0;
+  for (int32_t i = 0; i < e; ++i) {
+    if (filled == k && !(s[i] > vals[k - 1])) continue;
+    int32_t pos = filled < k ? filled++ : k - 1;
+    while (pos > 0 && s[i] > vals[pos - 1]) {  // insertion: shift smaller ones down
+      vals[pos] = vals[pos - 1];
+      ids[pos] = ids[pos - 1];
+      --pos;
+    }
+    vals[pos] = s[i];
+    ids[pos] = i;
+  }
+}
+
+// fp32 scores of one token's logits (bf16 or fp32): softmax over E, or elementwise sigmoid.
+template <typename T>
+void scores_row(const T* logits, int32_t e, int32_t scoring, float* s) {
+  float m = -INFINITY;
+  for (int32_t i = 0; i < e; ++i) {
+    s[i] = minivllm::to_float(logits[i]);
+    m = std::max(m, s[i]);
+  }
+  if (scoring == 1) {
+    for (int32_t i = 0; i < e; ++i) s[i] = 1.0f / (1.0f + std::exp(-s[i]));
+    return;
+  }
+  float sum = 0.0f;
+  for (int32_t i = 0; i < e; ++i) sum += (s[i] = std::exp(s[i] - m));
+  for (int32_t i = 0; i < e; ++i) s[i] /= sum;
+}
+
+template <typename T>
+void route(const T* logits, int64_t stride, int64_t t_count, int32_t e, int32_t k,
+           int32_t scoring, int32_t renormalize, float scale, int64_t* ids, float* weights,
+           int32_t num_threads) {
+#pragma omp parallel num_threads(num_threads)
+  {
+    std::vector<float> s(e);
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < t_count; ++t) {
+      scores_row(logits + t * stride, e, scoring, s.data());
+      int64_t* id = ids + t * k;
+      float* w = weights + t * k;
+      topk_row(s.data(), e, k, id, w);
+      float sum = 0.0f;
+      for (int32_t j = 0; j < k; ++j) sum += w[j];
+      const float f = renormalize ? scale / sum : scale;
+      for (int32_t j = 0; j < k; ++j) w[j] *= f;
+    }
+  }
+}
+
+// Scratch rows reused across calls (grown, never shrunk): the gathered inputs [N, H], the
+// activations [N, I] and the expert outputs [N, H] of the N pairs, bf16. Kept here, not passed
+// in, so that a recorded call (compilation/cpu_graph.py) never points at a freed buffer.
+struct Scratch {
+  std::mutex lock;
+  uint16_t* data = nullptr;
+  int64_t elems = 0;
+
+  uint16_t* get(int64_t need) {
+    if (need > elems) {
+      std::free(data);
+      data = static_cast<uint16_t*>(std::aligned_alloc(64, ((need * 2 + 63) / 64) * 64));
+      elems = data == nullptr ? 0 : need;
+    }
+    return data;
+  }
+};
+Scratch g_scratch;
+
+// The pairs sorted by local expert: offsets [E_local + 1], pair_of_slot [N] (t * k + j) and
+// slot_of_pair [T * k] (-1: another rank's expert).
+struct Groups {
+  std::vector<int64_t> offsets, pair_of_slot, slot_of_pair;
+};
+
+[[maybe_unused]] Groups sort_pairs(const int64_t* ids, int64_t pairs, const int64_t* expert_map,
+                  int64_t num_global, int64_t num_local) {
+  Groups g;
+  g.offsets.assign(num_local + 1, 0);
+  g.slot_of_pair.assign(pairs, -1);
+  std::vector<int64_t> local(pairs);
+  for (int64_t p = 0; p < pairs; ++p) {
+    int64_t id = ids[p];
+    if (expert_map != nullptr) id = (id >= 0 && id < num_global) ? expert_map[id] : -1;
+    local[p] = (id >= 0 && id < num_local) ? id : -1;
+    if (local[p] >= 0) ++g.offsets[local[p] + 1];
+  }
+  for (int64_t e = 0; e < num_local; ++e) g.offsets[e + 1] += g.offsets[e];
+  std::vector<int64_t> next(g.offsets.begin(), g.offsets.end() - 1);
+  g.pair_of_slot.resize(g.offsets[num_local]);
+  for (int64_t p = 0; p < pairs; ++p) {
+    if (local[p] < 0) continue;
+    const int64_t slot = next[local[p]]++;
+    g.pair_of_slot[slot] = p;
+    g.slot_of_pair[p] = slot;
+  }
+  return g;
+}
+
+#ifdef MINIVLLM_MOE_AMX
+inline __m512 load16(const uint16_t* p) {  // 16 bf16 -> fp32 lanes
+  return _mm512_castsi512_ps(_mm512_slli_epi32(
+      _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
+}
+
+inline void store16(uint16_t* p, __m512 v) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), (__m256i)_mm512_cvtneps_pbh(v));
+}
+
+// This thread's share [begin, end) of `count` rows, in whole 16-row blocks.
+inline void share(int64_t count, int64_t t, int64_t threads, int64_t* begin, int64_t* end) {
+  const int64_t blocks = count / 16;
+  *begin = 16 * (blocks * t / threads);
+  *end = 16 * (blocks * (t + 1) / threads);
+}
+
+// Phase 1, this thread's rows [r0, r1) of every active expert's gate and up projections (each
+// thread a slice of every expert, so uneven expert loads stay balanced): gate and up into
+// gu [N, 2I] (bf16, as the separate linears round them), then h = silu(gate) * up into
+// hs [N, I]: the same bits as the fused gate_up epilogue of gemm_amx.cpp.
+int gate_up_slice(const uint16_t* xs, const uint16_t* w13, const Groups& g, int64_t num_local,
+                  int64_t h, int64_t inter, int64_t r0, int64_t r1, uint16_t* gu, uint16_t* hs) {
+  for (int64_t e = 0; e < num_local && r0 < r1; ++e) {
+    const int64_t begin = g.offsets[e], rows = g.offsets[e + 1] - begin;
+    if (rows == 0) continue;
+    const uint16_t* w = w13 + e * 2 * inter * h;
+    uint16_t* out = gu + begin * 2 * inter;
+    for (int half = 0; half < 2; ++half) {  // gate rows [0, I), up rows [I, 2I)
+      const int64_t off = half * inter + r0;
+      const int rc = minivllm_gemm_amx_bf16(xs + begin * h, h, w + off * h, h, nullptr,
+                                            out + off, 2 * inter, rows, r1 - r0, h, 1);
+      if (rc != 0) return rc;
+    }
+    for (int64_t i = 0; i < rows; ++i) {
+      const uint16_t* row = out + i * 2 * inter;
+      for (int64_t c = r0; c < r1; c += 16) {
+        store16(hs + (begin + i) * inter + c, minivllm::silu_mul16(load16(row + c),
+                                                                   load16(row + inter + c)));
+      }
+    }
+  }
+  return 0;
+}
+
+// Phase 2, this thread's output columns [c0, c1) of every active expert's down projection:
+// ys [N, H] (bf16) = hs W2^T.
+int down_slice(const uint16_t* hs, const uint16_t* w2, const Groups& g, int64_t num_local,
+               int64_t h, int64_t inter, int64_t c0, int64_t c1, uint16_t* ys) {
+  for (int64_t e = 0; e < num_local && c0 < c1; ++e) {
+    const int64_t begin = g.offsets[e], rows = g.offsets[e + 1] - begin;
+    if (rows == 0) continue;
+    const int rc = minivllm_gemm_amx_bf16(hs + begin * inter, inter, w2 + (e * h + c0) * inter,
+                                          inter, nullptr, ys + begin * h + c0, h, rows, c1 - c0,
+                                          inter, 1);
+    if (rc != 0) return rc;
+  }
+  return 0;
+}
+
+// Phase 3, columns [c0, c1): out[t] = sum_j w[t, j] * ys[slot(t, j)] in fp32, rounded to bf16
+// once; tokens without a local pair get zeros.
+void combine_slice(const uint16_t* ys, int64_t h, const Groups& g, const float* weights,
+                   int64_t t_count, int32_t k, int64_t c0, int64_t c1, uint16_t* out,
+                   int64_t out_stride) {
+  std::vector<float> acc(c1 - c0);
+  for (int64_t t = 0; t < t_count; ++t) {
+    std::fill(acc.begin(), acc.end(), 0.0f);
+    for (int32_t j = 0; j < k; ++j) {
+      const int64_t slot = g.slot_of_pair[t * k + j];
+      if (slot < 0) continue;
+      const float w = weights[t * k + j];
+      const uint16_t* row = ys + slot * h + c0;
+#pragma omp simd
+      for (int64_t c = 0; c < c1 - c0; ++c) acc[c] += w * minivllm::to_float(row[c]);
+    }
+    uint16_t* dst = out + t * out_stride + c0;
+    for (int64_t c = 0; c < c1 - c0; ++c) minivllm::store(acc[c], dst + c);
+  }
+}
+#endif  // MINIVLLM_MOE_AMX
+
+}  // namespace
+
+extern "C" {
+
+// logits [T, E] (rows `stride` apart; dtype 0 bf16, 1 fp32) -> ids [T, k] int64 and
+// weights [T, k] fp32. scoring 0 softmax, 1 sigmoid. Returns 1 on bad sizes.
+int minivllm_moe_topk(const void* logits, int64_t stride, int32_t dtype, int64_t t_count,
+                      int32_t e, int32_t k, int32_t scoring, int32_t renormalize, float scale,
+                      int64_t* ids, float* weights, int32_t num_threads) {
+  if (k < 1 || k > e || (scoring != 0 && scoring != 1) || (dtype != 0 && dtype != 1)) return 1;
+  if (dtype == 0)
+    route(static_cast<const uint16_t*>(logits), stride, t_count, e, k, scoring, renormalize,
+          scale, ids, weights, num_threads);
+  else
+    route(static_cast<const float*>(logits), stride, t_count, e, k, scoring, renormalize, scale,
+          ids, weights, num_threads);
+  return 0;
+}
+
+// x [T, H] (rows x_stride apart), w13 [E_local, 2I, H] and w2 [E_local, H, I] contiguous bf16,
+// ids [T, k] int64 global expert ids, weights [T, k] fp32, expert_map [num_global] int64
+// (global -> local, -1: not here) or null, out [T, H] (rows out_stride apart).
+// Needs H % 32 == 0, I % 32 == 0 and AMX: 1 bad sizes, 2 no AMX, 3 out of memory.
+int minivllm_fused_experts_bf16(const uint16_t* x, int64_t x_stride, const uint16_t* w13,
+                                const uint16_t* w2, const int64_t* ids, const float* weights,
+                                const int64_t* expert_map, int64_t num_global, int64_t num_local,
+                                int64_t t_count, int32_t k, int64_t h, int64_t inter,
+                                uint16_t* out, int64_t out_stride, int32_t num_threads) {
+  if (h % 32 != 0 || inter % 32 != 0 || k < 1 || t_count < 0) return 1;
+#ifndef MINIVLLM_MOE_AMX
+  return 2;  // no AMX in this build: the torch path keeps the experts
+#else
+  if (!minivllm_has_gemm_amx()) return 2;
+  const Groups g = sort_pairs(ids, t_count * k, expert_map, num_global, num_local);
+  const int64_t n = g.offsets[num_local];
+  std::lock_guard<std::mutex> guard(g_scratch.lock);
+  uint16_t* xs = g_scratch.get(std::max<int64_t>(n, 1) * (2 * h + 3 * inter));
+  if (xs == nullptr) return 3;
+  uint16_t* gu = xs + n * h;        // [N, 2I]
+  uint16_t* hs = gu + n * 2 * inter;  // [N, I]
+  uint16_t* ys = hs + n * inter;    // [N, H]
+  int failed = 0;
+  // One parallel region for the whole layer (a region per expert GEMM cost a wake-up each,
+  // and on a busy box a descheduled thread stalls every one of them).
+#pragma omp parallel num_threads(num_threads)
+  {
+    const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
+    for (int64_t s = n * t / threads; s < n * (t + 1) / threads; ++s)
+      std::memcpy(xs + s * h, x + (g.pair_of_slot[s] / k) * x_stride, h * 2);
+#pragma omp barrier
+    int64_t b, e;
+    share(inter, t, threads, &b, &e);
+    int rc = gate_up_slice(xs, w13, g, num_local, h, inter, b, e, gu, hs);
+#pragma omp barrier
+    share(h, t, threads, &b, &e);
+    if (rc == 0) rc = down_slice(hs, w2, g, num_local, h, inter, b, e, ys);
+#pragma omp barrier
+    combine_slice(ys, h, g, weights, t_count, k, b, e, out, out_stride);
+    if (rc != 0) {
+#pragma omp atomic write
+      failed = rc;
+    }
+  }
+  return failed;
+#endif
+}
+
+}  // extern "C"
