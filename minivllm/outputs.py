@@ -1,8 +1,11 @@
-"""What the engine returns for a request, shaped like vLLM's `RequestOutput`."""
+"""What the engine returns for a request, shaped like vLLM's `RequestOutput` and
+`PoolingRequestOutput` / `EmbeddingRequestOutput`."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+import torch
 
 
 @dataclass
@@ -47,3 +50,56 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool
     num_cached_tokens: int = 0   # prompt tokens served from the prefix cache
+
+
+@dataclass
+class PoolingOutput:
+    """A pooling model's output for one prompt: `[H]` (one vector) or `[n, H]` (per token)."""
+
+    data: torch.Tensor
+
+
+@dataclass
+class PoolingRequestOutput:
+    """The final output of a pooling request (pooling requests have no partial outputs)."""
+
+    request_id: str
+    outputs: PoolingOutput
+    prompt_token_ids: list[int]
+    finished: bool
+    num_cached_tokens: int = 0
+
+
+@dataclass
+class EmbeddingOutput:
+    """One embedding vector as floats."""
+
+    embedding: list[float]
+
+    @staticmethod
+    def from_base(output: PoolingOutput) -> EmbeddingOutput:
+        if output.data.ndim != 1:
+            raise ValueError(f"An embedding is one vector, but the pooler gave shape "
+                             f"{tuple(output.data.shape)} (token-wise pooling: use LLM.encode)")
+        return EmbeddingOutput(output.data.tolist())
+
+    @property
+    def hidden_size(self) -> int:
+        return len(self.embedding)
+
+
+@dataclass
+class EmbeddingRequestOutput:
+    """`PoolingRequestOutput` with the vector as `outputs.embedding` (vLLM's embed result)."""
+
+    request_id: str
+    outputs: EmbeddingOutput
+    prompt_token_ids: list[int]
+    finished: bool
+    num_cached_tokens: int = 0
+
+    @staticmethod
+    def from_base(output: PoolingRequestOutput) -> EmbeddingRequestOutput:
+        return EmbeddingRequestOutput(output.request_id, EmbeddingOutput.from_base(output.outputs),
+                                      output.prompt_token_ids, output.finished,
+                                      output.num_cached_tokens)

@@ -155,8 +155,8 @@ LAYERS = [
     ["lora"],
     ["model_executor"],
     ["compilation", "config", "distributed", "v1", "forward_context", "sequence",
-     "transformers_utils", "sampling_params", "outputs", "logger", "_custom_ops", "plugins",
-     "envs", "platforms", "utils"],
+     "transformers_utils", "sampling_params", "pooling_params", "outputs", "logger",
+     "_custom_ops", "plugins", "envs", "platforms", "utils"],
 ]
 
 

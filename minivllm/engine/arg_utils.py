@@ -18,9 +18,11 @@ from minivllm.config import (CacheConfig, CompilationConfig, DeviceConfig, LoadC
 from minivllm.config.cache import CACHE_DTYPES
 from minivllm.config.compilation import CompilationMode
 from minivllm.config.load import LOAD_FORMATS
+from minivllm.config.model import CONVERT_TYPES, RUNNER_TYPES
 from minivllm.model_executor.layers.quantization import (QUANTIZATION_METHODS,
                                                          get_quantization_config)
 from minivllm.model_executor.model_loader.weight_utils import get_quant_config
+from minivllm.model_executor.models.registry import ModelRegistry
 from minivllm.plugins import load_general_plugins
 
 _DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
@@ -96,6 +98,14 @@ class EngineArgs:
                                     aliases=("-q",), choices=[*QUANTIZATION_METHODS, "none"])
     device: str = _arg("cpu", "where the model runs; auto: cuda when available",
                        choices=_DEVICE_CHOICES)
+    runner: str = _arg("auto", "generate text, or pool hidden states into embeddings; auto: "
+                       "pooling for *Model architectures (LlamaModel), else generate",
+                       choices=RUNNER_TYPES)
+    convert: str = _arg("auto", "adapt the checkpoint for the pooling runner (embed: a causal "
+                        "LM becomes an embedding model)", choices=CONVERT_TYPES)
+    pooler_config: str | dict[str, Any] | None = _arg(
+        None, "pooling models: JSON such as '{\"pooling_type\": \"MEAN\", \"normalize\": false}' "
+        "(default: the checkpoint's sentence-transformers files, else LAST, normalised)", type=str)
     enable_lora: bool = _arg(False, "serve LoRA adapters (requests name theirs by LoRARequest)")
     max_loras: int = _arg(1, "LoRA: most distinct adapters in one step (the slot table)")
     max_lora_rank: int = _arg(16, "LoRA: largest adapter rank accepted")
@@ -109,13 +119,18 @@ class EngineArgs:
             get_quantization_config(self.quantization)   # raises, listing the known names
         model_config = ModelConfig(model=self.model, tokenizer=self.tokenizer, dtype=self.dtype,
                                    max_model_len=self.max_model_len, seed=self.seed,
-                                   quantization=self.quantization)
+                                   quantization=self.quantization, runner=self.runner,
+                                   convert=self.convert, pooler_config=self.pooler_config)
+        _check_pooling_model(model_config)
         load_config = LoadConfig(load_format=self.load_format)
         device_config = DeviceConfig(self.device)
         return VllmConfig(
             model_config=model_config,
             cache_config=CacheConfig(block_size=self.block_size, cache_dtype=self.kv_cache_dtype,
-                                     enable_prefix_caching=self.enable_prefix_caching,
+                                     # NOTE: a pooling prompt's every hidden state is needed:
+                                     # a cached prefix would skip computing them.
+                                     enable_prefix_caching=self.enable_prefix_caching
+                                     and model_config.runner_type != "pooling",
                                      num_gpu_blocks_override=self.num_gpu_blocks_override,
                                      kv_cache_memory_bytes=self.kv_cache_memory_bytes),
             parallel_config=ParallelConfig(tensor_parallel_size=self.tensor_parallel_size,
@@ -212,6 +227,15 @@ def apply_torchrun_env(engine_args: EngineArgs) -> EngineArgs:
     if "master_port" in env and "TORCHELASTIC_RUN_ID" in os.environ:
         env["master_port"] += 1
     return dataclasses.replace(engine_args, **env)
+
+
+def _check_pooling_model(model_config: ModelConfig) -> None:
+    """The pooling runner without a conversion needs a model that has a pooler."""
+    if model_config.runner_type != "pooling" or model_config.convert_type != "none":
+        return
+    if not ModelRegistry.is_pooling_model(model_config.architectures):
+        raise ValueError(f"{model_config.architectures} is not a pooling model; add --convert "
+                         "embed to pool its hidden states into embeddings")
 
 
 def _check_mode(mode: Any) -> int:

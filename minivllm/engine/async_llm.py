@@ -312,6 +312,10 @@ class AsyncLLM:
             _call_soon(loop, items)
 
     def _record_timings(self, stream: _Stream, output: RequestOutput, now: float) -> None:
+        if not isinstance(output.outputs, list):   # a pooling request: one output, no tokens
+            for stat_logger in self.stat_loggers:
+                stat_logger.on_request_finished("stop", now - stream.arrival_s)
+            return
         num_tokens = sum(len(o.token_ids) for o in output.outputs)
         num_new = num_tokens - stream.num_tokens
         if num_new > 0 and self.stat_loggers:

@@ -21,6 +21,7 @@ from typing import Any, Protocol
 
 from tqdm import tqdm
 
+from minivllm.engine import pooling
 from minivllm.engine.arg_utils import EngineArgs
 from minivllm.engine.detokenizer import IncrementalDetokenizer
 from minivllm.engine.request import Request, RequestStatus
@@ -49,6 +50,8 @@ class _ParentState:
     prompt_token_ids: list[int]
     children: list[_ChildState] = field(default_factory=list)
     prompt_logprobs: list[dict[int, Logprob] | None] | None = None
+    pooling_params: Any = None   # a pooling request: PoolingParams, then the runner's vector
+    pooled: Any = None
 
 
 @dataclass
@@ -120,7 +123,11 @@ class LLMEngine:
         if lora_request is not None and lora_request.lora_int_id not in self._lora_requests:
             self.add_lora(lora_request)
         params = params if params is not None else SamplingParams()
+        pooling_params = pooling.check_params(params, self.vllm_config.model_config)
+        params = pooling.prompt_only_params() if pooling_params is not None else params
         prompt_text, prompt_token_ids = self._tokenize(prompt)
+        if pooling_params is not None:
+            prompt_token_ids = pooling.truncate_prompt(prompt_token_ids, pooling_params)
         if not prompt_token_ids:
             raise ValueError("The prompt is empty; give at least one token.")
         if self.vocab_size is not None and not all(0 <= t < self.vocab_size for t in prompt_token_ids):
@@ -135,7 +142,8 @@ class LLMEngine:
         if params.structured_outputs is not None:
             # Validates the constraint (ValueError) before any child is queued.
             self._structured_output_manager().grammar_init(params.structured_outputs)
-        parent = _ParentState(request_id, prompt_text, prompt_token_ids)
+        parent = _ParentState(request_id, prompt_text, prompt_token_ids,
+                              pooling_params=pooling_params)
         if params.prompt_logprobs is not None:
             parent.prompt_logprobs = [None]   # nothing predicts the first prompt token
         for index in range(params.n):
@@ -150,6 +158,7 @@ class LLMEngine:
         runner_output = self.executor.execute_model(scheduler_output)
         updated = self.scheduler.update_from_output(scheduler_output, runner_output)
         self._record_prompt_logprobs(runner_output)
+        pooling.record_pooled(self._children, runner_output)
         row_of = {req_id: i for i, req_id in enumerate(runner_output.req_ids)}
         touched: dict[str, _ParentState] = {}
         for request in updated:
@@ -363,6 +372,8 @@ class LLMEngine:
             self._parents.pop(parent.request_id, None)
             for child in parent.children:
                 self._children.pop(child.request.request_id, None)
+        if parent.pooling_params is not None:   # prompt-only: one final output, pooled
+            return pooling.make_pooling_output(parent, self.vllm_config.model_config)
         return RequestOutput(
             request_id=parent.request_id, prompt=parent.prompt,
             prompt_token_ids=parent.prompt_token_ids,

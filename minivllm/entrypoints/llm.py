@@ -7,7 +7,8 @@ from typing import Any
 from minivllm.engine.arg_utils import EngineArgs
 from minivllm.engine.llm_engine import LLMEngine, PromptType
 from minivllm.lora.request import LoRARequest
-from minivllm.outputs import RequestOutput
+from minivllm.outputs import EmbeddingRequestOutput, PoolingRequestOutput, RequestOutput
+from minivllm.pooling_params import PoolingParams
 from minivllm.sampling_params import SamplingParams
 
 _TQDM_MIN_REQUESTS = 8   # show a progress bar only for batches at least this long
@@ -88,6 +89,30 @@ class LLM:
 
     def list_loras(self) -> set[int]:
         return self.llm_engine.list_loras()
+
+    def embed(self, prompts: PromptType | Sequence[PromptType],
+              pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
+              *, use_tqdm: bool = True) -> list[EmbeddingRequestOutput]:
+        """One embedding per prompt (`.outputs.embedding`), in the order of the prompts; needs a
+        pooling model (`runner="pooling"`, with `convert="embed"` for a causal LM)."""
+        return [EmbeddingRequestOutput.from_base(o)
+                for o in self.encode(prompts, pooling_params, use_tqdm=use_tqdm)]
+
+    def encode(self, prompts: PromptType | Sequence[PromptType],
+               pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
+               *, use_tqdm: bool = True) -> list[PoolingRequestOutput]:
+        """The pooler's output per prompt (`.outputs.data`: `[H]`, or `[n, H]` for ALL pooling)."""
+        prompt_list = _as_prompt_list(prompts)
+        if pooling_params is None or isinstance(pooling_params, PoolingParams):
+            pooling_params = [pooling_params or PoolingParams()] * len(prompt_list)
+        if len(pooling_params) != len(prompt_list):
+            raise ValueError(f"Got {len(prompt_list)} prompts but {len(pooling_params)} pooling "
+                             "params; give one PoolingParams or one per prompt.")
+        request_ids = [str(next(self._counter)) for _ in prompt_list]
+        for request_id, prompt, params in zip(request_ids, prompt_list, pooling_params):
+            self.llm_engine.add_request(request_id, prompt, params)
+        return self.llm_engine.run_until_finished(
+            request_ids, use_tqdm=use_tqdm and len(request_ids) >= _TQDM_MIN_REQUESTS)
 
     def shutdown(self) -> None:
         engine = getattr(self, "llm_engine", None)   # None when __init__ failed

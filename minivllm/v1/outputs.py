@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 # (token_id, logprob, rank): rank 1 is the most likely token.
 LogprobEntry = tuple[int, float, int]
 
@@ -20,6 +22,9 @@ class ModelRunnerOutput:
     # req_id -> one list per prompt position computed this step (the first prompt token has
     # none), each: the actual next prompt token first, then the top-k.
     prompt_logprobs: dict[str, list[list[LogprobEntry]]] = field(default_factory=dict)
+    # Pooling models: per request, its pooled output once its whole prompt ran (`[H]` or
+    # `[n, H]` float32), else None. NOTE: numpy, so it pickles by value from worker processes.
+    pooler_output: list[np.ndarray | None] | None = None
 
 
 EMPTY_MODEL_RUNNER_OUTPUT = ModelRunnerOutput(req_ids=[], sampled_token_ids=[])

@@ -16,6 +16,7 @@ from minivllm.worker import hugepages
 from minivllm.worker.cpu_graph_runner import CPUGraphRunner
 from minivllm.worker.input_batch import (CachedRequestState, StepInputs, prepare_inputs,
                                          update_states)
+from minivllm.worker.pooling import PoolingRunner
 from minivllm.worker.sampler import RequestSamplingStates, Sampler
 
 logger = init_logger(__name__)
@@ -36,6 +37,7 @@ class ModelRunner:
         self.attn_builder = TorchAttentionMetadataBuilder(self.block_size)
         self.cpu_graphs: CPUGraphRunner | None = None
         self.lora_manager: WorkerLoRAManager | None = None
+        self.pooling: PoolingRunner | None = None   # set for pooling models: pool, never sample
 
     def load_model(self) -> None:
         self.model = get_model(vllm_config=self.vllm_config)
@@ -47,6 +49,8 @@ class ModelRunner:
             # Wrapped after loading: the LoRA layers keep the loaded base layers inside.
             self.lora_manager = WorkerLoRAManager(self.model, lora_config,
                                                   self.vllm_config.model_config.dtype)
+        if getattr(self.model, "is_pooling_model", False):
+            self.pooling = PoolingRunner(self.model.pooler)
 
     def lora_manager_or_raise(self) -> WorkerLoRAManager:
         if self.lora_manager is None:
@@ -125,11 +129,15 @@ class ModelRunner:
         hidden = self._forward(inputs, intermediate_tensors)
         if isinstance(hidden, IntermediateTensors):
             return hidden
+        if self.pooling is not None:
+            return self.pooling.pool(inputs, hidden)
         return self.sample(inputs, hidden, so.grammar_output)
 
     def _update_states(self, so: SchedulerOutput) -> None:
         for req_id in so.finished_req_ids:
             self.sampling_states.remove(req_id)
+        if self.pooling is not None:
+            self.pooling.drop(so.finished_req_ids | so.preempted_req_ids)
         update_states(self.states, so)
         for new in so.scheduled_new_reqs:
             # A request resumed after preemption keeps its sampling state (seeded generator).

@@ -22,6 +22,8 @@ from minivllm.entrypoints.openai.protocol import (ChatCompletionRequest, Complet
                                                   ModelList, TokenizeRequest, TokenizeResponse)
 from minivllm.entrypoints.openai.serving_chat import OpenAIServingChat
 from minivllm.entrypoints.openai.serving_completions import OpenAIServingCompletion
+from minivllm.entrypoints.openai.serving_embedding import (EmbeddingRequest, OpenAIServingEmbedding,
+                                                           check_generate_runner)
 from minivllm.entrypoints.openai.serving_engine import OpenAIError, OpenAIServing, error_response
 from minivllm.entrypoints.openai.tool_parsers import get_tool_parser
 from minivllm.logger import init_logger
@@ -97,17 +99,24 @@ def build_app(async_llm: AsyncLLM, served_model_name: str | None = None, *,
     chat = OpenAIServingChat(async_llm, served_model_name,
                              tool_parser=tool_parser if enable_auto_tool_choice else None)
     base = OpenAIServing(async_llm, served_model_name)
+    embedding = OpenAIServingEmbedding(async_llm, served_model_name)
     _install_error_handlers(app)
     _add_info_routes(app, async_llm, metrics, served_model_name)
     _add_tokenizer_routes(app, base, async_llm.max_model_len)
 
     @app.post("/v1/completions")
     async def create_completion(request: CompletionRequest, raw_request: Request) -> Response:
+        check_generate_runner(async_llm, "Completions")
         return await completions.create_completion(request, raw_request)
 
     @app.post("/v1/chat/completions")
     async def create_chat_completion(request: ChatCompletionRequest, raw_request: Request) -> Response:
+        check_generate_runner(async_llm, "Chat Completions")
         return await chat.create_chat_completion(request, raw_request)
+
+    @app.post("/v1/embeddings")
+    async def create_embedding(request: EmbeddingRequest, raw_request: Request) -> Response:
+        return await embedding.create_embedding(request, raw_request)
 
     return app
 

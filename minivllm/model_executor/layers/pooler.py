@@ -1,7 +1,13 @@
-"""A small pooler for the embedding / classification adapters: one vector per sequence."""
+"""The pooler of the embedding / classification adapters: hidden states -> one output per sequence.
+
+LAST / MEAN / CLS give one vector per sequence (`[B, H]`, or `[B, C]` through a head); ALL gives
+each sequence's per-token vectors (a list of `[n_i, H]`). The model runner hands the pooler the
+hidden states of whole prompts (chunked prefills are gathered first), so every type is exact.
+"""
 
 import enum
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -12,12 +18,13 @@ class PoolingType(enum.Enum):
     LAST = "LAST"
     MEAN = "MEAN"
     CLS = "CLS"
+    ALL = "ALL"
 
 
 class Pooler(nn.Module):
-    """Pools flattened hidden states `[T, H]` of a batch into `[B, H]` (or `[B, C]` with a head).
+    """Pools flattened hidden states `[T, H]` of a batch, sequence by sequence.
 
-    `prompt_lens` gives each sequence's token count, in batch order.
+    `prompt_lens` gives each sequence's token count, in batch order (they sum to T).
     """
 
     def __init__(self, pooling_type: PoolingType | str = PoolingType.LAST, *, normalize: bool = True,
@@ -33,16 +40,28 @@ class Pooler(nn.Module):
         self.head = head
 
     @classmethod
-    def for_embedding(cls, pooling_type: PoolingType | str = PoolingType.LAST) -> "Pooler":
-        return cls(pooling_type, normalize=True)
+    def for_embedding(cls, pooling_type: PoolingType | str = PoolingType.LAST,
+                      normalize: bool = True) -> "Pooler":
+        return cls(pooling_type, normalize=normalize)
 
     @classmethod
     def for_seq_cls(cls, head: Callable[[torch.Tensor], torch.Tensor],
                     pooling_type: PoolingType | str = PoolingType.LAST) -> "Pooler":
         return cls(pooling_type, normalize=False, head=head)
 
-    def forward(self, hidden_states: torch.Tensor, prompt_lens: Sequence[int] | torch.Tensor) -> torch.Tensor:
+    @classmethod
+    def from_pooler_config(cls, pooler_config: Any) -> "Pooler":
+        """An embedding pooler from a resolved `PoolerConfig` (config/pooler.py)."""
+        return cls(pooler_config.effective_pooling_type, normalize=bool(pooler_config.normalize))
+
+    def forward(self, hidden_states: torch.Tensor, prompt_lens: Sequence[int] | torch.Tensor
+                ) -> torch.Tensor | list[torch.Tensor]:
         lens = torch.as_tensor(prompt_lens, dtype=torch.long, device=hidden_states.device)   # [B]
+        if self.pooling_type == PoolingType.ALL:
+            per_token = hidden_states.split(lens.tolist())                                    # B x [n_i, H]
+            if self.normalize:
+                return [F.normalize(t, p=2, dim=-1) for t in per_token]
+            return list(per_token)
         ends = torch.cumsum(lens, dim=0)                                                      # [B]
         if self.pooling_type == PoolingType.LAST:
             pooled = hidden_states[ends - 1]

@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 import torch
 import torch.nn as nn
 
+from minivllm.config.pooler import PoolerConfig, resolve_pooler_config
 from minivllm.model_executor.layers.linear import ReplicatedLinear
 from minivllm.model_executor.layers.pooler import Pooler
 from minivllm.model_executor.models.interfaces import SupportsCrossEncoding
@@ -21,8 +22,6 @@ _T = TypeVar("_T", bound=type[nn.Module])
 # The output stage a pooling model never runs; replaced by StageMissingLayer("output").
 _OUTPUT_STAGE_CLASSES = ("LogitsProcessor", "ParallelLMHead")
 _GENERATIVE_SUFFIXES = ("ForCausalLM", "ForConditionalGeneration", "ChatModel", "LMHeadModel")
-# HF `pooling` field (e.g. LlamaBidirectionalConfig) -> PoolingType name
-_HF_POOLING = {"avg": "MEAN", "mean": "MEAN", "cls": "CLS", "last": "LAST"}
 
 
 def as_embedding_model(cls: _T) -> _T:
@@ -32,7 +31,7 @@ def as_embedding_model(cls: _T) -> _T:
 
     class ModelForEmbedding(_create_pooling_model_cls(cls)):
         def _build_pooler(self, vllm_config: Any, prefix: str) -> nn.Module:
-            return Pooler.for_embedding(_pooling_type(vllm_config))
+            return Pooler.from_pooler_config(_pooler_config(vllm_config))
 
     return _named(ModelForEmbedding, cls, "EmbeddingModel")
 
@@ -68,6 +67,13 @@ def _create_pooling_model_cls(orig_cls: type[nn.Module]) -> type[nn.Module]:
             raise NotImplementedError
 
         def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+            inner = getattr(self, "model", None)
+            if hasattr(inner, "load_weights") and _only_inner_has_params(self):
+                # vLLM's rule: then both `*ForCausalLM` checkpoints (`model.*`, `lm_head.*`)
+                # and bare `*Model` ones (no prefix) load into the inner model.
+                kept = ((name.removeprefix("model."), w) for name, w in weights
+                        if not name.startswith("lm_head."))
+                return {f"model.{name}" for name in inner.load_weights(kept)}
             # The output stage is a placeholder now, so `lm_head.*` weights are dropped.
             parent = getattr(super(), "load_weights", None)
             if parent is not None:
@@ -77,12 +83,24 @@ def _create_pooling_model_cls(orig_cls: type[nn.Module]) -> type[nn.Module]:
     return ModelForPooling
 
 
+def _only_inner_has_params(model: nn.Module) -> bool:
+    return all(name == "model" or next(child.parameters(), None) is None
+               for name, child in model.named_children())
+
+
+def _pooler_config(vllm_config: Any) -> PoolerConfig:
+    """The engine's resolved PoolerConfig; completed here for a model built outside an engine
+    (the model's default: HF `pooling`, else LAST, normalised)."""
+    model_config = vllm_config.model_config
+    pooler_config = getattr(model_config, "pooler_config", None)
+    if isinstance(pooler_config, PoolerConfig) and pooler_config.effective_pooling_type \
+            and pooler_config.normalize is not None:
+        return pooler_config
+    return resolve_pooler_config(pooler_config, "", model_config.hf_config)
+
+
 def _pooling_type(vllm_config: Any) -> str:
-    pooler_config = getattr(vllm_config.model_config, "pooler_config", None)
-    if getattr(pooler_config, "pooling_type", None):
-        return pooler_config.pooling_type
-    hf_pooling = getattr(vllm_config.model_config.hf_config, "pooling", None)
-    return _HF_POOLING.get(str(hf_pooling).lower(), "LAST") if hf_pooling else "LAST"
+    return _pooler_config(vllm_config).effective_pooling_type
 
 
 def _named(new_cls: type, orig_cls: type, suffix: str) -> Any:

@@ -1,0 +1,145 @@
+"""POST /v1/embeddings: one pooling request per input, floats or base64 (OpenAI's shapes)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import time
+from contextlib import aclosing
+from typing import Any, Literal
+
+import numpy as np
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import Field
+
+from minivllm.engine.async_llm import AsyncLLM, RequestStream
+from minivllm.entrypoints.openai.protocol import OpenAIBaseModel, UsageInfo, random_uuid
+from minivllm.entrypoints.openai.serving_engine import (OpenAIError, OpenAIServing, engine_error,
+                                                        run_until_disconnect)
+from minivllm.outputs import EmbeddingOutput, PoolingRequestOutput
+from minivllm.pooling_params import PoolingParams
+
+
+class EmbeddingRequest(OpenAIBaseModel):
+    """OpenAI's body, plus vLLM's `truncate_prompt_tokens` and `add_special_tokens`."""
+
+    model: str | None = None
+    input: str | list[str] | list[int] | list[list[int]]
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = Field(default=None, ge=1)
+    user: str | None = None
+    truncate_prompt_tokens: int | None = Field(default=None, ge=1)
+    add_special_tokens: bool = True
+
+
+class EmbeddingResponseData(OpenAIBaseModel):
+    index: int
+    object: Literal["embedding"] = "embedding"
+    embedding: list[float] | str    # floats, or base64 of little-endian float32
+
+
+class EmbeddingResponse(OpenAIBaseModel):
+    id: str
+    object: Literal["list"] = "list"
+    created: int
+    model: str
+    data: list[EmbeddingResponseData]
+    usage: UsageInfo
+
+
+def runner_type(async_llm: AsyncLLM) -> str:
+    """The engine's runner ("generate" or "pooling"); "generate" for engines without one."""
+    model_config = getattr(getattr(async_llm.engine, "vllm_config", None), "model_config", None)
+    return getattr(model_config, "runner_type", "generate")
+
+
+def check_generate_runner(async_llm: AsyncLLM, api: str) -> None:
+    """A 400 (as vLLM's) when a text API is asked of an embedding model."""
+    if runner_type(async_llm) == "pooling":
+        raise OpenAIError(f"The model does not support the {api} API: it is an embedding model "
+                          "(runner='pooling'); use /v1/embeddings.")
+
+
+def encode_embedding(embedding: list[float], encoding_format: str) -> list[float] | str:
+    """OpenAI's base64 form is the little-endian float32 bytes of the vector."""
+    if encoding_format == "float":
+        return embedding
+    return base64.b64encode(np.asarray(embedding, dtype="<f4").tobytes()).decode("ascii")
+
+
+class OpenAIServingEmbedding(OpenAIServing):
+
+    async def create_embedding(self, request: EmbeddingRequest, raw_request: Request) -> Response:
+        self.check_model(request.model)
+        if runner_type(self.async_llm) != "pooling":
+            raise OpenAIError("The model does not support the Embeddings API: it runs with "
+                              "runner='generate'. Serve an embedding model, or start the server "
+                              "with --runner pooling (and --convert embed for a causal LM).")
+        params = PoolingParams(truncate_prompt_tokens=request.truncate_prompt_tokens,
+                               dimensions=request.dimensions)
+        try:
+            params.verify(self.async_llm.engine.vllm_config.model_config)
+        except ValueError as exc:
+            raise OpenAIError(str(exc), param="dimensions") from exc
+        request_id = f"embd-{random_uuid()}"
+        prompts = self._inputs(request)
+        streams = self.add_requests([(f"{request_id}-{i}", ids, params)
+                                     for i, ids in enumerate(prompts)])
+        try:
+            finals = await run_until_disconnect(raw_request, _collect(streams))
+        except Exception as exc:
+            raise engine_error(exc) from exc
+        if finals is None:
+            return Response(status_code=499)   # the client is gone; nobody reads this
+        return JSONResponse(self._response(request, request_id, finals).model_dump(mode="json"))
+
+    def _inputs(self, request: EmbeddingRequest) -> list[list[int]]:
+        """Token ids per input: a string, strings, token ids, or lists of token ids."""
+        value = request.input
+        items = [value] if isinstance(value, str) or (value and isinstance(value[0], int)) \
+            else list(value)
+        if not items:
+            raise OpenAIError("The input is empty; give a string, a list of strings, token ids "
+                              "or a list of token-id lists.", param="input")
+        prompts = []
+        for item in items:
+            ids = list(self.tokenizer.encode(item, add_special_tokens=request.add_special_tokens)) \
+                if isinstance(item, str) else list(item)
+            self.check_token_ids(ids, param="input")
+            if request.truncate_prompt_tokens is not None:
+                ids = ids[-request.truncate_prompt_tokens:]
+            if len(ids) > self.max_model_len:
+                raise OpenAIError(f"This model's maximum context length is {self.max_model_len} "
+                                  f"tokens. However, an input has {len(ids)} tokens. Please "
+                                  "reduce the length of the input.", param="input")
+            prompts.append(ids)
+        return prompts
+
+    def _response(self, request: EmbeddingRequest, request_id: str,
+                  finals: list[PoolingRequestOutput]) -> EmbeddingResponse:
+        data = []
+        for i, final in enumerate(finals):
+            try:
+                embedding = EmbeddingOutput.from_base(final.outputs).embedding
+            except ValueError as exc:   # token-wise (ALL) pooling has no single vector
+                raise OpenAIError(str(exc)) from exc
+            data.append(EmbeddingResponseData(
+                index=i, embedding=encode_embedding(embedding, request.encoding_format)))
+        num_tokens = sum(len(f.prompt_token_ids) for f in finals)
+        return EmbeddingResponse(id=request_id, created=int(time.time()),
+                                 model=request.model or self.served_model_name, data=data,
+                                 usage=UsageInfo(prompt_tokens=num_tokens, total_tokens=num_tokens))
+
+
+async def _collect(streams: list[RequestStream]) -> list[PoolingRequestOutput]:
+    """Each request's one (final) output, in order; cancelling aborts the unfinished ones."""
+
+    async def final(stream: RequestStream) -> Any:
+        last = None
+        async with aclosing(stream.outputs()) as outputs:
+            async for output in outputs:
+                last = output
+        return last
+
+    return list(await asyncio.gather(*(final(s) for s in streams)))

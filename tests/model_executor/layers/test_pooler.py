@@ -1,0 +1,23 @@
+"""The Pooler's token-wise (ALL) pooling and its construction from a PoolerConfig."""
+
+import torch
+import torch.nn.functional as F
+
+from minivllm.config.pooler import PoolerConfig
+from minivllm.model_executor.layers.pooler import Pooler, PoolingType
+
+
+def test_all_pooling_splits_per_sequence():
+    hidden = torch.randn(6, 4)
+    out = Pooler(PoolingType.ALL, normalize=False)(hidden, [2, 4])
+    assert [t.shape for t in out] == [(2, 4), (4, 4)]
+    assert torch.equal(out[1], hidden[2:])
+    normed = Pooler("all")(hidden, [6])
+    assert torch.allclose(normed[0], F.normalize(hidden, dim=-1))
+
+
+def test_from_pooler_config():
+    pooler = Pooler.from_pooler_config(PoolerConfig(pooling_type="MEAN", normalize=False))
+    hidden = torch.randn(5, 3)
+    assert pooler.pooling_type == PoolingType.MEAN and not pooler.normalize
+    assert torch.allclose(pooler(hidden, [5])[0], hidden.mean(0), atol=1e-6)
