@@ -4,7 +4,8 @@ Each client sends a random-token prompt of --input-len tokens to /v1/completions
 ignore_eos and max_tokens=--output-len, and timestamps every streamed chunk. Reported as vLLM's
 `bench serve` does: TTFT (time to first token), TPOT (time per output token after the first,
 per request), ITL (time between consecutive chunks) and E2EL, as mean / p50 / p90 / p99 in ms,
-plus request and token throughput.
+plus request and token throughput. `--compare-offline` runs the same workload through the
+offline engine and a server it starts itself (`serve_compare.py`), and reports the ratio.
 """
 
 from __future__ import annotations
@@ -14,11 +15,16 @@ import asyncio
 import json
 import random
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 import numpy as np
+
+from minivllm.benchmarks.backends import release
+from minivllm.benchmarks.serve_compare import (RequestResult, launched_server,
+                                               offline_vocab_and_engine, run_offline)
+from minivllm.engine.arg_utils import EngineArgs
+from minivllm.sampling_params import StructuredOutputsParams
 
 # Text whose tokens seed the random prompts (any words will do: only the token ids are sent).
 _CORPUS = ("the of and to in is was for on that with as by at from his her an which are this "
@@ -27,30 +33,37 @@ _CORPUS = ("the of and to in is was for on that with as by at from his her an wh
            "small large early found known called since between during under several second")
 
 
-@dataclass
-class RequestResult:
-    ok: bool = False
-    error: str = ""
-    ttft_s: float = 0.0
-    latency_s: float = 0.0
-    itl_s: list[float] = field(default_factory=list)
-    prompt_tokens: int = 0
-    output_tokens: int = 0
+# `--structured-output json_schema`: every request constrained by this small schema (a name and
+# free-text tags, so that the output is not over after a few tokens).
+BENCH_JSON_SCHEMA = {"type": "object", "properties": {
+    "name": {"type": "string"}, "tags": {"type": "array", "items": {"type": "string"}}},
+    "required": ["name", "tags"]}
+_STRUCTURED_CHOICES = ("none", "json_schema")
 
 
 def add_serve_bench_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    # NOTE: the engine flags are those of `serve`; --model is also the served model name and
+    # --seed also seeds the prompts.
+    EngineArgs.add_cli_args(parser)
+    parser.add_argument("--compare-offline", action="store_true",
+                        help="run the workload through the offline engine, then start `minivllm "
+                        "serve` with the same engine flags (--model: the model to load) and run "
+                        "it again over HTTP; reports both and the served/offline ratio")
+    parser.add_argument("--num-rounds", type=int, default=1,
+                        help="with --compare-offline: alternate this many offline and served "
+                        "rounds (each on new prompts); the ratio is their median")
     parser.add_argument("--base-url", default=None,
                         help="server URL, e.g. http://127.0.0.1:8000 (default: from --host/--port)")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--model", default=None,
-                        help="the served model name (default: the first one /v1/models lists)")
     parser.add_argument("--num-prompts", type=int, default=64)
     parser.add_argument("--max-concurrency", type=int, default=None,
                         help="requests in flight at once (default: all of --num-prompts)")
     parser.add_argument("--input-len", type=int, default=64, help="prompt tokens per request")
     parser.add_argument("--output-len", type=int, default=64, help="generated tokens per request")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--structured-output", default="none", choices=_STRUCTURED_CHOICES,
+                        help="json_schema: every request has a response_format json_schema "
+                        "(BENCH_JSON_SCHEMA)")
     parser.add_argument("--result-json", default=None, help="also write the figures to this file")
     return parser
 
@@ -61,31 +74,93 @@ def run_serve_bench(args: argparse.Namespace) -> dict[str, Any]:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}.")
     if args.max_concurrency is not None and args.max_concurrency < 1:
         raise ValueError(f"--max-concurrency must be at least 1, got {args.max_concurrency}.")
-    result = asyncio.run(_benchmark(args))
-    print_result(result)
+    if args.num_rounds < 1:
+        raise ValueError(f"--num-rounds must be at least 1, got {args.num_rounds}.")
+    if args.structured_output not in _STRUCTURED_CHOICES:
+        raise ValueError(f"--structured-output must be one of {', '.join(_STRUCTURED_CHOICES)}.")
+    if args.compare_offline:
+        result = _compare_offline(args)
+    else:
+        base_url = (args.base_url or f"http://{args.host}:{args.port}").rstrip("/")
+        result = asyncio.run(_benchmark(args, base_url, args.model))
+        print_result(result)
     if args.result_json:
         with open(args.result_json, "w") as f:
             json.dump(result, f, indent=2)
     return result
 
 
-async def _benchmark(args: argparse.Namespace) -> dict[str, Any]:
-    base_url = (args.base_url or f"http://{args.host}:{args.port}").rstrip("/")
+def _compare_offline(args: argparse.Namespace) -> dict[str, Any]:
+    """Rounds of the offline engine (in this process) then the server (a subprocess), on the same
+    prompts; each round draws new prompts, so neither side hits the other's prefix cache."""
+    concurrency = args.max_concurrency or args.num_prompts
+    structured = (StructuredOutputsParams(json=BENCH_JSON_SCHEMA)
+                  if args.structured_output == "json_schema" else None)
+    rounds = []
+    with launched_server(args) as server:
+        vocab, engine = offline_vocab_and_engine(args, _CORPUS)   # loads while the server does
+        try:
+            server.wait_until_healthy()
+            warmups = random_prompts(vocab, min(concurrency, args.num_prompts), args.input_len,
+                                     args.seed + 10_000)
+            run_offline(engine, warmups, min(args.output_len, 4), concurrency, structured, "warmup")
+            asyncio.run(_benchmark(args, server.url, None, warmups, min(args.output_len, 4)))
+            for r in range(args.num_rounds):
+                prompts = random_prompts(vocab, args.num_prompts, args.input_len, args.seed + r)
+                results, duration = run_offline(engine, prompts, args.output_len, concurrency,
+                                                structured, f"round{r}")
+                offline = summarize(results, duration, concurrency)
+                served = asyncio.run(_benchmark(args, server.url, None, prompts))
+                rounds.append(_compared(offline, served))
+                print(f"round {r}: served {served['output_throughput']:.1f} tok/s, offline "
+                      f"{offline['output_throughput']:.1f} tok/s: "
+                      f"{rounds[-1]['served_vs_offline_output_throughput']:.2f}x", flush=True)
+        finally:
+            release(engine)
+    print_result(rounds[-1]["offline"], "Offline engine")
+    print_result(rounds[-1]["served"], "Served")
+    ratios = [r["served_vs_offline_output_throughput"] for r in rounds]
+    print(f"Served / offline output token throughput: {float(np.median(ratios)):.2f}x (median of "
+          f"{len(ratios)} rounds: {', '.join(f'{x:.2f}' for x in ratios)})")
+    return {**rounds[-1], "rounds": rounds, "median_served_vs_offline": float(np.median(ratios))}
+
+
+def _compared(offline: dict[str, Any], served: dict[str, Any]) -> dict[str, Any]:
+    ratio = served["output_throughput"] / offline["output_throughput"] \
+        if offline["output_throughput"] else 0.0
+    return {"offline": offline, "served": served, "served_vs_offline_output_throughput": ratio}
+
+
+async def _benchmark(args: argparse.Namespace, base_url: str, model: str | None,
+                     prompts: list[list[int]] | None = None,
+                     output_len: int | None = None) -> dict[str, Any]:
+    """One timed round of `prompts` (default: drawn from the server's /tokenize)."""
     concurrency = args.max_concurrency or args.num_prompts
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     async with httpx.AsyncClient(base_url=base_url, timeout=httpx.Timeout(None), limits=limits) as client:
-        model = args.model or await _first_model(client)
-        prompts = await _random_prompts(client, model, args.num_prompts, args.input_len, args.seed)
+        model = model or await _first_model(client)
+        if prompts is None:
+            vocab = await _prompt_vocab(client, model)
+            prompts = random_prompts(vocab, args.num_prompts, args.input_len, args.seed)
         semaphore = asyncio.Semaphore(concurrency)
+        extra = _structured_body(args.structured_output)
 
-        async def limited(prompt: list[int]) -> RequestResult:
+        async def limited(prompt: list[int], output_len: int) -> RequestResult:
             async with semaphore:
-                return await _one_request(client, model, prompt, args.output_len)
+                return await _one_request(client, model, prompt, output_len, extra)
 
         start = time.perf_counter()
-        results = await asyncio.gather(*(limited(p) for p in prompts))
+        results = await asyncio.gather(*(limited(p, output_len or args.output_len)
+                                         for p in prompts))
         duration = time.perf_counter() - start
     return summarize(results, duration, concurrency)
+
+
+def _structured_body(structured_output: str) -> dict[str, Any]:
+    if structured_output == "json_schema":
+        return {"response_format": {"type": "json_schema", "json_schema": {
+            "name": "bench", "schema": BENCH_JSON_SCHEMA}}}
+    return {}
 
 
 async def _first_model(client: httpx.AsyncClient) -> str:
@@ -94,21 +169,23 @@ async def _first_model(client: httpx.AsyncClient) -> str:
     return response.json()["data"][0]["id"]
 
 
-async def _random_prompts(client: httpx.AsyncClient, model: str, num_prompts: int,
-                          input_len: int, seed: int) -> list[list[int]]:
-    """Random sequences of ordinary-word tokens: exact lengths, and no shared prefixes."""
+async def _prompt_vocab(client: httpx.AsyncClient, model: str) -> list[int]:
     response = await client.post("/tokenize", json={"model": model, "prompt": " " + _CORPUS,
                                                     "add_special_tokens": False})
     response.raise_for_status()
-    vocab = sorted(set(response.json()["tokens"]))
+    return sorted(set(response.json()["tokens"]))
+
+
+def random_prompts(vocab: list[int], num_prompts: int, input_len: int, seed: int) -> list[list[int]]:
+    """Random sequences of ordinary-word tokens: exact lengths, and no shared prefixes."""
     rng = random.Random(seed)
     return [[rng.choice(vocab) for _ in range(input_len)] for _ in range(num_prompts)]
 
 
 async def _one_request(client: httpx.AsyncClient, model: str, prompt: list[int],
-                       output_len: int) -> RequestResult:
+                       output_len: int, extra: dict[str, Any]) -> RequestResult:
     body = {"model": model, "prompt": prompt, "max_tokens": output_len, "temperature": 0.0,
-            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}, **extra}
     result = RequestResult(prompt_tokens=len(prompt))
     start = last = time.perf_counter()
     try:
@@ -168,9 +245,9 @@ def summarize(results: list[RequestResult], duration_s: float, concurrency: int)
     return summary
 
 
-def print_result(s: dict[str, Any]) -> None:
+def print_result(s: dict[str, Any], title: str = "Serving Benchmark Result") -> None:
     line = "=" * 50
-    print(f"{line}\n{' Serving Benchmark Result ':=^50}")
+    print(f"{line}\n{' ' + title + ' ':=^50}")
     rows = [("Successful requests:", s["completed"]), ("Failed requests:", s["failed"]),
             ("Maximum request concurrency:", s["max_concurrency"]),
             ("Benchmark duration (s):", f"{s['duration_s']:.2f}"),

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass
 from http import HTTPStatus
+from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -16,14 +17,12 @@ from minivllm.engine.async_llm import RequestStream
 from minivllm.entrypoints.openai.protocol import (ChatCompletionLogProb, ChatCompletionLogProbs,
                                                   ChatCompletionLogProbsContent,
                                                   ChatCompletionRequest, ChatCompletionResponse,
-                                                  ChatCompletionResponseChoice,
-                                                  ChatCompletionStreamChoice,
-                                                  ChatCompletionStreamResponse, ChatMessage,
-                                                  DeltaFunctionCall, DeltaMessage, DeltaToolCall,
-                                                  FunctionCall, ToolCall, UsageInfo, random_uuid)
-from minivllm.entrypoints.openai.serving_engine import (OpenAIError, OpenAIServing, clamp_logprob,
-                                                        engine_error, merge_streams,
-                                                        run_until_disconnect, sse, sse_error)
+                                                  ChatCompletionResponseChoice, ChatMessage,
+                                                  DeltaFunctionCall, DeltaToolCall, FunctionCall,
+                                                  ToolCall, UsageInfo, random_uuid)
+from minivllm.entrypoints.openai.serving_engine import (ChunkEncoder, OpenAIError, OpenAIServing,
+                                                        clamp_logprob, engine_error, merge_streams,
+                                                        run_until_disconnect, sse_error)
 from minivllm.entrypoints.openai.tool_parsers import ParsedToolCall, ToolParser
 from minivllm.outputs import CompletionOutput, Logprob
 
@@ -94,38 +93,31 @@ class OpenAIServingChat(OpenAIServing):
     async def _stream(self, request: ChatCompletionRequest, request_id: str, created: int,
                       num_prompt_tokens: int, stream: RequestStream) -> AsyncIterator[str]:
         states = [_ChoiceState() for _ in range(request.n)]
-
-        def chunk(choices: list[ChatCompletionStreamChoice], usage: UsageInfo | None = None) -> str:
-            body = ChatCompletionStreamResponse(id=request_id, created=created, choices=choices,
-                                                model=self.served_model_name, usage=usage)
-            payload = body.model_dump(mode="json")
-            for choice in payload["choices"]:   # OpenAI's deltas carry only the fields they set
-                choice["delta"] = {k: v for k, v in choice["delta"].items() if v is not None}
-            return sse(json.dumps(payload, ensure_ascii=False))
-
+        encoder = ChunkEncoder(request_id, "chat.completion.chunk", created, self.served_model_name)
         final = None
         try:
             # The role comes first, in a chunk of its own per choice (as OpenAI does).
-            yield chunk([ChatCompletionStreamChoice(index=i, delta=DeltaMessage(role="assistant", content=""))
-                         for i in range(request.n)])
+            yield encoder.chunk([_stream_choice(i, {"role": "assistant", "content": ""})
+                                 for i in range(request.n)])
             mode = self._tool_mode(request)
             async with aclosing(merge_streams([stream])) as merged:
                 async for _, final in merged:
                     choices = [c for out in final.outputs
                                if (c := self._stream_choice(request, mode, out, states[out.index]))]
                     if choices:
-                        yield chunk(choices)
+                        yield encoder.chunk(choices)
             if request.include_usage and final is not None:
                 num_completion = sum(len(out.token_ids) for out in final.outputs)
-                yield chunk([], UsageInfo(prompt_tokens=num_prompt_tokens,
-                                          completion_tokens=num_completion,
-                                          total_tokens=num_prompt_tokens + num_completion))
+                usage = UsageInfo(prompt_tokens=num_prompt_tokens, completion_tokens=num_completion,
+                                  total_tokens=num_prompt_tokens + num_completion)
+                yield encoder.chunk([], usage.model_dump(mode="json"))
         except Exception as exc:   # noqa: BLE001 - the status line is sent; report in-band
             yield sse_error(exc)
         yield "data: [DONE]\n\n"
 
     def _stream_choice(self, request: ChatCompletionRequest, mode: str | None,
-                       out: CompletionOutput, state: _ChoiceState) -> ChatCompletionStreamChoice | None:
+                       out: CompletionOutput, state: _ChoiceState) -> dict[str, Any] | None:
+        """The new part of one choice (a ChatCompletionStreamChoice as a dict), or None."""
         if state.finished:
             return None
         finished = out.finish_reason is not None
@@ -138,10 +130,12 @@ class OpenAIServingChat(OpenAIServing):
         if not delta and not tool_calls and logprobs is None and not state.finished:
             return None
         called = state.num_calls > 0 or bool(state.tool_call_id)
-        return ChatCompletionStreamChoice(
-            index=out.index, delta=DeltaMessage(content=delta or None, tool_calls=tool_calls or None),
-            logprobs=logprobs, finish_reason=self._finish_reason(mode, out.finish_reason, called),
-            stop_reason=out.stop_reason)
+        # OpenAI's deltas carry only the fields they set.
+        delta_fields: dict[str, Any] = {"content": delta} if delta else {}
+        if tool_calls:
+            delta_fields["tool_calls"] = [c.model_dump(mode="json") for c in tool_calls]
+        return _stream_choice(out.index, delta_fields, logprobs,
+                              self._finish_reason(mode, out.finish_reason, called), out.stop_reason)
 
     def _stream_delta(self, request: ChatCompletionRequest, mode: str | None, text: str,
                       finished: bool, state: _ChoiceState) -> tuple[str, list[DeltaToolCall]]:
@@ -231,6 +225,15 @@ class OpenAIServingChat(OpenAIServing):
             token = f"token_id:{token_id}"
         return ChatCompletionLogProb(token=token, logprob=clamp_logprob(lp.logprob),
                                      bytes=list(token.encode("utf-8", errors="replace")))
+
+
+def _stream_choice(index: int, delta: dict[str, Any], logprobs: ChatCompletionLogProbs | None = None,
+                   finish_reason: str | None = None,
+                   stop_reason: int | str | None = None) -> dict[str, Any]:
+    """A ChatCompletionStreamChoice as the plain dict ChunkEncoder writes."""
+    return {"index": index, "delta": delta,
+            "logprobs": logprobs.model_dump(mode="json") if logprobs is not None else None,
+            "finish_reason": finish_reason, "stop_reason": stop_reason}
 
 
 def _whole_call(call: ParsedToolCall) -> dict:

@@ -7,6 +7,7 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass, field
+from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -14,10 +15,10 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from minivllm.engine.async_llm import RequestStream
 from minivllm.entrypoints.openai.protocol import (CompletionLogProbs, CompletionRequest,
                                                   CompletionResponse, CompletionResponseChoice,
-                                                  CompletionStreamResponse, UsageInfo, random_uuid)
-from minivllm.entrypoints.openai.serving_engine import (OpenAIError, OpenAIServing, clamp_logprob,
-                                                        engine_error, merge_streams,
-                                                        run_until_disconnect, sse, sse_error)
+                                                  UsageInfo, random_uuid)
+from minivllm.entrypoints.openai.serving_engine import (ChunkEncoder, OpenAIError, OpenAIServing,
+                                                        clamp_logprob, engine_error, merge_streams,
+                                                        run_until_disconnect, sse_error)
 from minivllm.outputs import CompletionOutput, Logprob, RequestOutput
 
 
@@ -126,6 +127,7 @@ class OpenAIServingCompletion(OpenAIServing):
     async def _stream(self, job: _Job) -> AsyncIterator[str]:
         request, n = job.request, job.request.n
         states = [_ChoiceState(echoed=not request.echo) for _ in range(len(job.prompts) * n)]
+        encoder = ChunkEncoder(job.request_id, "text_completion", job.created, self.served_model_name)
         try:
             async with aclosing(merge_streams(job.streams)) as merged:
                 async for i, output in merged:
@@ -134,24 +136,21 @@ class OpenAIServingCompletion(OpenAIServing):
                     for out in output.outputs:
                         choice = self._stream_choice(job, i, output, out, states[i * n + out.index])
                         if choice is not None:
-                            yield sse(CompletionStreamResponse(
-                                id=job.request_id, created=job.created,
-                                model=self.served_model_name, choices=[choice]).model_dump_json())
+                            yield encoder.chunk([choice])
             if request.include_usage:
                 num_prompt = sum(len(p.token_ids) for p in job.prompts)
                 num_completion = sum(s.num_completion_tokens for s in states)
                 usage = UsageInfo(prompt_tokens=num_prompt, completion_tokens=num_completion,
                                   total_tokens=num_prompt + num_completion)
-                yield sse(CompletionStreamResponse(id=job.request_id, created=job.created,
-                                                   model=self.served_model_name, choices=[],
-                                                   usage=usage).model_dump_json())
+                yield encoder.chunk([], usage.model_dump(mode="json"))
         except Exception as exc:   # noqa: BLE001 - the status line is sent; report in-band
             yield sse_error(exc)
         yield "data: [DONE]\n\n"
 
     def _stream_choice(self, job: _Job, i: int, final: RequestOutput, out: CompletionOutput,
-                       state: _ChoiceState) -> CompletionResponseChoice | None:
-        """The new part of one choice since the last chunk, or None when nothing changed."""
+                       state: _ChoiceState) -> dict[str, Any] | None:
+        """The new part of one choice since the last chunk (a CompletionResponseChoice as a
+        dict), or None when nothing changed."""
         if state.finished:
             return None
         prompt, request = job.prompts[i], job.request
@@ -172,9 +171,9 @@ class OpenAIServingCompletion(OpenAIServing):
         if not text and logprobs is None and not state.finished:
             return None
         state.text_offset += len(text)
-        return CompletionResponseChoice(index=i * request.n + out.index, text=text,
-                                        logprobs=logprobs, finish_reason=out.finish_reason,
-                                        stop_reason=out.stop_reason)
+        return {"index": i * request.n + out.index, "text": text,
+                "logprobs": logprobs.model_dump(mode="json") if logprobs is not None else None,
+                "finish_reason": out.finish_reason, "stop_reason": out.stop_reason}
 
     @staticmethod
     def _logprob_inputs(prompt: _Prompt, final: RequestOutput, out: CompletionOutput,

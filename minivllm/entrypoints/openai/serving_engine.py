@@ -273,3 +273,23 @@ def clamp_logprob(logprob: float) -> float:
 def sse(payload: dict[str, Any] | str) -> str:
     data = payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False)
     return f"data: {data}\n\n"
+
+
+# Compact JSON as pydantic's model_dump_json writes it (UTF-8 text, no spaces).
+_dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+
+
+class ChunkEncoder:
+    """The SSE events of one streamed response, in the shape of its pydantic `*StreamResponse`.
+
+    The fields every chunk repeats (id, object, created, model) are encoded once; each chunk then
+    costs one `json.dumps` of its plain-dict choices. NOTE: building and dumping a pydantic model
+    per chunk (with the request models' validators) was most of the event loop's time per token.
+    """
+
+    def __init__(self, request_id: str, object_name: str, created: int, model: str) -> None:
+        head = _dumps({"id": request_id, "object": object_name, "created": created, "model": model})
+        self._head = f'data: {head[:-1]},"choices":'
+
+    def chunk(self, choices: list[dict[str, Any]], usage: dict[str, int] | None = None) -> str:
+        return f'{self._head}{_dumps(choices)},"usage":{_dumps(usage)}}}\n\n'
