@@ -27,6 +27,8 @@ def _str(name: str, default: str | None = None) -> Callable[[], str | None]:
 environment_variables: dict[str, Callable[[], Any]] = {
     # "a,b,...": layers per pipeline stage (distributed/utils.py get_pp_indices)
     "VLLM_PP_LAYER_PARTITION": _str("VLLM_PP_LAYER_PARTITION"),
+    # the server's /v1/load_lora_adapter and /v1/unload_lora_adapter routes
+    "VLLM_ALLOW_RUNTIME_LORA_UPDATING": _flag("VLLM_ALLOW_RUNTIME_LORA_UPDATING", False),
 }
 
 # name -> (the only value minivllm has, why)

@@ -20,6 +20,7 @@ from typing import Any, Protocol
 
 from minivllm.engine.arg_utils import EngineArgs
 from minivllm.engine.llm_engine import LLMEngine
+from minivllm.lora.request import LoRARequest
 from minivllm.logger import init_logger
 from minivllm.outputs import RequestOutput
 from minivllm.sampling_params import SamplingParams
@@ -184,8 +185,9 @@ class AsyncLLM:
     # ------------------------------------------------------------------ handler side
 
     def add_request(self, request_id: str, prompt: str | list[int],
-                    params: SamplingParams) -> RequestStream:
-        """Submits a request; raises EngineDeadError, QueueFullError or ValueError (duplicate id).
+                    params: SamplingParams, lora_request: LoRARequest | None = None) -> RequestStream:
+        """Submits a request (`lora_request`: its adapter, None for the base model); raises
+        EngineDeadError, QueueFullError or ValueError (duplicate id).
 
         Errors found by the engine itself (e.g. a bad prompt) arrive through the stream.
         """
@@ -202,7 +204,7 @@ class AsyncLLM:
                     f"(--max-num-queued-requests={self.max_num_queued_requests}); retry later.")
             self._streams[request_id] = stream
             self._num_pending_seqs += params.n
-            self._commands.append(("add", request_id, prompt, params))
+            self._commands.append(("add", request_id, prompt, params, lora_request))
         self._wakeup.set()
         return RequestStream(request_id, stream, self.abort)
 
@@ -210,6 +212,23 @@ class AsyncLLM:
                        request_id: str) -> AsyncIterator[RequestOutput]:
         async for output in self.add_request(request_id, prompt, params).outputs():
             yield output
+
+    async def add_lora(self, lora_request: LoRARequest) -> bool:
+        """`LLMEngine.add_lora` on the loop thread (a ValueError when the adapter does not fit)."""
+        return await self._call_engine("add_lora", lora_request)
+
+    async def remove_lora(self, lora_id: int) -> bool:
+        return await self._call_engine("remove_lora", lora_id)
+
+    async def _call_engine(self, method: str, *args: Any) -> Any:
+        """Runs `engine.<method>(*args)` between two steps: only the loop thread touches it."""
+        if self.dead_error is not None or self._stop.is_set():
+            raise EngineDeadError(f"The engine loop is not running: {self.dead_error or 'stopped'}")
+        future = asyncio.get_running_loop().create_future()
+        with self._lock:
+            self._commands.append(("call", method, args, future))
+        self._wakeup.set()
+        return await future
 
     def abort(self, request_id: str) -> None:
         """Aborts a request (no-op when unknown or finished); frees its KV blocks next step."""
@@ -269,18 +288,22 @@ class AsyncLLM:
             for command in commands:
                 if command[0] == "abort":
                     self.engine.abort_request(command[1])
+                elif command[0] == "call":
+                    _run_call(self.engine, *command[1:])
                 else:
                     self._add_to_engine(*command[1:])
             if commands:
                 self._publish_stats()
 
-    def _add_to_engine(self, request_id: str, prompt: str | list[int], params: SamplingParams) -> None:
+    def _add_to_engine(self, request_id: str, prompt: str | list[int], params: SamplingParams,
+                       lora_request: LoRARequest | None = None) -> None:
         stream = self._streams.get(request_id)
         if stream is None:
             return   # aborted before it reached the engine
         self._num_pending_seqs -= stream.num_seqs
         try:
-            self.engine.add_request(request_id, prompt, params, arrival_time=time.time())
+            self.engine.add_request(request_id, prompt, params, arrival_time=time.time(),
+                                    lora_request=lora_request)
         except ValueError as exc:
             del self._streams[request_id]
             stream.loop.call_soon_threadsafe(stream.queue.put_nowait, exc)
@@ -334,12 +357,15 @@ class AsyncLLM:
         with self._lock:
             streams = list(self._streams.values())
             self._streams.clear()
+            calls = [command for command in self._commands if command[0] == "call"]
             self._commands.clear()
             self._num_pending_seqs = 0
             self.stats = EngineStats()
         batches: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, Any]]] = defaultdict(list)
         for stream in streams:
             batches[stream.loop].append((stream.queue, error))
+        for _, _, _, future in calls:   # engine calls still queued fail too
+            _settle(future, None, error)
         for loop, items in batches.items():
             _call_soon(loop, items)
 
@@ -347,6 +373,24 @@ class AsyncLLM:
 def _put_all(items: list[tuple[asyncio.Queue, Any]]) -> None:
     for queue, item in items:
         queue.put_nowait(item)
+
+
+def _run_call(engine: Any, method: str, args: tuple, future: asyncio.Future) -> None:
+    try:
+        result, error = getattr(engine, method)(*args), None
+    except Exception as exc:   # noqa: BLE001 - handed to the caller's coroutine
+        result, error = None, exc
+    _settle(future, result, error)
+
+
+def _settle(future: asyncio.Future, result: Any, error: BaseException | None) -> None:
+    def settle() -> None:
+        if not future.done():
+            future.set_exception(error) if error is not None else future.set_result(result)
+    try:
+        future.get_loop().call_soon_threadsafe(settle)
+    except RuntimeError:
+        pass   # the event loop is closed
 
 
 def _call_soon(loop: asyncio.AbstractEventLoop, items: list[tuple[asyncio.Queue, Any]]) -> None:

@@ -62,6 +62,17 @@ def test_llama_model_is_an_embedding_model_last_pooling_normalised(auto_llm, ref
         assert out.prompt_token_ids == prompt and out.finished
         assert torch.allclose(emb, F.normalize(ref[-1], dim=-1), atol=ATOL)
         assert emb.norm().item() == pytest.approx(1.0, abs=1e-5)
+    assert auto_llm.llm_engine.scheduler.kv_cache_usage == 0   # no KV kept after pooling
+
+
+@pytest.mark.slow
+def test_tensor_parallel_embeddings_equal_one_rank(base_model_path, reference):
+    llm = _llm(base_model_path, tensor_parallel_size=2, max_num_batched_tokens=8)
+    outputs = llm.embed(_prompts(), use_tqdm=False)
+    llm.shutdown()
+    for out, ref in zip(outputs, reference):
+        assert torch.allclose(torch.tensor(out.outputs.embedding), F.normalize(ref[-1], dim=-1),
+                              atol=ATOL)
 
 
 def test_generate_on_a_pooling_model_names_the_runner(auto_llm):

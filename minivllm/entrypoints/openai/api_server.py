@@ -14,17 +14,21 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import minivllm
+from minivllm import envs
 from minivllm.engine.arg_utils import EngineArgs
 from minivllm.engine.async_llm import AsyncLLM
+from minivllm.entrypoints.openai.cli_args import LoRAModulePath
 from minivllm.entrypoints.openai.metrics import CONTENT_TYPE, ServerMetrics
 from minivllm.entrypoints.openai.protocol import (ChatCompletionRequest, CompletionRequest,
-                                                  DetokenizeRequest, DetokenizeResponse, ModelCard,
-                                                  ModelList, TokenizeRequest, TokenizeResponse)
+                                                  DetokenizeRequest, DetokenizeResponse,
+                                                  TokenizeRequest, TokenizeResponse)
 from minivllm.entrypoints.openai.serving_chat import OpenAIServingChat
 from minivllm.entrypoints.openai.serving_completions import OpenAIServingCompletion
 from minivllm.entrypoints.openai.serving_embedding import (EmbeddingRequest, OpenAIServingEmbedding,
                                                            check_generate_runner)
 from minivllm.entrypoints.openai.serving_engine import OpenAIError, OpenAIServing, error_response
+from minivllm.entrypoints.openai.serving_models import (LoadLoRAAdapterRequest, OpenAIServingModels,
+                                                        UnloadLoRAAdapterRequest)
 from minivllm.entrypoints.openai.tool_parsers import get_tool_parser
 from minivllm.logger import init_logger
 
@@ -74,9 +78,11 @@ def _install_error_handlers(app: FastAPI) -> None:
 
 
 def build_app(async_llm: AsyncLLM, served_model_name: str | None = None, *,
-              enable_auto_tool_choice: bool = False, tool_call_parser: str | None = None) -> FastAPI:
-    """The OpenAI-compatible app around a (started or not) AsyncLLM; starts its loop on startup.
-    `tool_choice: "auto"` needs `enable_auto_tool_choice` and a `tool_call_parser` name."""
+              enable_auto_tool_choice: bool = False, tool_call_parser: str | None = None,
+              lora_modules: list[LoRAModulePath] | None = None) -> FastAPI:
+    """The OpenAI-compatible app around a (started or not) AsyncLLM; starts its loop (and loads
+    the `lora_modules` adapters) on startup. `tool_choice: "auto"` needs
+    `enable_auto_tool_choice` and a `tool_call_parser` name."""
     if enable_auto_tool_choice and tool_call_parser is None:
         raise ValueError("--enable-auto-tool-choice needs --tool-call-parser (one of hermes, "
                          "llama3_json).")
@@ -87,6 +93,7 @@ def build_app(async_llm: AsyncLLM, served_model_name: str | None = None, *,
     @asynccontextmanager
     async def lifespan(_: FastAPI):
         async_llm.start()
+        await models.init_static_loras()
         yield
         async_llm.stop()
 
@@ -100,6 +107,11 @@ def build_app(async_llm: AsyncLLM, served_model_name: str | None = None, *,
                              tool_parser=tool_parser if enable_auto_tool_choice else None)
     base = OpenAIServing(async_llm, served_model_name)
     embedding = OpenAIServingEmbedding(async_llm, served_model_name)
+    app.state.serving_models = models = OpenAIServingModels(async_llm, served_model_name, lora_modules)
+    for serving in (completions, chat, base, embedding):
+        serving.models = models   # `model` may name a LoRA adapter
+    if envs.VLLM_ALLOW_RUNTIME_LORA_UPDATING:
+        _add_lora_routes(app, models)
     _install_error_handlers(app)
     _add_info_routes(app, async_llm, metrics, served_model_name)
     _add_tokenizer_routes(app, base, async_llm.max_model_len)
@@ -142,9 +154,19 @@ def _add_info_routes(app: FastAPI, async_llm: AsyncLLM, metrics: ServerMetrics,
 
     @app.get("/v1/models")
     async def list_models() -> dict[str, Any]:
-        card = ModelCard(id=served_model_name, root=async_llm.model_path,
-                         max_model_len=async_llm.max_model_len)
-        return ModelList(data=[card]).model_dump()
+        return app.state.serving_models.show_available_models().model_dump()
+
+
+def _add_lora_routes(app: FastAPI, models: OpenAIServingModels) -> None:
+    """/v1/load_lora_adapter and /v1/unload_lora_adapter (VLLM_ALLOW_RUNTIME_LORA_UPDATING)."""
+
+    @app.post("/v1/load_lora_adapter")
+    async def load_lora_adapter(request: LoadLoRAAdapterRequest) -> Response:
+        return Response(await models.load_lora_adapter(request), media_type="text/plain")
+
+    @app.post("/v1/unload_lora_adapter")
+    async def unload_lora_adapter(request: UnloadLoRAAdapterRequest) -> Response:
+        return Response(await models.unload_lora_adapter(request), media_type="text/plain")
 
 
 def _add_tokenizer_routes(app: FastAPI, base: OpenAIServing, max_model_len: int) -> None:
@@ -178,12 +200,15 @@ def run_server(args: argparse.Namespace) -> int:
     import uvicorn
 
     engine_args = EngineArgs.from_cli_args(args)
+    if args.lora_modules and not engine_args.enable_lora:
+        raise ValueError("--lora-modules needs --enable-lora (and --max-lora-rank at least the "
+                         "adapters' rank)")
     async_llm = AsyncLLM.from_engine_args(engine_args, stall_timeout_s=args.health_stall_timeout)
     served = args.served_model_name or (os.path.basename(os.path.normpath(engine_args.model))
                                         if engine_args.model else None)
     try:
         app = build_app(async_llm, served, enable_auto_tool_choice=args.enable_auto_tool_choice,
-                        tool_call_parser=args.tool_call_parser)
+                        tool_call_parser=args.tool_call_parser, lora_modules=args.lora_modules)
     except BaseException:
         async_llm.shutdown()
         raise

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from minivllm.engine.arg_utils import EngineArgs
+from minivllm.entrypoints.openai.cli_args import parse_lora_module
 
 
 def add_serve_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -29,6 +30,11 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
                              "--tool-call-parser")
     parser.add_argument("--tool-call-parser", default=None, choices=["hermes", "llama3_json"],
                         help="how tool calls are read from the model's text")
+    parser.add_argument("--lora-modules", nargs="+", type=parse_lora_module, default=None,
+                        metavar="NAME=PATH",
+                        help="LoRA adapters to serve (needs --enable-lora): name=path, or JSON "
+                             '\'{"name": ..., "path": ..., "base_model_name": ...}\'; requests '
+                             "pick one by its name in `model`")
     EngineArgs.add_cli_args(parser)
     parser.set_defaults(func=cmd_serve)
     return parser

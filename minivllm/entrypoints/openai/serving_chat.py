@@ -44,7 +44,7 @@ class OpenAIServingChat(OpenAIServing):
 
     async def create_chat_completion(self, request: ChatCompletionRequest,
                                      raw_request: Request) -> Response:
-        self.check_model(request.model)
+        lora_request = self.check_model(request.model)
         mode = self._tool_mode(request)
         prompt_ids = self.render_chat(request.messages, request.add_generation_prompt,
                                       request.chat_template, request.tools)
@@ -53,7 +53,7 @@ class OpenAIServingChat(OpenAIServing):
         max_tokens = self.resolve_max_tokens(len(prompt_ids), request.requested_max_tokens, param)
         params = self.sampling_params(request, max_tokens, {"max_tokens": param})
         request_id = f"chatcmpl-{random_uuid()}"
-        [stream] = self.add_requests([(request_id, prompt_ids, params)])
+        [stream] = self.add_requests([(request_id, prompt_ids, params)], lora_request)
         created = int(time.time())
         if request.stream:
             return StreamingResponse(self._stream(request, request_id, created, len(prompt_ids), stream),

@@ -55,7 +55,7 @@ class _Job:
 class OpenAIServingCompletion(OpenAIServing):
 
     async def create_completion(self, request: CompletionRequest, raw_request: Request) -> Response:
-        self.check_model(request.model)
+        lora_request = self.check_model(request.model)
         job = _Job(request, f"cmpl-{random_uuid()}", int(time.time()), self._prompts(request.prompt),
                    echo_only=request.echo and request.max_tokens == 0)
         engine_requests = []
@@ -64,7 +64,7 @@ class OpenAIServingCompletion(OpenAIServing):
             max_tokens = 1 if job.echo_only else max_tokens
             params = self.sampling_params(request, max_tokens)
             engine_requests.append((f"{job.request_id}-{i}", prompt.token_ids, params))
-        job.streams = self.add_requests(engine_requests)
+        job.streams = self.add_requests(engine_requests, lora_request)
         if request.stream:
             return StreamingResponse(self._stream(job), media_type="text/event-stream")
         try:

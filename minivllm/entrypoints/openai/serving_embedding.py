@@ -71,7 +71,7 @@ def encode_embedding(embedding: list[float], encoding_format: str) -> list[float
 class OpenAIServingEmbedding(OpenAIServing):
 
     async def create_embedding(self, request: EmbeddingRequest, raw_request: Request) -> Response:
-        self.check_model(request.model)
+        lora_request = self.check_model(request.model)
         if runner_type(self.async_llm) != "pooling":
             raise OpenAIError("The model does not support the Embeddings API: it runs with "
                               "runner='generate'. Serve an embedding model, or start the server "
@@ -85,7 +85,7 @@ class OpenAIServingEmbedding(OpenAIServing):
         request_id = f"embd-{random_uuid()}"
         prompts = self._inputs(request)
         streams = self.add_requests([(f"{request_id}-{i}", ids, params)
-                                     for i, ids in enumerate(prompts)])
+                                     for i, ids in enumerate(prompts)], lora_request)
         try:
             finals = await run_until_disconnect(raw_request, _collect(streams))
         except Exception as exc:

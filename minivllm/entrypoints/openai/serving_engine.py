@@ -15,6 +15,7 @@ from fastapi import Request
 from minivllm.engine.async_llm import (AsyncLLM, EngineDeadError, QueueFullError,
                                                       RequestStream)
 from minivllm.entrypoints.openai.protocol import ErrorInfo, ErrorResponse
+from minivllm.lora.request import LoRARequest
 from minivllm.outputs import RequestOutput
 from minivllm.sampling_params import SamplingParams
 from minivllm.v1.structured_output import validate_structured_outputs
@@ -69,6 +70,8 @@ class OpenAIServing:
         self.async_llm = async_llm
         self.served_model_name = served_model_name
         self.max_model_len = async_llm.max_model_len
+        # An OpenAIServingModels (set by build_app): the base model and its LoRA adapters.
+        self.models: Any = None
 
     @property
     def tokenizer(self) -> Any:
@@ -76,10 +79,14 @@ class OpenAIServing:
             raise OpenAIError("This model has no tokenizer; only token-id prompts work.")
         return self.async_llm.tokenizer
 
-    def check_model(self, model: str | None) -> None:
+    def check_model(self, model: str | None) -> LoRARequest | None:
+        """The adapter a request's `model` names (None: the base model); 404 when unknown."""
+        if self.models is not None:
+            return self.models.resolve(model)
         if model is not None and model not in (self.served_model_name, self.async_llm.model_path):
             raise OpenAIError(f"The model `{model}` does not exist; this server serves "
                               f"`{self.served_model_name}`.", HTTPStatus.NOT_FOUND, "model")
+        return None
 
     def check_token_ids(self, token_ids: list[int], param: str = "prompt") -> None:
         vocab_size = self.async_llm.vocab_size
@@ -152,8 +159,10 @@ class OpenAIServing:
                                   else "response_format") from exc
         return params
 
-    def add_requests(self, requests: list[tuple[str, list[int], SamplingParams]]) -> list[RequestStream]:
-        """Admits all requests or none (a batch that hits a full queue gets one 429)."""
+    def add_requests(self, requests: list[tuple[str, list[int], SamplingParams]],
+                     lora_request: LoRARequest | None = None) -> list[RequestStream]:
+        """Admits all requests or none (a batch that hits a full queue gets one 429); all use
+        `lora_request` (None: the base model)."""
         num_seqs = sum(params.n for _, _, params in requests)
         limit = self.async_llm.max_num_queued_requests
         if num_seqs > limit:
@@ -163,7 +172,8 @@ class OpenAIServing:
         streams: list[RequestStream] = []
         try:
             for request_id, prompt_ids, params in requests:
-                streams.append(self.async_llm.add_request(request_id, prompt_ids, params))
+                streams.append(self.async_llm.add_request(request_id, prompt_ids, params,
+                                                          lora_request))
         except Exception as exc:
             for stream in streams:
                 self.async_llm.abort(stream.request_id)
