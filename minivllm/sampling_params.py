@@ -82,9 +82,13 @@ class SamplingParams:
     # token id -> bias added to its logit (OpenAI's logit_bias; -100 bans, +100 forces)
     logit_bias: dict[int, float] | None = None
     allowed_token_ids: list[int] | None = None   # sample only among these (vLLM's extra)
+    bad_words: list[str] | None = None   # never generated (vLLM's extra; see update_from_tokenizer)
     structured_outputs: StructuredOutputsParams | None = None
     # stop_token_ids plus the model's eos (unless ignore_eos): what min_tokens masks.
     _all_stop_token_ids: set[int] = field(default_factory=set, init=False, repr=False, compare=False)
+    # bad_words as token-id sequences (update_from_tokenizer)
+    _bad_words_token_ids: list[list[int]] = field(default_factory=list, init=False, repr=False,
+                                                  compare=False)
 
     def __post_init__(self) -> None:
         if self.stop is None:
@@ -154,6 +158,9 @@ class SamplingParams:
                              "use stop_token_ids instead.")
         if self.allowed_token_ids is not None and not self.allowed_token_ids:
             raise ValueError("allowed_token_ids must not be empty.")
+        if self.bad_words is not None and not all(
+                isinstance(w, str) and w.strip() for w in self.bad_words):
+            raise ValueError("bad_words must be a list of non-blank strings.")
         for token_id, bias in (self.logit_bias or {}).items():
             if token_id < 0 or not math.isfinite(bias):
                 raise ValueError(f"logit_bias needs token ids >= 0 and finite biases, got "
@@ -167,6 +174,31 @@ class SamplingParams:
             if bad:
                 raise ValueError(f"{name} token id {bad[0]} is out of range: ids must be in "
                                  f"[0, {vocab_size}).")
+
+    def update_from_tokenizer(self, tokenizer) -> None:
+        """Tokenises bad_words (called by the engine on its own copy of the params).
+
+        As vLLM: each word is encoded as written (without leading spaces) and with one leading
+        space; the spaced form is kept too when it is a different word token of the same length
+        (a word inside the text is usually another token than at its start).
+        """
+        if not self.bad_words:
+            return
+        if tokenizer is None:
+            raise ValueError("bad_words need a tokenizer.")
+        sequences: list[list[int]] = []
+        for word in self.bad_words:
+            bare = list(tokenizer.encode(word.lstrip(), add_special_tokens=False))
+            spaced = list(tokenizer.encode(" " + word.lstrip(), add_special_tokens=False))
+            sequences.append(bare)
+            if spaced and spaced[0] != bare[0] and len(spaced) == len(bare):
+                sequences.append(spaced)
+        self._bad_words_token_ids = [ids for ids in sequences if ids]
+
+    @property
+    def bad_words_token_ids(self) -> list[list[int]]:
+        """bad_words as token-id sequences; empty until update_from_tokenizer."""
+        return self._bad_words_token_ids
 
     @property
     def sampling_type(self) -> SamplingType:

@@ -286,6 +286,7 @@ class LLMEngine:
             seed=params.seed + index if params.seed is not None else None,
             prompt_logprobs=params.prompt_logprobs if index == 0 else None)
         child_params.update_from_eos_token_id(self.eos_token_id)
+        child_params.update_from_tokenizer(self.tokenizer)   # bad_words -> token ids
         child_id = parent.request_id if n == 1 else f"{index}_{parent.request_id}"
         request = Request(child_id, parent.prompt_token_ids, child_params,
                           eos_token_id=self.eos_token_id, arrival_time=arrival_time,

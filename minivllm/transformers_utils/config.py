@@ -18,7 +18,10 @@ _GGUF_ARCHS = {"llama": ("llama", "LlamaConfig", "LlamaForCausalLM"),
                "gemma": ("gemma", "GemmaConfig", "GemmaForCausalLM"),
                "gemma2": ("gemma2", "Gemma2Config", "Gemma2ForCausalLM"),
                "gemma3": ("gemma3", "Gemma3TextConfig", "Gemma3ForCausalLM"),
-               "phi3": ("phi3", "Phi3Config", "Phi3ForCausalLM")}
+               "phi3": ("phi3", "Phi3Config", "Phi3ForCausalLM"),
+               "qwen3moe": ("qwen3_moe", "Qwen3MoeConfig", "Qwen3MoeForCausalLM"),
+               # llama.cpp writes Mixtral as "llama" with experts (see _gguf_arch)
+               "mixtral": ("mixtral", "MixtralConfig", "MixtralForCausalLM")}
 # `<arch>.<key>` metadata -> config field, as transformers' GGUF loader maps them. Qwen's
 # rope.dimension_count is not its head_dim (transformers skips it there too).
 _GGUF_ARCH_KEYS = {
@@ -40,7 +43,13 @@ _GGUF_FAMILY_KEYS = {
     "gemma3": {"attention.key_length": "head_dim", "attention.sliding_window": "sliding_window"},
     "phi3": {"attention.sliding_window": "sliding_window",
              "rope.scaling.original_context_length": "original_max_position_embeddings"},
+    "qwen3moe": {"attention.key_length": "head_dim", "expert_count": "num_experts",
+                 "expert_used_count": "num_experts_per_tok",
+                 "expert_feed_forward_length": "moe_intermediate_size"},
+    "mixtral": {"expert_count": "num_local_experts", "expert_used_count": "num_experts_per_tok"},
 }
+# Fields llama.cpp's graph fixes without storing them: Qwen3-MoE always renormalises its top-k.
+_GGUF_FAMILY_DEFAULTS = {"qwen3moe": {"norm_topk_prob": True}}
 _GGUF_TOKEN_IDS = {"bos_token_id": "bos_token_id", "eos_token_id": "eos_token_id",
                    "unknown_token_id": "unk_token_id", "padding_token_id": "pad_token_id"}
 
@@ -70,12 +79,14 @@ def get_config(model: str) -> "PretrainedConfig | HFTextConfig":
 def gguf_config_dict(gguf_file: GGUFFile) -> dict[str, Any]:
     """The config fields llama.cpp's metadata states, named as transformers' GGUF loader names them."""
     meta, arch = gguf_file.metadata, gguf_file.architecture
+    family = _gguf_arch(gguf_file)            # the metadata keys stay under `arch`
     keys = dict(_GGUF_ARCH_KEYS)
     if arch in _GGUF_HEAD_DIM_ARCHS:
         keys["rope.dimension_count"] = "head_dim"
-    keys.update(_GGUF_FAMILY_KEYS.get(arch, {}))
+    keys.update(_GGUF_FAMILY_KEYS.get(family, {}))
     # llama.cpp writes output.weight only when it is not the embedding matrix.
-    fields: dict[str, Any] = {"tie_word_embeddings": gguf_file.get_tensor("output.weight") is None}
+    fields: dict[str, Any] = {"tie_word_embeddings": gguf_file.get_tensor("output.weight") is None,
+                              **_GGUF_FAMILY_DEFAULTS.get(family, {})}
     if "general.name" in meta:
         fields["_model_name_or_path"] = meta["general.name"]
     fields.update({name: meta[f"{arch}.{key}"] for key, name in keys.items() if f"{arch}.{key}" in meta})
@@ -88,6 +99,15 @@ def gguf_config_dict(gguf_file: GGUFFile) -> dict[str, Any]:
     if arch == "phi3" and gguf_file.get_tensor("rope_factors_long.weight") is not None:
         fields["rope_parameters"] = _longrope_parameters(gguf_file, fields)
     return fields
+
+
+def _gguf_arch(gguf_file: GGUFFile) -> str:
+    """The family of a file: its architecture, except that llama.cpp's Mixtral is "llama" with
+    an expert count."""
+    arch = gguf_file.architecture
+    if arch == "llama" and gguf_file.metadata.get("llama.expert_count", 0) > 0:
+        return "mixtral"
+    return arch
 
 
 def _longrope_parameters(gguf_file: GGUFFile, fields: dict[str, Any]) -> dict[str, Any]:
@@ -128,7 +148,7 @@ def _gemma_gguf_fields(meta: dict[str, Any], arch: str, fields: dict[str, Any]) 
 def _gguf_config(path: str) -> "PretrainedConfig | HFTextConfig":
     path = os.path.abspath(path)
     gguf_file = open_gguf(path)
-    arch = gguf_file.architecture
+    arch = _gguf_arch(gguf_file)
     if arch not in _GGUF_ARCHS:
         # Other architectures: transformers' own (slower) GGUF conversion, when it knows them.
         from transformers import AutoConfig

@@ -20,6 +20,9 @@ _CONTROL, _USER_DEFINED = 3, 4
 # tokenizer.ggml.pre values that split text with GPT-2's own byte-level regex (transformers
 # gives every value it has no regex for that split too); others take transformers' converter.
 _GPT2_SPLIT_PRES = (None, "default", "gpt-2", "gpt2", "smollm")
+# Archs whose GGUF tokenizer transformers converts but whose config it cannot read (AutoTokenizer
+# reads the config first and refuses the file): their tokenizer class, called directly.
+_GGUF_TOKENIZER_CLASSES = {"gemma": "GemmaTokenizer"}
 
 
 def get_tokenizer(path: str) -> "PreTrainedTokenizerBase | FastTokenizer | None":
@@ -42,9 +45,13 @@ def _gguf_tokenizer(path: str) -> "PreTrainedTokenizerBase | FastTokenizer":
             and meta.get("tokenizer.ggml.pre") in _GPT2_SPLIT_PRES):
         return build_gguf_bpe_tokenizer(gguf_file)
     # Sentencepiece, unigram and regex-split BPE vocabularies: transformers' GGUF converter.
-    from transformers import AutoTokenizer
+    import transformers
 
-    return AutoTokenizer.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))
+    folder, name = os.path.dirname(path), os.path.basename(path)
+    tokenizer_class = _GGUF_TOKENIZER_CLASSES.get(gguf_file.architecture)
+    if tokenizer_class is not None:
+        return getattr(transformers, tokenizer_class).from_pretrained(folder, gguf_file=name)
+    return transformers.AutoTokenizer.from_pretrained(folder, gguf_file=name)
 
 
 def build_gguf_bpe_tokenizer(gguf_file: GGUFFile) -> FastTokenizer:

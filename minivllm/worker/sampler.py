@@ -1,5 +1,5 @@
-"""Batched sampling: grammar bitmask, penalties, min_tokens, logit_bias, temperature,
-min-p/top-k/top-p, then one draw per row."""
+"""Batched sampling: grammar bitmask, allowed_token_ids, bad_words, penalties, min_tokens,
+logit_bias, temperature, min-p/top-k/top-p, then one draw per row."""
 
 from __future__ import annotations
 
@@ -10,7 +10,9 @@ from torch import nn
 
 from minivllm import _custom_ops as ops
 from minivllm.sampling_params import SamplingParams, SamplingType
-from minivllm.worker.logits_masks import apply_grammar_bitmask, mask_rows
+from minivllm.worker.logits_masks import (allowed_token_mask, apply_grammar_bitmask,
+                                          bad_words_context, bad_words_mask_index, ban_tokens,
+                                          mask_rows)
 
 _LogprobEntry = tuple[int, float, int]
 
@@ -47,13 +49,16 @@ class SamplingMetadata:
     grammar_rows: torch.Tensor | None = None      # [C] int64
     # allowed_token_ids: rows [R] int64 and their allowed tokens [R, V] bool
     allowed_token_mask: tuple[torch.Tensor, torch.Tensor] | None = None
+    # bad_words: (rows, token_ids) [N] int64 pairs to ban this step
+    bad_words_mask_index: tuple[torch.Tensor, torch.Tensor] | None = None
 
     @property
     def plain_greedy(self) -> bool:
         """Greedy rows only and nothing that changes or reports the logits."""
         return (self.all_greedy and self.max_num_logprobs is None and self.no_penalties
                 and self.min_tokens_mask_index is None and self.logit_bias_index is None
-                and self.grammar_bitmask is None and self.allowed_token_mask is None)
+                and self.grammar_bitmask is None and self.allowed_token_mask is None
+                and self.bad_words_mask_index is None)
 
 
 @dataclass
@@ -93,6 +98,9 @@ class _RequestState:
     generator: torch.Generator | None
     num_output_tokens: int
     penalty_slot: int | None   # row in the persistent penalty tensors
+    # The last output tokens, kept only for requests with multi-token bad_words (their
+    # longest word's length - 1 tokens are all the ban needs).
+    recent_tokens: list[int] | None = None
 
 
 def _has_penalties(params: SamplingParams) -> bool:
@@ -138,13 +146,19 @@ class RequestSamplingStates:
             slot = self._free_slots.pop() if self._free_slots else self._new_slot()
             self._new_slot_prompts[slot] = list(prompt_token_ids)
             self._pending_counts.extend((slot, t) for t in output_token_ids)
-        self._states[req_id] = _RequestState(params, generator, len(output_token_ids), slot)
+        state = _RequestState(params, generator, len(output_token_ids), slot)
+        if any(len(ids) > 1 for ids in params.bad_words_token_ids):
+            state.recent_tokens = list(output_token_ids)[-bad_words_context(params):]
+        self._states[req_id] = state
 
     def append(self, req_id: str, token_id: int) -> None:
         state = self._states[req_id]
         state.num_output_tokens += 1
         if state.penalty_slot is not None:
             self._pending_counts.append((state.penalty_slot, token_id))
+        if state.recent_tokens is not None:
+            state.recent_tokens.append(token_id)
+            del state.recent_tokens[:-bad_words_context(state.params)]
 
     def remove(self, req_id: str) -> None:
         state = self._states.pop(req_id, None)
@@ -189,7 +203,10 @@ class RequestSamplingStates:
             presence_penalties=None, frequency_penalties=None, repetition_penalties=None,
             min_tokens_mask_index=self._min_tokens_index(states, vocab_size),
             logit_bias_index=self._logit_bias_index(params),
-            allowed_token_mask=self._allowed_token_mask(params, vocab_size))
+            allowed_token_mask=allowed_token_mask(params, vocab_size, self.device),
+            bad_words_mask_index=bad_words_mask_index(
+                [(p.bad_words_token_ids, s.recent_tokens) for p, s in zip(params, states)],
+                vocab_size, self.device))
         if any(s.penalty_slot is not None for s in states):
             self._fill_penalties(metadata, states, vocab_size)
         return metadata
@@ -216,16 +233,6 @@ class RequestSamplingStates:
         rows, token_ids, biases = zip(*entries)
         return (torch.tensor(rows, device=self.device), torch.tensor(token_ids, device=self.device),
                 torch.tensor(biases, dtype=torch.float32, device=self.device))
-
-    def _allowed_token_mask(self, params: list[SamplingParams], vocab_size: int
-                            ) -> tuple[torch.Tensor, torch.Tensor] | None:
-        rows = [i for i, p in enumerate(params) if p.allowed_token_ids]
-        if not rows:
-            return None
-        allowed = torch.zeros(len(rows), vocab_size, dtype=torch.bool, device=self.device)
-        index = [(r, t) for r, i in enumerate(rows) for t in params[i].allowed_token_ids]
-        allowed[tuple(torch.tensor(index, device=self.device).T)] = True
-        return torch.tensor(rows, device=self.device), allowed
 
     def _fill_penalties(self, metadata: SamplingMetadata, states: list[_RequestState],
                         vocab_size: int) -> None:
@@ -292,6 +299,8 @@ class Sampler(nn.Module):
             logits = apply_grammar_bitmask(logits, metadata.grammar_bitmask, metadata.grammar_rows)
         if metadata.allowed_token_mask is not None:
             logits = mask_rows(logits, *metadata.allowed_token_mask)
+        if metadata.bad_words_mask_index is not None:
+            logits = ban_tokens(logits, metadata.bad_words_mask_index)
         # Logprobs are reported from the raw logits, before any processing (vLLM's default).
         raw_logprobs = None
         if metadata.max_num_logprobs is not None:
@@ -301,8 +310,7 @@ class Sampler(nn.Module):
                                      metadata.output_token_counts, metadata.presence_penalties,
                                      metadata.frequency_penalties, metadata.repetition_penalties)
         if metadata.min_tokens_mask_index is not None:
-            logits = logits.index_put(metadata.min_tokens_mask_index,
-                                      torch.tensor(float("-inf"), device=logits.device))
+            logits = ban_tokens(logits, metadata.min_tokens_mask_index)
         if metadata.logit_bias_index is not None:
             rows, token_ids, biases = metadata.logit_bias_index
             logits = logits.index_put((rows, token_ids), biases, accumulate=True)

@@ -136,6 +136,7 @@ class _SamplingRequest(OpenAIBaseModel):
     structured_outputs: dict[str, Any] | None = None   # vLLM's StructuredOutputsParams fields
     allowed_token_ids: list[int] | None = None
 
+    bad_words: list[str] | None = None
     def _sampling_params(self, max_tokens: int, logprobs: int | None,
                          prompt_logprobs: int | None = None) -> SamplingParams:
         """Raises ValueError (from SamplingParams) naming the bad field."""
@@ -151,7 +152,7 @@ class _SamplingRequest(OpenAIBaseModel):
             ignore_eos=self.ignore_eos, logprobs=logprobs, prompt_logprobs=prompt_logprobs,
             include_stop_str_in_output=self.include_stop_str_in_output,
             skip_special_tokens=self.skip_special_tokens, logit_bias=self._logit_bias(),
-            allowed_token_ids=self.allowed_token_ids,
+            allowed_token_ids=self.allowed_token_ids, bad_words=self.bad_words,
             structured_outputs=self._structured_outputs())
 
     def _logit_bias(self) -> dict[int, float] | None:

@@ -3,8 +3,10 @@
 Every 2-D weight comes out as `<hf module>.qweight` (what the GGUF methods register): uint8
 `[rows, row_bytes]` for block types, a float tensor `[rows, cols]` for F32/F16/BF16, with its
 GGML type on `tensor.gguf_type`. Other tensors (norms) come out dequantised under their HF
-name, as in the dequantising reader. Rows of one matrix are independent in every GGUF type, so
-llama.cpp's per-head Q/K row order is undone on the packed rows directly.
+name, as in the dequantising reader; so do MoE routers and experts (FusedMoE and the router's
+ReplicatedLinear hold plain weights: the experts are dequantised to the model's dtype at load).
+Rows of one matrix are independent in every GGUF type, so llama.cpp's per-head Q/K row order is
+undone on the packed rows directly.
 """
 
 import ctypes
@@ -16,11 +18,15 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from minivllm.model_executor.model_loader.weight_iterators import Weights, gguf_tensors
+from minivllm.model_executor.model_loader.weight_iterators import (Weights, gguf_tensors,
+                                                                   split_experts)
 from minivllm.transformers_utils.gguf_file import open_gguf
 
 if TYPE_CHECKING:     # transformers costs ~1 s to import; GGUF runs skip it
     from transformers import PretrainedConfig
+
+
+_MOE_ROUTER = ".ffn_gate_inp.weight"   # a MoE router: an unquantized ReplicatedLinear
 
 
 def gguf_quant_weights_iterator(path: str, hf_config: "PretrainedConfig") -> Weights:
@@ -29,9 +35,10 @@ def gguf_quant_weights_iterator(path: str, hf_config: "PretrainedConfig") -> Wei
 
     for tensor, name, shape, unpermute in gguf_tensors(path, hf_config):
         qtype = int(tensor.tensor_type)
-        if len(shape) != 2 or not name.endswith(".weight"):
+        if len(shape) != 2 or not name.endswith(".weight") or tensor.name.endswith(_MOE_ROUTER):
             data = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
-            yield name, unpermute(torch.from_numpy(np.ascontiguousarray(data).reshape(shape)).float())
+            yield from split_experts(name, unpermute(
+                torch.from_numpy(np.ascontiguousarray(data).reshape(shape)).float()))
             _release(tensor.data)
             continue
         # Block types: [rows, row_bytes] uint8, exactly the file's bytes; floats: [rows, cols].

@@ -34,8 +34,17 @@ _GGUF_GEMMA2_BLOCK_NAMES = {**_GGUF_BLOCK_NAMES, "post_attention_norm": "post_at
 # Phi-3's q/k/v and gate/up matrices are fused in the file as in its HF checkpoints.
 _GGUF_PHI3_BLOCK_NAMES = {**_GGUF_BLOCK_NAMES, "attn_qkv": "self_attn.qkv_proj",
                           "ffn_up": "mlp.gate_up_proj"}
+# MoE blocks: the router (ffn_gate_inp) and three stacked expert tensors [E, rows, cols], split
+# into the family's per-expert HF names ("{}": the expert). Mixtral is llama.cpp's "llama".
+_GGUF_MIXTRAL_BLOCK_NAMES = {**_GGUF_BLOCK_NAMES, "ffn_gate_inp": "block_sparse_moe.gate",
+                             **{f"ffn_{p}_exps": f"block_sparse_moe.experts.{{}}.{w}"
+                                for p, w in (("gate", "w1"), ("up", "w3"), ("down", "w2"))}}
+_GGUF_QWEN_MOE_BLOCK_NAMES = {**_GGUF_BLOCK_NAMES, "ffn_gate_inp": "mlp.gate",
+                              **{f"ffn_{p}_exps": f"mlp.experts.{{}}.{p}_proj"
+                                 for p in ("gate", "up", "down")}}
 _GGUF_ARCH_BLOCK_NAMES = {"gemma2": _GGUF_GEMMA2_BLOCK_NAMES, "gemma3": _GGUF_GEMMA2_BLOCK_NAMES,
-                          "phi3": _GGUF_PHI3_BLOCK_NAMES}
+                          "phi3": _GGUF_PHI3_BLOCK_NAMES, "llama": _GGUF_MIXTRAL_BLOCK_NAMES,
+                          "qwen3moe": _GGUF_QWEN_MOE_BLOCK_NAMES}
 # Archs whose converter stored every RMSNorm weight as `1 + w` (Gemma's norms add the 1 back).
 _GGUF_NORM_SHIFT_ARCHS = ("gemma", "gemma2", "gemma3")
 _GGUF_BLOCK_RE = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias)$")
@@ -76,7 +85,18 @@ def gguf_weights_iterator(path: str, hf_config: "PretrainedConfig") -> Weights:
 
     for tensor, name, shape, unpermute in gguf_tensors(path, hf_config):
         data = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
-        yield name, unpermute(torch.from_numpy(data.reshape(shape).copy()).float())
+        weight = unpermute(torch.from_numpy(data.reshape(shape).copy()).float())
+        yield from split_experts(name, weight)
+
+
+def split_experts(name: str, tensor: torch.Tensor) -> Weights:
+    """A stacked expert tensor `[E, rows, cols]` (its name holds "{}") as E per-expert weights
+    (views); any other tensor as it is."""
+    if "{}" not in name:
+        yield name, tensor
+        return
+    for expert in range(tensor.shape[0]):
+        yield name.format(expert), tensor[expert]
 
 
 def gguf_tensors(path: str, hf_config: "PretrainedConfig") -> Iterator[tuple]:

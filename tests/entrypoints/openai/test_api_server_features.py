@@ -133,6 +133,28 @@ def test_logit_bias_bans_and_forces_a_token(server, client):
     assert allowed.choices[0].text == piece * 3
 
 
+def test_bad_words_streamed_and_not(server, client):
+    """The greedy first word, banned (vLLM's `bad_words` extra), is not generated, with and
+    without streaming and on chat; a blank word is a 400 naming the field."""
+    free = client.completions.create(model=MODEL, prompt=PROMPT, temperature=0, max_tokens=6)
+    word = free.choices[0].text.split()[0]
+    body = dict(model=MODEL, prompt=PROMPT, temperature=0, max_tokens=6,
+                extra_body={"bad_words": [word]})
+    text = client.completions.create(**body).choices[0].text
+    streamed = "".join(c.choices[0].text for c in client.completions.create(**body, stream=True)
+                       if c.choices)
+    assert text == streamed and text.split()[:1] != [word] and word not in text.split()
+    chat = client.chat.completions.create(model=MODEL, messages=MESSAGES, temperature=0,
+                                          max_tokens=6).choices[0].message.content
+    chat_word = chat.split()[0]
+    banned = client.chat.completions.create(model=MODEL, messages=MESSAGES, temperature=0,
+                                            max_tokens=6, extra_body={"bad_words": [chat_word]})
+    assert chat_word not in banned.choices[0].message.content.split()
+    r = httpx.post(f"{server.url}/v1/completions",
+                   json={"model": MODEL, "prompt": PROMPT, "bad_words": [" "]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "bad_words"
+
+
 @pytest.mark.parametrize("path, body", [
     ("completions", '{"model": "\\ud800", "prompt": "hi"}'),
     ("completions", '{"prompt": "hi \\udfff there"}'),

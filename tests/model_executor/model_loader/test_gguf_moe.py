@@ -1,0 +1,161 @@
+"""GGUF files of Mixtral (llama.cpp's "llama" with experts) and Qwen3-MoE ("qwen3moe") as
+llama.cpp's converter writes them: each layer's router `ffn_gate_inp` and its experts stacked in
+three 3-D tensors `ffn_{gate,up,down}_exps` [E, rows, cols], all in Q8_0. Packed (the linears
+keep their blocks, routers and experts dequantised at load) and dequantised, they give
+transformers' greedy tokens on the same dequantised weights."""
+
+import os
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from transformers import MixtralConfig, MixtralForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+from tests.conftest import make_bpe_tokenizer
+from tests.model_executor.layers.quantization._gguf_helpers import _add_metadata, _permute
+from tests.model_executor.models._family_helpers import (TINY_DENSE, assert_matches_transformers,
+                                                          make_prompts, write_tiny_checkpoint)
+
+pytestmark = pytest.mark.requires_native
+
+FAMILIES = {   # GGUF arch -> (config class, model class, overrides, MoE module, expert names)
+    "mixtral": ("llama", MixtralConfig, MixtralForCausalLM,
+                # rope_theta: the file states _add_metadata's 10000 (Mixtral's default is 1e6)
+                dict(intermediate_size=32, num_local_experts=4, num_experts_per_tok=2,
+                     rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
+                "block_sparse_moe", {"gate": "w1", "up": "w3", "down": "w2"}),
+    "qwen3_moe": ("qwen3moe", Qwen3MoeConfig, Qwen3MoeForCausalLM,
+                  dict(moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2,
+                       head_dim=32, norm_topk_prob=True),
+                  "mlp", {"gate": "gate_proj", "up": "up_proj", "down": "down_proj"}),
+}
+_DENSE = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+          "self_attn.o_proj": "attn_output", "input_layernorm": "attn_norm",
+          "post_attention_layernorm": "ffn_norm", "self_attn.q_norm": "attn_q_norm",
+          "self_attn.k_norm": "attn_k_norm"}
+_GLOBAL = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+           "lm_head.weight": "output.weight"}
+
+
+def _gguf_tensors(state: dict[str, torch.Tensor], config: dict, arch: str, moe: str,
+                  experts: dict[str, str]) -> dict[str, np.ndarray]:
+    """llama.cpp's tensors: dense ones renamed (Q/K rows permuted for "llama"), each layer's
+    per-expert matrices stacked [E, rows, cols]."""
+    out = {}
+    num_experts = config.get("num_local_experts") or config["num_experts"]
+    for layer in range(config["num_hidden_layers"]):
+        prefix = f"model.layers.{layer}.{moe}"
+        out[f"blk.{layer}.ffn_gate_inp.weight"] = state.pop(f"{prefix}.gate.weight").numpy()
+        for part, hf in experts.items():
+            out[f"blk.{layer}.ffn_{part}_exps.weight"] = np.stack(
+                [state.pop(f"{prefix}.experts.{e}.{hf}.weight").numpy()
+                 for e in range(num_experts)])
+    for name, tensor in state.items():
+        w = tensor.numpy()
+        if arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
+            heads = config["num_attention_heads" if "q_proj" in name else "num_key_value_heads"]
+            w = _permute(w, heads)
+        if name in _GLOBAL:
+            out[_GLOBAL[name]] = w
+        else:
+            _, _, layer, rest = name.split(".", 3)
+            out[f"blk.{layer}.{_DENSE[rest.rsplit('.', 1)[0]]}.weight"] = w
+    return out
+
+
+def write_moe_gguf(folder: str, family: str) -> tuple[str, str]:
+    """(the .gguf file, a HF folder with the same weights dequantised)."""
+    import gguf
+
+    arch, config_cls, model_cls, extra, moe, experts = FAMILIES[family]
+    tokenizer = make_bpe_tokenizer(["the capital of france is paris. " * 20], 300)
+    config = {**TINY_DENSE, "vocab_size": len(tokenizer), **extra}
+    hf_dir = write_tiny_checkpoint(os.path.join(folder, "hf"), config_cls, model_cls, **config)
+    state = {k: v.float() for k, v in load_file(os.path.join(hf_dir, "model.safetensors")).items()}
+    path = os.path.join(folder, f"tiny-{family}.gguf")
+    writer = gguf.GGUFWriter(path, arch)
+    _add_metadata(writer, config, tokenizer)
+    writer.add_expert_count(config.get("num_local_experts") or config["num_experts"])
+    writer.add_expert_used_count(config["num_experts_per_tok"])
+    if arch == "qwen3moe":
+        writer.add_expert_feed_forward_length(config["moe_intermediate_size"])
+        writer.add_key_length(config["head_dim"])
+        writer.add_value_length(config["head_dim"])
+    dequantised = {}
+    for name, w in _gguf_tensors(dict(state), config, arch, moe, experts).items():
+        if w.ndim >= 2:              # matrices and expert stacks in Q8_0
+            q = gguf.quants.quantize(w, gguf.GGMLQuantizationType.Q8_0)
+            writer.add_tensor(name, q, raw_shape=q.shape, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+            dequantised[name] = gguf.quants.dequantize(q, gguf.GGMLQuantizationType.Q8_0).reshape(w.shape)
+        else:
+            writer.add_tensor(name, w)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    # The reference: every quantized tensor back in its HF place, dequantised.
+    reference = {}
+    for name, w in _gguf_tensors(dict(state), config, arch, moe, experts).items():
+        reference[name] = dequantised.get(name, w)
+    save_file(_to_hf(reference, state, config, arch, moe, experts),
+              os.path.join(hf_dir, "model.safetensors"), metadata={"format": "pt"})
+    return path, hf_dir
+
+
+def _to_hf(tensors: dict[str, np.ndarray], state: dict[str, torch.Tensor], config: dict,
+           arch: str, moe: str, experts: dict[str, str]) -> dict[str, torch.Tensor]:
+    """The HF state dict whose llama.cpp form is `tensors` (the inverse of `_gguf_tensors`)."""
+    out = {}
+    for name in state:
+        if ".experts." in name or name.endswith(f"{moe}.gate.weight"):
+            continue
+        gguf_name = _GLOBAL.get(name) or (
+            f"blk.{name.split('.')[2]}.{_DENSE[name.split('.', 3)[3].rsplit('.', 1)[0]]}.weight")
+        w = tensors[gguf_name]
+        if arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
+            heads = config["num_attention_heads" if "q_proj" in name else "num_key_value_heads"]
+            w = _unpermute(w, heads)
+        out[name] = torch.from_numpy(np.ascontiguousarray(w)).float()
+    for layer in range(config["num_hidden_layers"]):
+        prefix = f"model.layers.{layer}.{moe}"
+        out[f"{prefix}.gate.weight"] = torch.from_numpy(tensors[f"blk.{layer}.ffn_gate_inp.weight"])
+        for part, hf in experts.items():
+            stack = tensors[f"blk.{layer}.ffn_{part}_exps.weight"]
+            for e in range(stack.shape[0]):
+                out[f"{prefix}.experts.{e}.{hf}.weight"] = torch.from_numpy(stack[e].copy())
+    return out
+
+
+def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
+    return (w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2)
+            .reshape(w.shape))
+
+
+@pytest.fixture(scope="module", params=list(FAMILIES))
+def moe_gguf(request, tmp_path_factory):
+    return (request.param, *write_moe_gguf(str(tmp_path_factory.mktemp(request.param)),
+                                           request.param))
+
+
+@pytest.mark.parametrize("quantization", ["gguf", "none"], ids=["packed", "dequantised"])
+def test_moe_gguf_matches_transformers(moe_gguf, quantization):
+    _, path, hf_dir = moe_gguf
+    vocab = len(load_file(os.path.join(hf_dir, "model.safetensors"))["model.embed_tokens.weight"])
+    assert_matches_transformers(path, prompts=make_prompts(vocab, (7, 33)), num_tokens=8,
+                                reference=hf_dir, quantization=quantization)
+
+
+def test_moe_gguf_config_states_the_experts(moe_gguf):
+    from minivllm.transformers_utils.config import get_config
+
+    family, path, _ = moe_gguf
+    config = get_config(path)
+    if family == "mixtral":
+        assert config.architectures == ["MixtralForCausalLM"]
+        assert (config.num_local_experts, config.intermediate_size) == (4, 32)
+    else:
+        assert config.architectures == ["Qwen3MoeForCausalLM"]
+        assert (config.num_experts, config.moe_intermediate_size, config.head_dim) == (4, 32, 32)
+        assert config.norm_topk_prob is True
+    assert config.num_experts_per_tok == 2
