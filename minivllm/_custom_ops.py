@@ -21,6 +21,7 @@ no compiler, the build fails, or `MINIVLLM_CPU_KERNEL=0`, callers keep their pur
 import ctypes
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -34,55 +35,22 @@ logger = init_logger(__name__)
 
 _CSRC = Path(__file__).with_name("csrc")
 _FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17"]
-_I32, _I64, _PTR = ctypes.c_int32, ctypes.c_int64, ctypes.c_void_p
-_SIGNATURES = {
-    # q, q_row_stride, k_cache, v_cache, slot_stride, block_table, table_stride, seq_lens, rows,
-    # out, out_row_stride, num_seqs, num_heads, num_kv_heads, head_size, block_size, window,
-    # scale, num_threads, k_new, k_new_row_stride, v_new, v_new_row_stride, slot_mapping (null:
-    # no write)
-    "minivllm_paged_decode_bf16": [_PTR, _I64, _PTR, _PTR, _I64, _PTR, _I64, _PTR, _PTR, _PTR,
-                                   _I64, _I32, _I32, _I32, _I32, _I32, _I32, ctypes.c_float, _I32,
-                                   _PTR, _I64, _PTR, _I64, _PTR],
-    "minivllm_gemv_bf16": [_PTR, _PTR, _I64, _PTR, _PTR, _I64, _I64, _I32],
-    "minivllm_has_gemv_bf16": [],
-    # x, x_row_stride, w, w_row_stride, bias, y, y_row_stride, m, n, k, num_threads
-    "minivllm_gemm_amx_bf16": [_PTR, _I64, _PTR, _I64, _PTR, _PTR, _I64, _I64, _I64, _I64, _I32],
-    "minivllm_has_gemm_amx": [],
-    # x, x_row_stride, w, w_row_stride, bias, y, y_row_stride, m, d, k, num_threads
-    "minivllm_gemm_amx_silu_mul_bf16": [_PTR, _I64, _PTR, _I64, _PTR, _PTR, _I64, _I64, _I64,
-                                        _I64, _I32],
-    # x, x_row_stride, y, y_row_stride, m, d, num_threads
-    "minivllm_silu_mul_bf16": [_PTR, _I64, _PTR, _I64, _I64, _I64, _I32],
-    # x, x_stride, residual, r_stride, new_residual, w, out, m, d, eps, num_threads
-    "minivllm_rms_norm_bf16": [_PTR, _I64, _PTR, _I64, _PTR, _PTR, _PTR, _I64, _I64,
-                               ctypes.c_float, _I32],
-    # q, q_row_stride, k, k_row_stride, v, v_row_stride, out, out_row_stride, len, num_heads,
-    # num_kv_heads, head_size, scale, num_threads
-    "minivllm_prefill_attention_bf16": [_PTR, _I64, _PTR, _I64, _PTR, _I64, _PTR, _I64, _I32,
-                                        _I32, _I32, _I32, ctypes.c_float, _I32],
-    "minivllm_argmax_bf16": [_PTR, _I64, _I64, _I64, _PTR, _I32],
-    # GGUF blocks (kernels/gguf_linear.py): qtype, x, x_row_stride, dtype, w, w_row_stride,
-    # bias, y, y_row_stride, m, n, k, num_threads
-    "minivllm_gguf_gemm": [_I32, _PTR, _I64, _I32, _PTR, _I64, _PTR, _PTR, _I64, _I64, _I64,
-                           _I64, _I32],
-    # qtype, x, x_row_stride, w, w_row_stride, bias, y, y_row_stride, m, n, k, num_threads
-    "minivllm_gguf_gemm_amx_bf16": [_I32, _PTR, _I64, _PTR, _I64, _PTR, _PTR, _I64, _I64, _I64,
-                                    _I64, _I32],
-    # qtype, w, w_row_stride, rows, cols, out, out_row_stride, dtype, num_threads
-    "minivllm_gguf_dequant": [_I32, _PTR, _I64, _I64, _I64, _PTR, _I64, _I32, _I32],
-    "minivllm_gguf_has_vnni": [],
-    # positions, num_tokens, query, q_row_stride, num_q_heads, key, k_row_stride, num_k_heads,
-    # cos_sin_cache, max_position, head_size, rotary_dim, is_neox, num_threads
-    "minivllm_rotary_embedding_bf16": [_PTR, _I64, _PTR, _I64, _I32, _PTR, _I64, _I32, _PTR,
-                                       _I64, _I32, _I32, _I32, _I32],
-    # table, table_row_bytes_stride, num_table_rows, ids, n, row_bytes, out, out_row_bytes_stride
-    "minivllm_gather_rows": [_PTR, _I64, _I64, _PTR, _I64, _I64, _PTR, _I64],
-    # MoE, argument order in layers/fused_moe/cpu_fused_moe.py
-    "minivllm_moe_topk": [_PTR, _I64, _I32, _I64] + [_I32] * 4 + [ctypes.c_float, _PTR, _PTR, _I32],
-    "minivllm_fused_experts_bf16": [_PTR, _I64, *[_PTR] * 5, *[_I64] * 3, _I32, _I64, _I64,
-                                    _PTR, _I64, _I32],
-}
-_SIGNATURES["minivllm_paged_decode_f32"] = _SIGNATURES["minivllm_paged_decode_bf16"]
+_C_TYPES = {"int64_t": ctypes.c_int64, "int32_t": ctypes.c_int32, "float": ctypes.c_float}
+
+
+def _signatures() -> dict[str, list]:
+    """`csrc/kernels.h`'s prototypes as ctypes argument lists: the header is the one home of
+    the kernels' signatures (every source compiles against it). Pointers travel as void*."""
+    text = re.sub(r"//[^\n]*", "", (_CSRC / "kernels.h").read_text())
+    signatures = {}
+    for name, params in re.findall(r"\bint\s+(minivllm_\w+)\s*\(([^)]*)\)\s*;", text):
+        args = [p.strip() for p in params.split(",") if p.strip() not in ("", "void")]
+        signatures[name] = [ctypes.c_void_p if "*" in p
+                            else _C_TYPES[p.replace("const ", "").split()[0]] for p in args]
+    return signatures
+
+
+_SIGNATURES = _signatures()
 _ATTN_FUNCS = {torch.bfloat16: "minivllm_paged_decode_bf16",
                torch.float32: "minivllm_paged_decode_f32"}
 

@@ -1,12 +1,18 @@
 // The C entry points of the native kernels, one home for their prototypes: each kernel's source
-// includes this header (so a definition that drifts from it fails to compile) and the CPU-graph
-// replay (graph_replay.cpp) calls them through it. Python's ctypes table is _custom_ops.py's
-// _SIGNATURES. Every entry point returns 0 on success, else an error code of its own.
+// includes this header (so a definition that drifts from it fails to compile), the CPU-graph
+// replay (graph_replay.cpp) calls them through it, and _custom_ops.py reads it for its ctypes
+// argument types (one prototype per `int name(...);`, each parameter typed with int64_t,
+// int32_t, float or a pointer). Every kernel returns 0 on success, else an error code of its
+// own; the minivllm_*has_* queries return 1 when their fast path is compiled in and usable.
 #pragma once
 
 #include <cstdint>
 
 extern "C" {
+
+int minivllm_has_gemv_bf16(void);
+int minivllm_has_gemm_amx(void);
+int minivllm_gguf_has_vnni(void);
 
 int minivllm_paged_decode_bf16(const uint16_t* q, int64_t q_row_stride, uint16_t* k_cache,
                                uint16_t* v_cache, int64_t slot_stride, const int32_t* block_table,
