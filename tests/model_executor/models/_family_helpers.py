@@ -158,3 +158,30 @@ def assert_bad_names_reported(path: str, folder: str | Path, drop: list[str],
         build_model(str(folder))
     for name in (*(drop if missing is None else missing), *extra):
         assert name in str(err.value), f"{name} is not named in: {err.value}"
+
+
+def assert_cpu_graphs_replay_eager_steps(path: str, max_tokens: tuple[int, ...]):
+    """bf16 greedy runs with CPU graphs and without give the same tokens and logprobs (one prompt
+    per `max_tokens` entry) and some steps were replayed; returns the graph runner. Skips where
+    the native kernels or AMX are missing (bf16 MoE experts then stay in torch)."""
+    import pytest
+
+    from minivllm import _custom_ops as ops
+
+    if not ops.native_available() or not ops._has_amx:
+        pytest.skip("no AMX here: bf16 experts stay in torch, so steps are not recordable")
+    runs = []
+    for mode in ("FULL_DECODE_ONLY", "NONE"):
+        llm = LLM(model=path, dtype="bfloat16", compilation_config={"cudagraph_mode": mode})
+        params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True, logprobs=2)
+                  for n in max_tokens]
+        prompts = make_prompts(TINY_DENSE["vocab_size"],
+                               tuple(4 + 2 * i for i in range(len(max_tokens))))
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        runs.append(([list(o.outputs[0].token_ids) for o in outs],
+                     [[{t: lp.logprob for t, lp in s.items()} for s in o.outputs[0].logprobs]
+                      for o in outs], llm.llm_engine.executor.worker.model_runner.cpu_graphs))
+    (tokens, logprobs, graphs), (ref_tokens, ref_logprobs, _) = runs
+    assert graphs.num_replays > 0
+    assert tokens == ref_tokens and logprobs == ref_logprobs
+    return graphs

@@ -6,6 +6,7 @@ from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 from minivllm import LLM
 from tests._parallel_helpers import engine_kwargs, greedy_run, prompts
 from tests.model_executor.models._family_helpers import (assert_bad_names_reported,
+                                                         assert_cpu_graphs_replay_eager_steps,
                                                          assert_matches_transformers,
                                                          assert_prefixes_clean,
                                                          write_tiny_checkpoint)
@@ -58,3 +59,12 @@ def test_qwen3_moe_parallel_matches_single_process(qwen3_moe_path, qwen3_moe_ref
     llm.shutdown()
     assert tokens == qwen3_moe_reference[0]
     assert (logprobs - qwen3_moe_reference[1]).abs().max().item() <= 1e-4
+
+
+@pytest.mark.requires_native
+def test_bf16_batch1_decode_steps_replay_from_cpu_graphs(tmp_path):
+    """QK-norm over 2-D head rows (a view at one token) plus the native MoE: batch-1 decode
+    steps are CPU graphs (2 sequences need a copy of q, so that size stays eager)."""
+    path = write_tiny_checkpoint(tmp_path, Qwen3MoeConfig, Qwen3MoeForCausalLM, seed=2,
+                                 **{**TINY_MOE, "num_experts": 16})
+    assert sorted(assert_cpu_graphs_replay_eager_steps(path, (6, 9)).entries) == [1]
