@@ -79,7 +79,8 @@ class OpenAIServingChat(OpenAIServing):
         usage = UsageInfo(prompt_tokens=len(prompt_ids), completion_tokens=num_completion,
                           total_tokens=len(prompt_ids) + num_completion)
         response = ChatCompletionResponse(id=request_id, created=created,
-                                          model=self.served_model_name, choices=choices, usage=usage)
+                                          model=self.model_name(request.model), choices=choices,
+                                          usage=usage)
         return JSONResponse(response.model_dump(mode="json"))
 
     @staticmethod
@@ -93,7 +94,8 @@ class OpenAIServingChat(OpenAIServing):
     async def _stream(self, request: ChatCompletionRequest, request_id: str, created: int,
                       num_prompt_tokens: int, stream: RequestStream) -> AsyncIterator[str]:
         states = [_ChoiceState() for _ in range(request.n)]
-        encoder = ChunkEncoder(request_id, "chat.completion.chunk", created, self.served_model_name)
+        encoder = ChunkEncoder(request_id, "chat.completion.chunk", created,
+                               self.model_name(request.model))
         final = None
         try:
             # The role comes first, in a chunk of its own per choice (as OpenAI does).

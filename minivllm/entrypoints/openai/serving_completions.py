@@ -120,14 +120,16 @@ class OpenAIServingCompletion(OpenAIServing):
                     index=i * request.n + out.index, text=text, logprobs=logprobs,
                     finish_reason=out.finish_reason, stop_reason=out.stop_reason))
         return CompletionResponse(
-            id=job.request_id, created=job.created, model=self.served_model_name, choices=choices,
+            id=job.request_id, created=job.created, model=self.model_name(request.model),
+            choices=choices,
             usage=UsageInfo(prompt_tokens=num_prompt_tokens, completion_tokens=num_completion_tokens,
                             total_tokens=num_prompt_tokens + num_completion_tokens))
 
     async def _stream(self, job: _Job) -> AsyncIterator[str]:
         request, n = job.request, job.request.n
         states = [_ChoiceState(echoed=not request.echo) for _ in range(len(job.prompts) * n)]
-        encoder = ChunkEncoder(job.request_id, "text_completion", job.created, self.served_model_name)
+        encoder = ChunkEncoder(job.request_id, "text_completion", job.created,
+                               self.model_name(request.model))
         try:
             async with aclosing(merge_streams(job.streams)) as merged:
                 async for i, output in merged:

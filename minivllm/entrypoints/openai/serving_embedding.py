@@ -128,7 +128,7 @@ class OpenAIServingEmbedding(OpenAIServing):
                 index=i, embedding=encode_embedding(embedding, request.encoding_format)))
         num_tokens = sum(len(f.prompt_token_ids) for f in finals)
         return EmbeddingResponse(id=request_id, created=int(time.time()),
-                                 model=request.model or self.served_model_name, data=data,
+                                 model=self.model_name(request.model), data=data,
                                  usage=UsageInfo(prompt_tokens=num_tokens, total_tokens=num_tokens))
 
 

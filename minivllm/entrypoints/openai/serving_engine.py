@@ -88,6 +88,12 @@ class OpenAIServing:
                               f"`{self.served_model_name}`.", HTTPStatus.NOT_FOUND, "model")
         return None
 
+    def model_name(self, requested: str | None) -> str:
+        """The `model` a response names: the adapter asked for, else the served base model."""
+        if self.models is not None and requested in self.models.lora_requests:
+            return requested
+        return self.served_model_name
+
     def check_token_ids(self, token_ids: list[int], param: str = "prompt") -> None:
         vocab_size = self.async_llm.vocab_size
         if not token_ids:

@@ -84,6 +84,10 @@ def test_model_name_selects_the_adapter(client, paths):
         # NOTE: a trailing incomplete UTF-8 sequence is held back by the detokenizer.
         assert texts[name] == tokenizer.decode(tokens).rstrip("\ufffd"), name
     assert len(set(texts.values())) == 3   # each adapter really changes the output
+    # Responses name the adapter asked for (as vLLM's), streamed chunks too.
+    assert client.completions.create(model="a2", prompt=PROMPT, max_tokens=1).model == "a2"
+    chunks = client.completions.create(model="a2", prompt=PROMPT, max_tokens=2, stream=True)
+    assert {c.model for c in chunks} == {"a2"}
 
 
 def test_chat_streamed_and_not_use_the_adapter(client):
@@ -95,6 +99,7 @@ def test_chat_streamed_and_not_use_the_adapter(client):
         return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     adapted = chat("a1", stream=False)
     assert chat("a1", stream=True) == adapted
+    assert client.chat.completions.create(model="a1", messages=MESSAGES, max_tokens=1).model == "a1"
     assert chat(MODEL, stream=True) != adapted
 
 
