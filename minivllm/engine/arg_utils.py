@@ -121,7 +121,7 @@ class EngineArgs:
                                    max_model_len=self.max_model_len, seed=self.seed,
                                    quantization=self.quantization, runner=self.runner,
                                    convert=self.convert, pooler_config=self.pooler_config)
-        _check_pooling_model(model_config)
+        _check_pooling_model(model_config, self.max_num_batched_tokens)
         load_config = LoadConfig(load_format=self.load_format)
         device_config = DeviceConfig(self.device)
         return VllmConfig(
@@ -229,9 +229,20 @@ def apply_torchrun_env(engine_args: EngineArgs) -> EngineArgs:
     return dataclasses.replace(engine_args, **env)
 
 
-def _check_pooling_model(model_config: ModelConfig) -> None:
-    """The pooling runner without a conversion needs a model that has a pooler."""
-    if model_config.runner_type != "pooling" or model_config.convert_type != "none":
+def _check_pooling_model(model_config: ModelConfig, max_num_batched_tokens: int) -> None:
+    """The pooling runner without a conversion needs a model that has a pooler; a model whose
+    attention sees the whole sequence cannot prefill a prompt in chunks (no chunk would see the
+    later ones), so every prompt must fit one step."""
+    if model_config.runner_type != "pooling":
+        return
+    bidirectional = getattr(model_config.hf_config, "is_causal", True) is False or \
+        any("Bidirectional" in arch for arch in model_config.architectures)
+    if bidirectional and max_num_batched_tokens < model_config.max_model_len:
+        raise ValueError(f"{model_config.architectures} attends bidirectionally, so a prompt "
+                         "must be prefilled in one step: raise --max-num-batched-tokens "
+                         f"({max_num_batched_tokens}) to at least --max-model-len "
+                         f"({model_config.max_model_len}), or lower the latter")
+    if model_config.convert_type != "none":
         return
     if not ModelRegistry.is_pooling_model(model_config.architectures):
         raise ValueError(f"{model_config.architectures} is not a pooling model; add --convert "
