@@ -19,11 +19,14 @@ from minivllm.config.cache import CACHE_DTYPES
 from minivllm.config.compilation import CompilationMode
 from minivllm.config.load import LOAD_FORMATS
 from minivllm.config.model import CONVERT_TYPES, RUNNER_TYPES
+from minivllm.logger import init_logger
 from minivllm.model_executor.layers.quantization import (QUANTIZATION_METHODS,
                                                          get_quantization_config)
 from minivllm.model_executor.model_loader.weight_utils import get_quant_config
 from minivllm.model_executor.models.registry import ModelRegistry
 from minivllm.plugins import load_general_plugins
+
+logger = init_logger(__name__)
 
 _DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
 _DEVICE_CHOICES = ("cpu", "cuda", "auto")
@@ -121,7 +124,7 @@ class EngineArgs:
                                    max_model_len=self.max_model_len, seed=self.seed,
                                    quantization=self.quantization, runner=self.runner,
                                    convert=self.convert, pooler_config=self.pooler_config)
-        _check_pooling_model(model_config, self.max_num_batched_tokens)
+        budget = _check_pooling_model(model_config, self.max_num_batched_tokens)
         load_config = LoadConfig(load_format=self.load_format)
         device_config = DeviceConfig(self.device)
         return VllmConfig(
@@ -140,7 +143,7 @@ class EngineArgs:
                                            master_addr=self.master_addr,
                                            master_port=self.master_port),
             scheduler_config=SchedulerConfig(
-                max_num_batched_tokens=max(self.max_num_batched_tokens, 1),
+                max_num_batched_tokens=max(budget, 1),
                 max_num_seqs=self.max_num_seqs,
                 max_num_queued_requests=self.max_num_queued_requests,
                 enable_chunked_prefill=self.enable_chunked_prefill,
@@ -229,24 +232,24 @@ def apply_torchrun_env(engine_args: EngineArgs) -> EngineArgs:
     return dataclasses.replace(engine_args, **env)
 
 
-def _check_pooling_model(model_config: ModelConfig, max_num_batched_tokens: int) -> None:
-    """The pooling runner without a conversion needs a model that has a pooler; a model whose
-    attention sees the whole sequence cannot prefill a prompt in chunks (no chunk would see the
-    later ones), so every prompt must fit one step."""
+def _check_pooling_model(model_config: ModelConfig, max_num_batched_tokens: int) -> int:
+    """The step's token budget. The pooling runner without a conversion needs a model that has
+    a pooler; a model whose attention sees the whole sequence cannot prefill a prompt in chunks
+    (no chunk would see the later ones), so its budget grows to max_model_len (as vLLM's)."""
     if model_config.runner_type != "pooling":
-        return
+        return max_num_batched_tokens
     bidirectional = getattr(model_config.hf_config, "is_causal", True) is False or \
         any("Bidirectional" in arch for arch in model_config.architectures)
     if bidirectional and max_num_batched_tokens < model_config.max_model_len:
-        raise ValueError(f"{model_config.architectures} attends bidirectionally, so a prompt "
-                         "must be prefilled in one step: raise --max-num-batched-tokens "
-                         f"({max_num_batched_tokens}) to at least --max-model-len "
-                         f"({model_config.max_model_len}), or lower the latter")
+        logger.info("%s attends bidirectionally: prompts are not chunked, so the token budget "
+                    "is max_model_len=%d", model_config.architectures, model_config.max_model_len)
+        max_num_batched_tokens = model_config.max_model_len
     if model_config.convert_type != "none":
-        return
+        return max_num_batched_tokens
     if not ModelRegistry.is_pooling_model(model_config.architectures):
         raise ValueError(f"{model_config.architectures} is not a pooling model; add --convert "
                          "embed to pool its hidden states into embeddings")
+    return max_num_batched_tokens
 
 
 def _check_mode(mode: Any) -> int:
