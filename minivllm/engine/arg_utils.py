@@ -124,7 +124,9 @@ class EngineArgs:
                                    max_model_len=self.max_model_len, seed=self.seed,
                                    quantization=self.quantization, runner=self.runner,
                                    convert=self.convert, pooler_config=self.pooler_config)
-        budget = _check_pooling_model(model_config, self.max_num_batched_tokens)
+        _check_pooling_model(model_config)
+        budget, max_num_seqs = _step_limits(model_config, self.max_num_batched_tokens,
+                                            self.max_num_seqs)
         load_config = LoadConfig(load_format=self.load_format)
         device_config = DeviceConfig(self.device)
         return VllmConfig(
@@ -144,7 +146,7 @@ class EngineArgs:
                                            master_port=self.master_port),
             scheduler_config=SchedulerConfig(
                 max_num_batched_tokens=max(budget, 1),
-                max_num_seqs=self.max_num_seqs,
+                max_num_seqs=max_num_seqs,
                 max_num_queued_requests=self.max_num_queued_requests,
                 enable_chunked_prefill=self.enable_chunked_prefill,
                 long_prefill_token_threshold=self.long_prefill_token_threshold),
@@ -232,24 +234,27 @@ def apply_torchrun_env(engine_args: EngineArgs) -> EngineArgs:
     return dataclasses.replace(engine_args, **env)
 
 
-def _check_pooling_model(model_config: ModelConfig, max_num_batched_tokens: int) -> int:
-    """The step's token budget. The pooling runner without a conversion needs a model that has
-    a pooler; a model whose attention sees the whole sequence cannot prefill a prompt in chunks
-    (no chunk would see the later ones), so its budget grows to max_model_len (as vLLM's)."""
-    if model_config.runner_type != "pooling":
-        return max_num_batched_tokens
+def _step_limits(model_config: ModelConfig, max_num_batched_tokens: int,
+                 max_num_seqs: int) -> tuple[int, int]:
+    """(token budget, sequences) of a step. A pooling model whose attention sees the whole
+    sequence cannot prefill a prompt in chunks (a chunk would not see the later ones): each step
+    then runs one whole prompt (the scheduler gives a second request the budget's rest)."""
     bidirectional = getattr(model_config.hf_config, "is_causal", True) is False or \
         any("Bidirectional" in arch for arch in model_config.architectures)
-    if bidirectional and max_num_batched_tokens < model_config.max_model_len:
-        logger.info("%s attends bidirectionally: prompts are not chunked, so the token budget "
-                    "is max_model_len=%d", model_config.architectures, model_config.max_model_len)
-        max_num_batched_tokens = model_config.max_model_len
-    if model_config.convert_type != "none":
-        return max_num_batched_tokens
+    if model_config.runner_type != "pooling" or not bidirectional:
+        return max_num_batched_tokens, max_num_seqs
+    logger.info("%s attends bidirectionally: one whole prompt per step (token budget "
+                "max_model_len=%d)", model_config.architectures, model_config.max_model_len)
+    return max(max_num_batched_tokens, model_config.max_model_len), 1
+
+
+def _check_pooling_model(model_config: ModelConfig) -> None:
+    """The pooling runner without a conversion needs a model that has a pooler."""
+    if model_config.runner_type != "pooling" or model_config.convert_type != "none":
+        return
     if not ModelRegistry.is_pooling_model(model_config.architectures):
         raise ValueError(f"{model_config.architectures} is not a pooling model; add --convert "
                          "embed to pool its hidden states into embeddings")
-    return max_num_batched_tokens
 
 
 def _check_mode(mode: Any) -> int:

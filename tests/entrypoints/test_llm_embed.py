@@ -142,17 +142,27 @@ def test_embed_on_a_generate_model_names_the_runner_flag(tiny_llama_factory):
 
 def test_bidirectional_model_prefills_whole_prompts(tmp_path):
     folder = str(tmp_path)
-    LlamaModel(LlamaConfig(**TINY_LLAMA)).save_pretrained(folder)
+    torch.manual_seed(0)
+    hf = LlamaModel(LlamaConfig(**TINY_LLAMA)).eval()
+    hf.save_pretrained(folder)
     with open(os.path.join(folder, "config.json")) as f:
         config = json.load(f)
     with open(os.path.join(folder, "config.json"), "w") as f:   # save_pretrained names the class
         json.dump({**config, "architectures": ["LlamaBidirectionalModel"]}, f)
-    # A chunk would not see the later ones: the budget grows to max_model_len.
-    llm = _llm(folder, max_num_batched_tokens=16)
-    assert llm.vllm_config.scheduler_config.max_num_batched_tokens == 64
+    # A chunk would not see the later ones: one whole prompt per step.
+    llm = _llm(folder, max_num_batched_tokens=16,
+               pooler_config={"pooling_type": "MEAN", "normalize": False})
+    scheduler_config = llm.vllm_config.scheduler_config
+    assert (scheduler_config.max_num_batched_tokens, scheduler_config.max_num_seqs) == (64, 1)
     assert llm.vllm_config.model_config.runner_type == "pooling"
-    assert len(llm.embed([[5, 6, 7]], use_tqdm=False)[0].outputs.embedding) == TINY_LLAMA["hidden_size"]
+    outputs = llm.encode(_prompts(), use_tqdm=False)
     llm.shutdown()
+    with torch.inference_mode():
+        for out, prompt in zip(outputs, _prompts()):
+            # transformers with every key visible (a zero 4-D mask), fp32
+            visible = torch.zeros(1, 1, len(prompt), len(prompt))
+            ref = hf(torch.tensor([prompt]), attention_mask=visible).last_hidden_state[0]
+            assert torch.allclose(out.outputs.data, ref.mean(0), atol=ATOL)
 
 
 def test_runner_flags_are_validated(tiny_llama_factory):
