@@ -36,7 +36,6 @@ class OpenAIServingModels:
         self.served_model_name = served_model_name
         self.static_lora_modules = list(lora_modules or [])
         self.lora_requests: dict[str, LoRARequest] = {}
-        self._parents: dict[str, str] = {}   # adapter name -> its card's `parent`
         self._next_lora_id = 1
 
     async def init_static_loras(self) -> None:
@@ -62,7 +61,8 @@ class OpenAIServingModels:
         max_model_len = self.async_llm.max_model_len
         cards = [ModelCard(id=self.served_model_name, root=self.async_llm.model_path,
                            max_model_len=max_model_len)]
-        cards += [ModelCard(id=name, root=lora.lora_path, parent=self._parents[name],
+        cards += [ModelCard(id=name, root=lora.lora_path,
+                            parent=lora.base_model_name or self.served_model_name,
                             max_model_len=max_model_len)
                   for name, lora in self.lora_requests.items()]
         return ModelList(data=cards)
@@ -85,7 +85,7 @@ class OpenAIServingModels:
             raise OpenAIError(f"The lora adapter '{request.lora_name}' cannot be found.",
                               HTTPStatus.NOT_FOUND, "lora_name")
         await self.async_llm.remove_lora(lora.lora_int_id)
-        del self.lora_requests[request.lora_name], self._parents[request.lora_name]
+        del self.lora_requests[request.lora_name]
         return f"Success: LoRA adapter '{request.lora_name}' removed successfully."
 
     async def _load(self, name: str, path: str, base_model_name: str | None) -> None:
@@ -103,4 +103,3 @@ class OpenAIServingModels:
         except (ValueError, OSError, KeyError) as exc:   # unreadable or unfitting adapter
             raise OpenAIError(f"Failed to load LoRA adapter '{name}': {exc}", param="lora_path") from exc
         self.lora_requests[name] = lora
-        self._parents[name] = base_model_name or self.served_model_name
