@@ -12,7 +12,7 @@ from minivllm import _custom_ops as ops
 from minivllm.sampling_params import SamplingParams, SamplingType
 from minivllm.worker.logits_masks import (allowed_token_mask, apply_grammar_bitmask,
                                           bad_words_context, bad_words_mask_index, ban_tokens,
-                                          mask_rows)
+                                          logit_bias_index, mask_rows, min_tokens_mask_index)
 
 _LogprobEntry = tuple[int, float, int]
 
@@ -51,6 +51,12 @@ class SamplingMetadata:
     allowed_token_mask: tuple[torch.Tensor, torch.Tensor] | None = None
     # bad_words: (rows, token_ids) [N] int64 pairs to ban this step
     bad_words_mask_index: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    @property
+    def greedy_bans_only(self) -> bool:
+        """Greedy rows only, and nothing but -inf bans changes or reports the logits."""
+        return (self.all_greedy and self.max_num_logprobs is None and self.no_penalties
+                and self.logit_bias_index is None)
 
     @property
     def plain_greedy(self) -> bool:
@@ -201,8 +207,9 @@ class RequestSamplingStates:
             max_num_logprobs=max(asked) if asked else None, num_logprobs=num_logprobs,
             no_penalties=True, prompt_token_mask=None, output_token_counts=None,
             presence_penalties=None, frequency_penalties=None, repetition_penalties=None,
-            min_tokens_mask_index=self._min_tokens_index(states, vocab_size),
-            logit_bias_index=self._logit_bias_index(params),
+            min_tokens_mask_index=min_tokens_mask_index(
+                [(p, s.num_output_tokens) for p, s in zip(params, states)], vocab_size, self.device),
+            logit_bias_index=logit_bias_index(params, self.device),
             allowed_token_mask=allowed_token_mask(params, vocab_size, self.device),
             bad_words_mask_index=bad_words_mask_index(
                 [(p.bad_words_token_ids, s.recent_tokens) for p, s in zip(params, states)],
@@ -210,29 +217,6 @@ class RequestSamplingStates:
         if any(s.penalty_slot is not None for s in states):
             self._fill_penalties(metadata, states, vocab_size)
         return metadata
-
-    def _min_tokens_index(self, states: list[_RequestState],
-                          vocab_size: int) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """(rows, token_ids) of the eos / stop ids to mask in rows still short of min_tokens."""
-        rows: list[int] = []
-        token_ids: list[int] = []
-        for i, s in enumerate(states):
-            if s.num_output_tokens < s.params.min_tokens:
-                stop_ids = [t for t in s.params.all_stop_token_ids if t < vocab_size]
-                rows.extend([i] * len(stop_ids))
-                token_ids.extend(stop_ids)
-        if not rows:
-            return None
-        return (torch.tensor(rows, device=self.device), torch.tensor(token_ids, device=self.device))
-
-    def _logit_bias_index(self, params: list[SamplingParams]
-                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-        entries = [(i, t, b) for i, p in enumerate(params) for t, b in (p.logit_bias or {}).items()]
-        if not entries:
-            return None
-        rows, token_ids, biases = zip(*entries)
-        return (torch.tensor(rows, device=self.device), torch.tensor(token_ids, device=self.device),
-                torch.tensor(biases, dtype=torch.float32, device=self.device))
 
     def _fill_penalties(self, metadata: SamplingMetadata, states: list[_RequestState],
                         vocab_size: int) -> None:
@@ -285,22 +269,22 @@ class Sampler(nn.Module):
     """logits [B, V] (any float dtype) -> one token per row (vLLM's v1 order of operations)."""
 
     def forward(self, logits: torch.Tensor, metadata: SamplingMetadata) -> SamplerOutput:
-        if metadata.plain_greedy:
-            # Plain greedy: argmax of the logits as they are. Widening bf16 to fp32 is exact,
-            # so this is the fp32 argmax (first index on ties) without a [B, V] fp32 copy; the
-            # native kernel for bf16 on CPU, else `max` (~2x faster than `argmax` on CPU).
+        if metadata.greedy_bans_only:
+            # Greedy with at most -inf bans (grammar, allowed_token_ids, bad_words, min_tokens),
+            # which are exact in any float dtype: ban on a copy in the logits' own dtype. Then
+            # the argmax of the logits as they are: widening bf16 to fp32 is exact, so this is
+            # the fp32 argmax (first index on ties) without a [B, V] fp32 copy; the native
+            # kernel for bf16 on CPU, else `max` (~2x faster than `argmax` on CPU).
+            if not metadata.plain_greedy:
+                logits = _apply_bans(logits.clone(), metadata)
+                if metadata.min_tokens_mask_index is not None:
+                    logits = ban_tokens(logits, metadata.min_tokens_mask_index)
             tokens = ops.argmax_bf16(logits)
             if tokens is None:
                 tokens = logits.max(dim=-1).indices
             return SamplerOutput(sampled_token_ids=tokens, logprobs_tensors=None)
-        logits = logits.to(torch.float32)
-        if metadata.grammar_bitmask is not None:
-            # As vLLM: the grammar applies before the sampler, so logprobs see it too.
-            logits = apply_grammar_bitmask(logits, metadata.grammar_bitmask, metadata.grammar_rows)
-        if metadata.allowed_token_mask is not None:
-            logits = mask_rows(logits, *metadata.allowed_token_mask)
-        if metadata.bad_words_mask_index is not None:
-            logits = ban_tokens(logits, metadata.bad_words_mask_index)
+        # A copy even of fp32 logits: the grammar bitmask is applied in place.
+        logits = _apply_bans(logits.to(torch.float32, copy=True), metadata)
         # Logprobs are reported from the raw logits, before any processing (vLLM's default).
         raw_logprobs = None
         if metadata.max_num_logprobs is not None:
@@ -333,6 +317,18 @@ class Sampler(nn.Module):
         if metadata.all_random:
             return random
         return torch.where(metadata.is_greedy, greedy, random)
+
+
+def _apply_bans(logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
+    """The grammar bitmask (in place; as vLLM, before the sampler, so logprobs see it too),
+    allowed_token_ids and bad_words."""
+    if metadata.grammar_bitmask is not None:
+        logits = apply_grammar_bitmask(logits, metadata.grammar_bitmask, metadata.grammar_rows)
+    if metadata.allowed_token_mask is not None:
+        logits = mask_rows(logits, *metadata.allowed_token_mask)
+    if metadata.bad_words_mask_index is not None:
+        logits = ban_tokens(logits, metadata.bad_words_mask_index)
+    return logits
 
 
 def apply_penalties(logits: torch.Tensor, prompt_mask: torch.Tensor, output_counts: torch.Tensor,

@@ -86,3 +86,23 @@ def test_allowed_token_ids_restrict_only_their_row():
         assert tokens[0] in (3, 65) and tokens[1] == int(logits[1].argmax())
     with pytest.raises(ValueError, match="allowed_token_ids token id 70"):
         SamplingParams(allowed_token_ids=[70]).verify_vocab(V)
+
+
+def test_greedy_bans_on_bf16_logits_match_the_fp32_path():
+    """Greedy rows with only -inf bans (grammar, allowed_token_ids, min_tokens) are banned in
+    bf16 and take the bf16 argmax: the same tokens as banning fp32 logits; the input is kept."""
+    gen = torch.Generator().manual_seed(5)
+    logits = torch.randn(3, V, generator=gen).to(torch.bfloat16)
+    before = logits.clone()
+    allowed = torch.rand(2, V, generator=gen) < 0.2
+    params = [SamplingParams(temperature=0), SamplingParams(temperature=0, allowed_token_ids=[1, 2, 69]),
+              SamplingParams(temperature=0, min_tokens=2, stop_token_ids=[7])]
+    metadata = _metadata(params)
+    metadata.grammar_bitmask, metadata.grammar_rows = _pack(allowed), torch.tensor([2, 0])
+    assert metadata.greedy_bans_only and not metadata.plain_greedy
+    tokens = Sampler()(logits, metadata).sampled_token_ids.tolist()
+    expected = logits.float()
+    expected[[2, 0]] = expected[[2, 0]].masked_fill(~allowed, float("-inf"))
+    expected[1, [t for t in range(V) if t not in (1, 2, 69)]] = float("-inf")
+    expected[2, 7] = float("-inf")
+    assert tokens == expected.argmax(-1).tolist() and torch.equal(logits, before)
