@@ -92,25 +92,31 @@ class LLM:
 
     def embed(self, prompts: PromptType | Sequence[PromptType],
               pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
-              *, use_tqdm: bool = True) -> list[EmbeddingRequestOutput]:
+              *, use_tqdm: bool = True,
+              lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None
+              ) -> list[EmbeddingRequestOutput]:
         """One embedding per prompt (`.outputs.embedding`), in the order of the prompts; needs a
         pooling model (`runner="pooling"`, with `convert="embed"` for a causal LM)."""
-        return [EmbeddingRequestOutput.from_base(o)
-                for o in self.encode(prompts, pooling_params, use_tqdm=use_tqdm)]
+        return [EmbeddingRequestOutput.from_base(o) for o in self.encode(
+            prompts, pooling_params, use_tqdm=use_tqdm, lora_request=lora_request)]
 
     def encode(self, prompts: PromptType | Sequence[PromptType],
                pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
-               *, use_tqdm: bool = True) -> list[PoolingRequestOutput]:
-        """The pooler's output per prompt (`.outputs.data`: `[H]`, or `[n, H]` for ALL pooling)."""
+               *, use_tqdm: bool = True,
+               lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None
+               ) -> list[PoolingRequestOutput]:
+        """The pooler's output per prompt (`.outputs.data`: `[H]`, or `[n, H]` for ALL pooling);
+        `lora_request` as in `generate`."""
         prompt_list = _as_prompt_list(prompts)
         if pooling_params is None or isinstance(pooling_params, PoolingParams):
             pooling_params = [pooling_params or PoolingParams()] * len(prompt_list)
         if len(pooling_params) != len(prompt_list):
             raise ValueError(f"Got {len(prompt_list)} prompts but {len(pooling_params)} pooling "
                              "params; give one PoolingParams or one per prompt.")
+        loras = _per_prompt_loras(lora_request, len(prompt_list))
         request_ids = [str(next(self._counter)) for _ in prompt_list]
-        for request_id, prompt, params in zip(request_ids, prompt_list, pooling_params):
-            self.llm_engine.add_request(request_id, prompt, params)
+        for request_id, prompt, params, lora in zip(request_ids, prompt_list, pooling_params, loras):
+            self.llm_engine.add_request(request_id, prompt, params, lora_request=lora)
         return self.llm_engine.run_until_finished(
             request_ids, use_tqdm=use_tqdm and len(request_ids) >= _TQDM_MIN_REQUESTS)
 

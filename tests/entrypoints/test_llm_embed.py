@@ -130,6 +130,30 @@ def test_causal_lm_converted_to_embed_mean_matches_hf(tmp_path):
                                   F.normalize(ref[:16], dim=-1), atol=ATOL)
 
 
+def test_embeddings_with_a_lora_adapter_match_peft(tmp_path):
+    from peft import PeftModel
+    from transformers import LlamaForCausalLM
+
+    from minivllm.lora.request import LoRARequest
+    from tests.lora._lora_helpers import ATTENTION, write_adapter
+
+    path = write_tiny_llama(str(tmp_path / "base"))
+    adapter = write_adapter(path, str(tmp_path / "adapter"), 1, ATTENTION)
+    llm = _llm(path, convert="embed", enable_lora=True, max_lora_rank=8)
+    lora = LoRARequest("a", 1, adapter)
+    prompt = _prompts()[1]
+    adapted, base = llm.embed([prompt, prompt], use_tqdm=False, lora_request=[lora, None])
+    llm.shutdown()
+    hf = PeftModel.from_pretrained(LlamaForCausalLM.from_pretrained(path, dtype=torch.float32),
+                                   adapter).eval()
+    with torch.inference_mode():
+        hidden = hf(torch.tensor([prompt]), output_hidden_states=True).hidden_states[-1]
+    assert torch.allclose(torch.tensor(adapted.outputs.embedding),
+                          F.normalize(hidden[0, -1], dim=-1), atol=ATOL)
+    assert not torch.allclose(torch.tensor(base.outputs.embedding),
+                              torch.tensor(adapted.outputs.embedding), atol=1e-2)
+
+
 def test_embed_on_a_generate_model_names_the_runner_flag(tiny_llama_factory):
     llm = _llm(tiny_llama_factory())
     try:
