@@ -3,13 +3,16 @@
 A randomly initialised Qwen3-MoE checkpoint with a real MoE layer's shapes (default
 Qwen3-30B-A3B's: hidden 2048, 128 experts of intermediate 768, top-8, 32 query / 4 KV heads of
 128) but only a few layers and a smaller vocabulary, so that it fits in memory twice (written
-once to a temporary folder, then loaded by each backend in turn). Two measurements, each backend
+once to a temporary folder, then loaded by both backends). Two measurements, each backend
 warmed up first:
 - batch-1 decode: (time of 1 + N new tokens - time of 1 new token) / N, one prompt;
 - a batch of prompts (default 64) generated together: output tokens / wall time.
-Printed with the same-run ratios and the decode floor the memory allows: the bytes of the
-parameters one token reads (attention, router, top-k experts, norms, LM head) / the measured
-read bandwidth.
+transformers runs its default experts implementation (recorded in the results), in the same
+dtype and with the same torch threads.
+Both backends are loaded together and measured in alternating rounds (the best round of each
+counts), so load from other processes falls on both. Printed with the same-run ratios and the
+decode floor the memory allows: the bytes of the parameters one token reads (attention, router,
+top-k experts, norms, LM head) / the measured read bandwidth.
 """
 
 import argparse
@@ -40,6 +43,8 @@ def add_moe_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--output-len", type=int, default=32,
                         help="batch run: new tokens per prompt")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--rounds", type=int, default=2,
+                        help="measurement rounds, backends alternating; the best round counts")
     parser.add_argument("--skip-hf", action="store_true", help="minivllm only (no ratios)")
     parser.add_argument("--output-json", default=None, help="write the results to this JSON file")
     return parser
@@ -89,7 +94,8 @@ def _timed(fn) -> float:
     return time.perf_counter() - start
 
 
-def time_minivllm(args: argparse.Namespace, path: str) -> dict:
+def minivllm_generator(args: argparse.Namespace, path: str):
+    """(generate(prompts, n), the engine) for minivllm on the checkpoint."""
     from minivllm import LLM, SamplingParams
 
     llm = LLM(model=path, dtype=args.dtype, enable_prefix_caching=False,
@@ -100,36 +106,46 @@ def time_minivllm(args: argparse.Namespace, path: str) -> dict:
         params = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True, detokenize=False)
         llm.generate(prompts, params, use_tqdm=False)
 
-    try:
-        return _measure(args, gen)
-    finally:
-        release(llm)
+    return gen, llm
 
 
-def time_hf(args: argparse.Namespace, path: str) -> dict:
+def hf_generator(args: argparse.Namespace, path: str):
+    """(generate(prompts, n), the model) for transformers' eager model on the same weights."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(path, dtype=_DTYPES[args.dtype]).eval()
-    try:
-        result = _measure(args, lambda prompts, n: hf_generate(model, prompts, n, 0))
-        result["experts_implementation"] = getattr(model.config, "_experts_implementation", None)
-        return result
-    finally:
-        release(model)
+    return (lambda prompts, n: hf_generate(model, prompts, n, 0)), model
 
 
-def _measure(args: argparse.Namespace, gen) -> dict:
-    """Warm-up, batch-1 decode (1 + N vs 1 new tokens), then the batch of prompts."""
-    gen(_prompts(args, 2, seed=1), 4)
+def _decode_s(args: argparse.Namespace, gen) -> float:
+    """Batch-1 decode seconds per token: (1 + N new tokens - 1 new token) / N."""
     one = _prompts(args, 1, seed=2)
     first = _timed(lambda: gen(one, 1))
     total = _timed(lambda: gen(one, 1 + args.decode_tokens))
-    decode_s = max(total - first, 1e-9) / args.decode_tokens
-    batch = _prompts(args, args.num_prompts, seed=3)
-    batch_s = _timed(lambda: gen(batch, args.output_len))
-    return {"decode_ms_per_token": decode_s * 1e3, "decode_tokens_per_s": 1.0 / decode_s,
-            "batch_output_tokens_per_s": args.num_prompts * args.output_len / batch_s,
-            "batch_seconds": batch_s}
+    return max(total - first, 1e-9) / args.decode_tokens
+
+
+def _measure(args: argparse.Namespace, gens: dict) -> dict:
+    """Warm-up, then `--rounds` rounds in which every backend runs batch-1 decode and then the
+    batch of prompts, backends alternating inside each round (a busy box then slows both alike);
+    each figure is its backend's best round."""
+    for gen in gens.values():
+        gen(_prompts(args, 2, seed=1), 4)
+    decode = {name: [] for name in gens}
+    batch = {name: [] for name in gens}
+    prompts = _prompts(args, args.num_prompts, seed=3)
+    for _ in range(args.rounds):
+        for name, gen in gens.items():
+            decode[name].append(_decode_s(args, gen))
+        for name, gen in gens.items():
+            batch[name].append(_timed(lambda: gen(prompts, args.output_len)))
+    return {name: {"decode_ms_per_token": min(decode[name]) * 1e3,
+                   "decode_tokens_per_s": 1.0 / min(decode[name]),
+                   "batch_output_tokens_per_s": args.num_prompts * args.output_len
+                   / min(batch[name]),
+                   "batch_seconds": min(batch[name]),
+                   "decode_ms_per_round": [d * 1e3 for d in decode[name]],
+                   "batch_seconds_per_round": batch[name]} for name in gens}
 
 
 def run_moe(args: argparse.Namespace) -> dict:
@@ -137,9 +153,21 @@ def run_moe(args: argparse.Namespace) -> dict:
     results: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="minivllm-bench-moe-") as folder:
         write_checkpoint(args, folder)
-        results["minivllm"] = time_minivllm(args, folder)
+        # Both loaded at once (the checkpoint fits twice), so their rounds can alternate.
+        gen, llm = minivllm_generator(args, folder)
+        gens, owners = {"minivllm": gen}, [llm]
         if not args.skip_hf:
-            results["hf"] = time_hf(args, folder)
+            gens["hf"], model = hf_generator(args, folder)
+            owners.append(model)
+        try:
+            results.update(_measure(args, gens))
+        finally:
+            for owner in owners:
+                release(owner)
+        if not args.skip_hf:
+            results["hf"]["experts_implementation"] = getattr(
+                model.config, "_experts_implementation", None)
+            del model
     bandwidth = measure_read_bandwidth()
     floor_s = active_bytes_per_token(args) / bandwidth
     results["floor"] = {"active_bytes_per_token": active_bytes_per_token(args),
