@@ -7,10 +7,12 @@
 // and the stacked weights w13 [E, 2I, H] (gate rows, then up rows) and w2 [E, H, I], read in
 // place (no copy, no gather of weight tensors). The (token, expert) pairs are counting-sorted by
 // expert (stable: tokens ascending), their rows gathered into one contiguous group per expert,
-// and each active expert runs the AMX GEMMs of gemm_amx.cpp on its group: gate_up with SiluAndMul
-// in the epilogue, then down. At one token that streams exactly the k experts' weights; at many
-// tokens each active expert's weight is streamed once for all of its rows. The k outputs of a
-// token are summed in fp32 with their routing weights and rounded to bf16 once.
+// and each active expert runs the AMX GEMMs of gemm_amx.cpp on its group: gate_up (SiluAndMul
+// after it), then down, all in one parallel region. Decode-sized groups: every thread computes
+// a slice of every active expert's rows (one token streams exactly its k experts' weights, all
+// threads busy); prompt-sized groups: each thread takes whole experts. Each active expert's
+// weight is streamed once for all of its rows. The k outputs of a token are summed in fp32 with
+// their routing weights and rounded to bf16 once.
 //
 // Roundings: h = SiluAndMul and the down output are rounded to bf16 as the unfused bf16 ops do
 // (the same kernels); the weighted top-k sum is fp32 (eager rounds each product and each add).
@@ -150,6 +152,8 @@ inline void store16(uint16_t* p, __m512 v) {
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), (__m256i)_mm512_cvtneps_pbh(v));
 }
 
+constexpr int64_t kRowsPerExpert = 32;  // average rows per active expert for whole experts
+
 // This thread's share [begin, end) of `count` rows, in whole 16-row blocks.
 inline void share(int64_t count, int64_t t, int64_t threads, int64_t* begin, int64_t* end) {
   const int64_t blocks = count / 16;
@@ -198,6 +202,18 @@ int down_slice(const uint16_t* hs, const uint16_t* w2, const Groups& g, int64_t 
     if (rc != 0) return rc;
   }
   return 0;
+}
+
+// Expert e on all of its rows in this thread: hs = SiluAndMul(x W13^T), ys = hs W2^T.
+int whole_expert(const uint16_t* xs, const uint16_t* w13, const uint16_t* w2, const Groups& g,
+                 int64_t e, int64_t h, int64_t inter, uint16_t* hs, uint16_t* ys) {
+  const int64_t begin = g.offsets[e], rows = g.offsets[e + 1] - begin;
+  const int rc = minivllm_gemm_amx_silu_mul_bf16(xs + begin * h, h, w13 + e * 2 * inter * h, h,
+                                                 nullptr, hs + begin * inter, inter, rows, inter,
+                                                 h, 1);
+  if (rc != 0) return rc;
+  return minivllm_gemm_amx_bf16(hs + begin * inter, inter, w2 + e * h * inter, inter, nullptr,
+                                ys + begin * h, h, rows, h, inter, 1);
 }
 
 // Phase 3, columns [c0, c1): out[t] = sum_j w[t, j] * ys[slot(t, j)] in fp32, rounded to bf16
@@ -263,6 +279,14 @@ int minivllm_fused_experts_bf16(const uint16_t* x, int64_t x_stride, const uint1
   uint16_t* gu = xs + n * h;        // [N, 2I]
   uint16_t* hs = gu + n * 2 * inter;  // [N, I]
   uint16_t* ys = hs + n * inter;    // [N, H]
+  // Many rows per expert (prompts): each thread takes whole experts, whose activations then
+  // stay in its cache between the two GEMMs. Few (decode): every thread streams a slice of every
+  // active expert, so that 8 active experts still keep all threads streaming.
+  std::vector<int64_t> active;
+  for (int64_t e = 0; e < num_local; ++e)
+    if (g.offsets[e + 1] > g.offsets[e]) active.push_back(e);
+  const bool by_expert = static_cast<int64_t>(active.size()) >= 4 * num_threads &&
+                         n >= kRowsPerExpert * static_cast<int64_t>(active.size());
   int failed = 0;
   // One parallel region for the whole layer (a region per expert GEMM cost a wake-up each,
   // and on a busy box a descheduled thread stalls every one of them).
@@ -273,12 +297,22 @@ int minivllm_fused_experts_bf16(const uint16_t* x, int64_t x_stride, const uint1
       std::memcpy(xs + s * h, x + (g.pair_of_slot[s] / k) * x_stride, h * 2);
 #pragma omp barrier
     int64_t b, e;
-    share(inter, t, threads, &b, &e);
-    int rc = gate_up_slice(xs, w13, g, num_local, h, inter, b, e, gu, hs);
+    int rc = 0;
+    if (by_expert) {  // whole experts per thread: gate_up (SiluAndMul fused), then down
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t i = 0; i < static_cast<int64_t>(active.size()); ++i) {
+        const int r = whole_expert(xs, w13, w2, g, active[i], h, inter, hs, ys);
+        if (r != 0) rc = r;
+      }
+    } else {          // a slice of every expert per thread
+      share(inter, t, threads, &b, &e);
+      rc = gate_up_slice(xs, w13, g, num_local, h, inter, b, e, gu, hs);
 #pragma omp barrier
+      share(h, t, threads, &b, &e);
+      if (rc == 0) rc = down_slice(hs, w2, g, num_local, h, inter, b, e, ys);
+#pragma omp barrier
+    }
     share(h, t, threads, &b, &e);
-    if (rc == 0) rc = down_slice(hs, w2, g, num_local, h, inter, b, e, ys);
-#pragma omp barrier
     combine_slice(ys, h, g, weights, t_count, k, b, e, out, out_stride);
     if (rc != 0) {
 #pragma omp atomic write

@@ -77,9 +77,10 @@ def test_topk_refuses_what_it_cannot_take():
     assert moe_topk(torch.randn(4, 8).half(), 2, True, "softmax") is None
 
 
-def test_one_expert_per_token_is_bit_exact(weights):
+@pytest.mark.parametrize("num_tokens", [70, 400])   # slices of every expert / whole experts
+def test_one_expert_per_token_is_bit_exact(weights, num_tokens):
     w1, w2 = weights
-    x, w, ids = _routing(70, 1, seed=2)                # k = 1, renormalised: weight 1.0
+    x, w, ids = _routing(num_tokens, 1, seed=2)        # k = 1, renormalised: weight 1.0
     out = fused_experts_bf16(x, w1, w2, w, ids)
     assert torch.equal(out, _pair_outputs(x, w1, w2, ids)[:, 0])
 
