@@ -21,8 +21,9 @@ import httpx
 import numpy as np
 
 from minivllm.benchmarks.backends import release
-from minivllm.benchmarks.serve_compare import (RequestResult, launched_server,
-                                               offline_vocab_and_engine, run_offline)
+from minivllm.benchmarks.serve_compare import (RequestResult, cpu_per_1k_tokens,
+                                               launched_server, offline_vocab_and_engine,
+                                               process_cpu_s, run_offline)
 from minivllm.engine.arg_utils import EngineArgs
 from minivllm.sampling_params import StructuredOutputsParams
 
@@ -107,14 +108,8 @@ def _compare_offline(args: argparse.Namespace) -> dict[str, Any]:
             asyncio.run(_benchmark(args, server.url, None, warmups, min(args.output_len, 4)))
             for r in range(args.num_rounds):
                 prompts = random_prompts(vocab, args.num_prompts, args.input_len, args.seed + r)
-                results, duration = run_offline(engine, prompts, args.output_len, concurrency,
-                                                structured, f"round{r}")
-                offline = summarize(results, duration, concurrency)
-                served = asyncio.run(_benchmark(args, server.url, None, prompts))
-                rounds.append(_compared(offline, served))
-                print(f"round {r}: served {served['output_throughput']:.1f} tok/s, offline "
-                      f"{offline['output_throughput']:.1f} tok/s: "
-                      f"{rounds[-1]['served_vs_offline_output_throughput']:.2f}x", flush=True)
+                rounds.append(_one_round(args, engine, server, prompts, structured, f"round{r}"))
+                print(f"round {r}: {_round_line(rounds[-1])}", flush=True)
         finally:
             release(engine)
     print_result(rounds[-1]["offline"], "Offline engine")
@@ -122,13 +117,50 @@ def _compare_offline(args: argparse.Namespace) -> dict[str, Any]:
     ratios = [r["served_vs_offline_output_throughput"] for r in rounds]
     print(f"Served / offline output token throughput: {float(np.median(ratios)):.2f}x (median of "
           f"{len(ratios)} rounds: {', '.join(f'{x:.2f}' for x in ratios)})")
-    return {**rounds[-1], "rounds": rounds, "median_served_vs_offline": float(np.median(ratios))}
+    summary = {**rounds[-1], "rounds": rounds, "median_served_vs_offline": float(np.median(ratios))}
+    cpu = [(r["offline"]["cpu_s_per_1k_output_tokens"], r["served"]["cpu_s_per_1k_output_tokens"])
+           for r in rounds]
+    if all(served for _, served in cpu):
+        cpu_ratio = float(np.median([offline / served for offline, served in cpu]))
+        print(f"Offline / server CPU seconds per output token: {cpu_ratio:.2f}x (median; what "
+              "served / offline tok/s would be with the cores to spare)")
+        summary["median_offline_vs_server_cpu_per_token"] = cpu_ratio
+    return summary
 
 
-def _compared(offline: dict[str, Any], served: dict[str, Any]) -> dict[str, Any]:
+def _one_round(args: argparse.Namespace, engine: Any, server: Any, prompts: list[list[int]],
+               structured: Any, tag: str) -> dict[str, Any]:
+    """The offline engine, then the server, on `prompts`; with the CPU seconds each side spent
+    per 1k output tokens (steadier than tok/s on a shared host: waiting for a core is not
+    counted; the client's own share is reported apart, it would run elsewhere)."""
+    concurrency = args.max_concurrency or args.num_prompts
+    cpu_start = time.process_time()
+    results, duration = run_offline(engine, prompts, args.output_len, concurrency, structured, tag)
+    offline = summarize(results, duration, concurrency)
+    offline["cpu_s_per_1k_output_tokens"] = cpu_per_1k_tokens(
+        time.process_time() - cpu_start, offline["total_output_tokens"])
+    server_start, client_start = process_cpu_s(server.process.pid), time.process_time()
+    served = asyncio.run(_benchmark(args, server.url, None, prompts))
+    server_end = process_cpu_s(server.process.pid)
+    num_tokens = served["total_output_tokens"]
+    served["cpu_s_per_1k_output_tokens"] = cpu_per_1k_tokens(
+        None if server_start is None else server_end - server_start, num_tokens)
+    served["client_cpu_s_per_1k_output_tokens"] = cpu_per_1k_tokens(
+        time.process_time() - client_start, num_tokens)
     ratio = served["output_throughput"] / offline["output_throughput"] \
         if offline["output_throughput"] else 0.0
     return {"offline": offline, "served": served, "served_vs_offline_output_throughput": ratio}
+
+
+def _round_line(r: dict[str, Any]) -> str:
+    offline, served = r["offline"], r["served"]
+    line = (f"served {served['output_throughput']:.1f} tok/s, offline "
+            f"{offline['output_throughput']:.1f} tok/s: {r['served_vs_offline_output_throughput']:.2f}x")
+    if served["cpu_s_per_1k_output_tokens"] is not None:
+        line += (f"; CPU s per 1k tokens: server {served['cpu_s_per_1k_output_tokens']:.2f}, "
+                 f"offline {offline['cpu_s_per_1k_output_tokens']:.2f}, client "
+                 f"{served['client_cpu_s_per_1k_output_tokens']:.2f}")
+    return line
 
 
 async def _benchmark(args: argparse.Namespace, base_url: str, model: str | None,

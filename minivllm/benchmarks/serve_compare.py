@@ -148,6 +148,20 @@ def launched_server(args: argparse.Namespace) -> Iterator[ServerProcess]:
             process.wait()
 
 
+def process_cpu_s(pid: int) -> float | None:
+    """User + system CPU seconds of process `pid` so far, all threads (Linux /proc; else None)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_per_1k_tokens(cpu_s: float | None, num_tokens: int) -> float | None:
+    return None if cpu_s is None or not num_tokens else cpu_s / num_tokens * 1000.0
+
+
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))

@@ -60,5 +60,8 @@ def test_compare_offline_end_to_end(tiny_checkpoint, tmp_path, capsys):
         assert r["offline"]["completed"] == r["served"]["completed"] == 4
         assert r["offline"]["total_output_tokens"] == r["served"]["total_output_tokens"] == 16
         assert r["served_vs_offline_output_throughput"] > 0
+        assert r["offline"]["cpu_s_per_1k_output_tokens"] > 0
+        assert r["served"]["cpu_s_per_1k_output_tokens"] > 0
     out = capsys.readouterr().out
     assert "Offline engine" in out and "Served / offline output token throughput" in out
+    assert result["median_offline_vs_server_cpu_per_token"] > 0
