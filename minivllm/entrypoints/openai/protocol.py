@@ -135,8 +135,8 @@ class _SamplingRequest(OpenAIBaseModel):
     skip_special_tokens: bool = True
     structured_outputs: dict[str, Any] | None = None   # vLLM's StructuredOutputsParams fields
     allowed_token_ids: list[int] | None = None
-
     bad_words: list[str] | None = None
+
     def _sampling_params(self, max_tokens: int, logprobs: int | None,
                          prompt_logprobs: int | None = None) -> SamplingParams:
         """Raises ValueError (from SamplingParams) naming the bad field."""
