@@ -9,7 +9,9 @@ of the per-round ratios.
 
 import argparse
 import itertools
+import os
 import statistics
+import tempfile
 import time
 from dataclasses import dataclass, field
 
@@ -17,6 +19,8 @@ from minivllm.benchmarks.backends import (Checkpoint, add_backend_args, hf_gener
                                           load_hf_model, make_engine, maybe_profile, release, report,
                                           start_benchmark)
 from minivllm.benchmarks.datasets import SampleRequest, add_dataset_args, get_requests, sample_random_requests
+from minivllm.benchmarks.lora_adapters import write_random_adapter
+from minivllm.lora.request import LoRARequest
 from minivllm.sampling_params import SamplingParams
 
 # Batch sizes tried for transformers when --hf-max-batch-size is not given, largest first, until
@@ -72,6 +76,10 @@ def add_throughput_args(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
                              "and the ratio is the median of the rounds' ratios, so a slow spell "
                              "of a shared host cannot decide it")
     parser.add_argument("--disable-tqdm", action="store_true")
+    parser.add_argument("--num-loras", type=int, default=0,
+                        help="minivllm: spread the requests evenly over this many random LoRA "
+                             "adapters (all-linear; turns on --enable-lora with that many slots)")
+    parser.add_argument("--lora-rank", type=int, default=16, help="rank of those adapters")
     add_backend_args(parser)
     return parser
 
@@ -81,17 +89,39 @@ class MinivllmSession:
 
     def __init__(self, args: argparse.Namespace, warmup: list[SampleRequest]) -> None:
         self.args = args
+        self._lora_dir: tempfile.TemporaryDirectory | None = None
+        if args.num_loras > 0:
+            # Every adapter gets a slot: a step may hold requests of all of them.
+            args.enable_lora = True
+            args.max_loras = max(args.max_loras, args.num_loras)
+            args.max_cpu_loras = max(args.max_cpu_loras or 0, args.max_loras)
+            args.max_lora_rank = max(args.max_lora_rank, args.lora_rank)
         self.engine = make_engine(args)
+        self.loras = self._make_loras(args.num_loras)
         self._counter = itertools.count()
         self._generate(warmup, use_tqdm=False)
 
+    def _make_loras(self, num_loras: int) -> list[LoRARequest]:
+        if num_loras <= 0:
+            return []
+        self._lora_dir = tempfile.TemporaryDirectory(prefix="minivllm-bench-lora-")
+        hf_config = self.engine.vllm_config.model_config.hf_text_config
+        loras = []
+        for i in range(num_loras):
+            folder = write_random_adapter(os.path.join(self._lora_dir.name, f"lora{i}"),
+                                          hf_config, self.args.lora_rank, seed=self.args.seed + i)
+            loras.append(LoRARequest(f"bench-lora-{i}", i + 1, folder))
+            self.engine.add_lora(loras[-1])
+        return loras
+
     def _generate(self, requests: list[SampleRequest], use_tqdm: bool) -> list:
         request_ids = []
-        for r in requests:
+        for i, r in enumerate(requests):
             request_ids.append(f"thr-{next(self._counter)}")
             params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=r.expected_output_len,
                                     detokenize=not self.args.disable_detokenize)
-            self.engine.add_request(request_ids[-1], r.prompt_token_ids, params)
+            lora = self.loras[i % len(self.loras)] if self.loras else None
+            self.engine.add_request(request_ids[-1], r.prompt_token_ids, params, lora_request=lora)
         return self.engine.run_until_finished(request_ids, use_tqdm=use_tqdm)
 
     def run(self, requests: list[SampleRequest]) -> ThroughputResult:
@@ -100,11 +130,14 @@ class MinivllmSession:
             outputs = self._generate(requests, use_tqdm=not self.args.disable_tqdm)
             elapsed = time.perf_counter() - start
         num_output = sum(len(c.token_ids) for o in outputs for c in o.outputs)
+        extra = {"num_loras": len(self.loras), "lora_rank": self.args.lora_rank} if self.loras else {}
         return ThroughputResult("minivllm", elapsed, len(requests),
-                                sum(r.prompt_len for r in requests), num_output)
+                                sum(r.prompt_len for r in requests), num_output, extra)
 
     def close(self) -> None:
         release(self.engine)
+        if self._lora_dir is not None:
+            self._lora_dir.cleanup()
 
 
 class HfSession:

@@ -52,6 +52,12 @@ int minivllm_prefill_attention_bf16(const uint16_t* q, int64_t q_stride, const u
                                     float scale, int32_t num_threads);
 int minivllm_argmax_bf16(const uint16_t* x, int64_t rows, int64_t cols, int64_t row_stride,
                          int64_t* out, int32_t num_threads);
+int minivllm_lora_shrink_expand_bf16(const uint16_t* x, int64_t x_stride, uint16_t* out,
+                                     int64_t out_stride, const uint16_t* lora_a,
+                                     const uint16_t* lora_b, const int64_t* token_slots,
+                                     const int64_t* slices, int64_t num_tokens,
+                                     int64_t num_slices, int64_t rank, int64_t in_dim,
+                                     int64_t out_dim, int64_t num_loras, int32_t num_threads);
 int minivllm_gguf_gemm(int32_t qtype, const void* x, int64_t x_stride, int32_t dt,
                        const uint8_t* w, int64_t w_stride, const void* bias, void* y,
                        int64_t y_stride, int64_t m, int64_t n, int64_t k, int32_t num_threads);

@@ -56,10 +56,18 @@ def update_states(states: dict[str, CachedRequestState], so: SchedulerOutput) ->
         state.num_computed_tokens = num_computed
 
 
+def _lora_id(state: CachedRequestState) -> int:
+    return state.lora_request.lora_int_id if state.lora_request is not None else 0
+
+
 def prepare_inputs(states: dict[str, CachedRequestState], so: SchedulerOutput,
                    block_size: int) -> StepInputs:
     """Flatten every scheduled chunk into one token batch (prefills, chunks and decodes mixed)."""
     req_ids = list(so.num_scheduled_tokens)
+    if any(states[r].lora_request is not None for r in req_ids):
+        # LoRA: each adapter's tokens side by side (base first), so that its layers multiply
+        # contiguous row ranges (lora/punica_wrapper.py). The stable sort keeps the order inside.
+        req_ids.sort(key=lambda r: _lora_id(states[r]))
     if so.total_num_scheduled_tokens == len(req_ids):
         return _prepare_one_token_each(states, req_ids, block_size)
     return _prepare_chunks(states, so, req_ids, block_size)

@@ -100,3 +100,31 @@ def test_prefix_cache_never_shares_blocks_between_adapters(alone, loras):
           for o in (first_a, again_a, first_b, base)]
     assert abs(lp[0] - lp[1]) < 1e-5
     assert abs(lp[0] - lp[2]) > 1e-3 and abs(lp[2] - lp[3]) > 1e-3
+
+
+def _prompt_logprobs(llm, prompts, loras) -> list[torch.Tensor]:
+    params = SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=0)
+    outs = llm.generate(prompts, params, lora_request=loras, use_tqdm=False)
+    return [torch.tensor([o.prompt_logprobs[i][p[i]].logprob for i in range(1, len(p))])
+            for p, o in zip(prompts, outs)]
+
+
+def test_bf16_mixed_batch_follows_fp32(lora_base, loras, alone):
+    """bf16 (a step of <= 64 tokens goes through the native kernel where it builds): a batch
+    of four adapters and the base model gives each prompt its fp32 prompt logprobs within bf16
+    error, far closer than the adapters are to each other."""
+    _, fp32_llm = alone
+    choices = [None, *loras]
+    prompts = [PROMPTS[0] + [i + 50] for i in range(len(choices))]       # 5 x 10 tokens
+    want = _prompt_logprobs(fp32_llm, prompts, choices)
+    llm = LLM(lora_base, dtype="bfloat16", enable_lora=True, max_lora_rank=16, max_loras=4,
+              block_size=4, num_gpu_blocks_override=128, max_model_len=64)
+    try:
+        got = _prompt_logprobs(llm, prompts, choices)
+    finally:
+        llm.shutdown()
+    base = _prompt_logprobs(fp32_llm, prompts, [None] * len(prompts))
+    for g, w, b, lora in zip(got, want, base, choices):
+        torch.testing.assert_close(g, w, atol=0.06, rtol=0)
+        if lora is not None:
+            assert (w - b).abs().max() > 0.3     # the adapter's effect dwarfs the tolerance

@@ -6,6 +6,7 @@ from minivllm.lora.punica_wrapper import PunicaWrapper
 
 
 def _reference(out, x, a, b, slices, slots, rank):
+    """Per token and per packed slice: out[t, slice k] += B_k A_k x[t]."""
     out = out.clone()
     for t, slot in enumerate(slots.tolist()):
         if slot < 0:
@@ -14,6 +15,15 @@ def _reference(out, x, a, b, slices, slots, rank):
             shrink = a[slot, k * rank:(k + 1) * rank] @ x[t]            # [R]
             out[t, offset:offset + size] += shrink @ b[k][slot]
     return out
+
+
+def _block_diagonal(b, slices, rank):
+    """The layers' B table: slice k's B^T at rows [k*R, (k+1)*R) and its output columns."""
+    table = torch.zeros(b[0].shape[0], len(b) * rank, sum(s for _, s in slices),
+                        dtype=b[0].dtype)
+    for k, (offset, size) in enumerate(slices):
+        table[:, k * rank:(k + 1) * rank, offset:offset + size] = b[k]
+    return table
 
 
 def _case(slots: list[int]):
@@ -27,24 +37,38 @@ def _case(slots: list[int]):
     punica = PunicaWrapper(loras, torch.float64)
     punica.update(torch.tensor(slots))
     want = _reference(out, x, a, b, slices, torch.tensor(slots), rank)
-    punica.add_lora_linear(out, x, a, b, slices)
+    punica.add_lora_linear(out, x, a, _block_diagonal(b, slices, rank))
     return out, want, punica
 
 
 def test_many_slots_and_base_tokens():
     out, want, punica = _case([0, 2, -1, 1, 2, 0, -1])
-    assert punica.slot_mask is not None
+    assert punica.gather_index is not None and punica.gather_mask is not None   # padded groups
     torch.testing.assert_close(out, want)
 
 
 def test_one_slot_with_and_without_base_tokens():
     for slots in ([1, 1, 1], [1, -1, 1]):
         out, want, punica = _case(slots)
-        assert punica.active_slots == [1] and punica.slot_mask is None
+        assert punica.active_slots == [1] and punica.gather_index is None
         torch.testing.assert_close(out, want)
 
 
 def test_base_only_changes_nothing():
     out, want, punica = _case([-1, -1])
     assert punica.active_slots == []
+    torch.testing.assert_close(out, want)
+
+
+def test_some_slots_equal_groups():
+    """Slots 0 and 2 of 3, two tokens each: no padding, the tables' active slots picked."""
+    out, want, punica = _case([2, 0, 2, -1, 0])
+    assert punica.gather_mask is None and punica.slot_index.tolist() == [0, 2]
+    torch.testing.assert_close(out, want)
+
+
+def test_sorted_slots_take_row_ranges():
+    """Tokens sorted by slot (the runner's order): one contiguous run per slot, no gather."""
+    out, want, punica = _case([-1, 0, 0, 2, 2, 2, 1])
+    assert punica.runs == [(0, 1, 3), (2, 3, 6), (1, 6, 7)]
     torch.testing.assert_close(out, want)

@@ -7,9 +7,12 @@ partial products of a row-parallel layer are reduced together with the base laye
 
 Tables, per layer (L = max_loras slots, R = max_lora_rank, n = packed slices):
     lora_a_stacked  [L, n*R, in_local]     slice k's A in rows [k*R, k*R + r)
-    lora_b_stacked  n x [L, R, o_k_local]  slice k's B transposed, scaling folded in
-Unused rows and slots are zero, so a smaller rank or a slice the adapter does not target
-adds exactly nothing.
+    lora_b_stacked  [L, n*R, out_local]    slice k's B transposed (scaling folded in) in rows
+                                           [k*R, k*R + r) and slice k's output columns
+B is block-diagonal over the slices, so one product serves all of them (a packed layer costs
+one shrink and one expand instead of one per slice; small products are dominated by their
+per-call overhead on CPU). Unused rows and slots are zero, so a smaller rank or a slice the
+adapter does not target adds exactly nothing.
 """
 
 from __future__ import annotations
@@ -63,29 +66,30 @@ class BaseLinearLayerWithLoRA(nn.Module):
         self.punica_wrapper = punica_wrapper
         self.max_rank = max_rank
         n = self.num_slices
+        out_local = sum(size for _, size in self.output_slices())
         self.register_buffer("lora_a_stacked", torch.zeros(
             max_loras, n * max_rank, self.input_size_local, dtype=dtype), persistent=False)
-        self.lora_b_stacked = [torch.zeros(max_loras, max_rank, size, dtype=dtype)
-                               for _, size in self.output_slices()]
+        self.register_buffer("lora_b_stacked", torch.zeros(
+            max_loras, n * max_rank, out_local, dtype=dtype), persistent=False)
+        self.lora_slices = torch.tensor(self.output_slices(), dtype=torch.int64)   # [n, 2]
 
     def reset_lora(self, slot: int) -> None:
         self.lora_a_stacked[slot].zero_()
-        for b in self.lora_b_stacked:
-            b[slot].zero_()
+        self.lora_b_stacked[slot].zero_()
 
     def set_lora(self, slot: int, slices: list[Any]) -> None:
         """Write one adapter's full-size weights (a LoRALayerWeights or None per slice) into
         `slot`, keeping this rank's shard."""
         self.reset_lora(slot)
         rank = self.max_rank
-        for k, weights in enumerate(slices):
+        for k, ((offset, size), weights) in enumerate(zip(self.output_slices(), slices)):
             if weights is None:
                 continue
             r = weights.lora_a.shape[0]
             a = self.shard_lora_a(weights.lora_a)                   # [r, in_local]
             b = self.shard_lora_b(weights.lora_b, k)                # [o_k_local, r]
             self.lora_a_stacked[slot, k * rank:k * rank + r].copy_(a)
-            self.lora_b_stacked[k][slot, :r].copy_(b.T)
+            self.lora_b_stacked[slot, k * rank:k * rank + r, offset:offset + size].copy_(b.T)
 
     def apply_lora(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """out + delta for this step's mapping; x [..., in_local], out [..., out_local]."""
@@ -95,7 +99,7 @@ class BaseLinearLayerWithLoRA(nn.Module):
         if not out.is_contiguous():
             out = out.contiguous()
         punica.add_lora_linear(out.view(-1, out.shape[-1]), x.reshape(-1, x.shape[-1]),
-                               self.lora_a_stacked, self.lora_b_stacked, self.output_slices())
+                               self.lora_a_stacked, self.lora_b_stacked, self.lora_slices)
         return out
 
     def __getattr__(self, name: str) -> Any:
