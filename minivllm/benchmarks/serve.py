@@ -24,6 +24,7 @@ from minivllm.benchmarks.backends import release
 from minivllm.benchmarks.serve_compare import (RequestResult, cpu_per_1k_tokens,
                                                launched_server, offline_vocab_and_engine,
                                                process_cpu_s, run_offline)
+from minivllm.benchmarks.sse_client import HTTPStatusError, post_sse
 from minivllm.engine.arg_utils import EngineArgs
 from minivllm.sampling_params import StructuredOutputsParams
 
@@ -168,8 +169,8 @@ async def _benchmark(args: argparse.Namespace, base_url: str, model: str | None,
                      output_len: int | None = None) -> dict[str, Any]:
     """One timed round of `prompts` (default: drawn from the server's /tokenize)."""
     concurrency = args.max_concurrency or args.num_prompts
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    async with httpx.AsyncClient(base_url=base_url, timeout=httpx.Timeout(None), limits=limits) as client:
+    # httpx for the set-up calls; the streamed requests use post_sse (sse_client.py).
+    async with httpx.AsyncClient(base_url=base_url, timeout=httpx.Timeout(None)) as client:
         model = model or await _first_model(client)
         if prompts is None:
             vocab = await _prompt_vocab(client, model)
@@ -179,7 +180,7 @@ async def _benchmark(args: argparse.Namespace, base_url: str, model: str | None,
 
         async def limited(prompt: list[int], output_len: int) -> RequestResult:
             async with semaphore:
-                return await _one_request(client, model, prompt, output_len, extra)
+                return await _one_request(base_url, model, prompt, output_len, extra)
 
         start = time.perf_counter()
         results = await asyncio.gather(*(limited(p, output_len or args.output_len)
@@ -214,41 +215,36 @@ def random_prompts(vocab: list[int], num_prompts: int, input_len: int, seed: int
     return [[rng.choice(vocab) for _ in range(input_len)] for _ in range(num_prompts)]
 
 
-async def _one_request(client: httpx.AsyncClient, model: str, prompt: list[int],
-                       output_len: int, extra: dict[str, Any]) -> RequestResult:
+async def _one_request(base_url: str, model: str, prompt: list[int], output_len: int,
+                       extra: dict[str, Any]) -> RequestResult:
     body = {"model": model, "prompt": prompt, "max_tokens": output_len, "temperature": 0.0,
             "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}, **extra}
     result = RequestResult(prompt_tokens=len(prompt))
     start = last = time.perf_counter()
     try:
-        async with client.stream("POST", "/v1/completions", json=body) as response:
-            if response.status_code != 200:
-                result.error = f"HTTP {response.status_code}: {(await response.aread())[:200]!r}"
-                return result
-            async for line in response.aiter_lines():
-                if not line.startswith("data: "):
-                    continue
-                data = line[len("data: "):]
-                if data == "[DONE]":
-                    break
+        async for data in post_sse(base_url, "/v1/completions", body):
+            if data == "[DONE]":
+                break
+            # Only the usage chunk and errors are parsed: timing a token chunk needs no JSON.
+            if '"choices":[]' in data or '"choices": []' in data or data.startswith('{"error"'):
                 chunk = json.loads(data)
                 if "error" in chunk:
                     result.error = chunk["error"].get("message", "stream error")
                     return result
                 if chunk.get("usage"):
                     result.output_tokens = chunk["usage"]["completion_tokens"]
-                if chunk.get("choices"):
-                    now = time.perf_counter()
-                    if result.ttft_s == 0.0:
-                        result.ttft_s = now - start
-                    else:
-                        result.itl_s.append(now - last)
-                    last = now
+                continue
+            now = time.perf_counter()
+            if result.ttft_s == 0.0:
+                result.ttft_s = now - start
+            else:
+                result.itl_s.append(now - last)
+            last = now
         result.latency_s = time.perf_counter() - start
         result.ok = result.output_tokens > 0
         if not result.ok:
             result.error = "no usage in the stream"
-    except httpx.HTTPError as exc:
+    except (OSError, HTTPStatusError, ValueError, asyncio.IncompleteReadError) as exc:
         result.error = f"{type(exc).__name__}: {exc}"
     return result
 
