@@ -34,6 +34,15 @@ from minivllm import _custom_ops as ops
 _ALLOC_OPS = frozenset({"empty", "empty_strided", "new_empty", "new_empty_strided",
                         "empty_like"})
 _OWN_NAMESPACE = "minivllm"
+_capturing = threading.local()       # .graph: the CPUGraph this thread is capturing, if any
+
+
+def refuse_capture(reason: str) -> None:
+    """Refuse the capture this thread is running, if any: for work whose calls depend on
+    per-step state the recorded calls would not follow (a no-op outside a capture)."""
+    graph = getattr(_capturing, "graph", None)
+    if graph is not None:
+        graph.refuse(reason)
 
 
 class CPUGraph:
@@ -57,10 +66,12 @@ class CPUGraph:
         for name, fn in originals.items():
             setattr(lib, name, _recording(fn, self.calls))
         guard = _CaptureGuard(self)
+        _capturing.graph = self
         try:
             with guard:
                 yield self
         finally:
+            _capturing.graph = None
             for name, fn in originals.items():
                 setattr(lib, name, fn)
         if not self.calls and self.refused is None:

@@ -16,8 +16,10 @@ so each token meets only its own adapter's weights, in four or five torch calls 
 whatever the batch holds. With a single active slot the products use that slot's A and B
 directly. bf16 steps of up to NATIVE_MAX_TOKENS tokens on CPU take one native call instead
 (`csrc/lora_shrink_expand.cpp`): at decode sizes each small bf16 bmm costs more than the base
-layer. The runner sets the
-mapping once per step.
+layer. That call runs whatever the mapping holds (no adapter: every slot -1) and reads the
+slot map from one fixed buffer, so CPU graphs capture and replay LoRA decode steps; the torch
+path refuses a capture (its calls follow the mapping). The runner sets the mapping once per
+step.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from __future__ import annotations
 import torch
 
 from minivllm import _custom_ops as ops
+from minivllm.compilation.cpu_graph import refuse_capture
 
 # Steps of up to this many tokens take the native call; larger ones are GEMM-sized, where
 # torch's batched matmuls (oneDNN / AMX) outrun the kernel's per-token dot products.
@@ -37,6 +40,9 @@ class PunicaWrapper:
     def __init__(self, max_loras: int, dtype: torch.dtype) -> None:
         self.max_loras = max_loras
         self.dtype = dtype
+        # The native path's slot map [<= NATIVE_MAX_TOKENS]: one buffer, so the address a CPU
+        # graph recorded holds each later step's map.
+        self._slot_buffer = torch.full((NATIVE_MAX_TOKENS,), -1, dtype=torch.int64)
         self.clear()
 
     def clear(self) -> None:
@@ -59,7 +65,11 @@ class PunicaWrapper:
         """`token_slots` [T] int64: each token's slot, -1 for the base model."""
         self.clear()
         self.num_tokens = int(token_slots.numel())
-        self.token_slots = token_slots.to(torch.int64).contiguous()
+        if self.num_tokens <= NATIVE_MAX_TOKENS:
+            self.token_slots = self._slot_buffer[:self.num_tokens]
+            self.token_slots.copy_(token_slots)
+        else:
+            self.token_slots = token_slots.to(torch.int64).contiguous()
         self.active_slots = sorted(set(token_slots.tolist()) - {-1})
         if len(self.active_slots) == 1:
             slot = self.active_slots[0]
@@ -91,13 +101,17 @@ class PunicaWrapper:
         """`out += delta` in place. x [T, in]; out [T, out]; lora_a [L, nR, in];
         lora_b [L, nR, out] (B transposed, block-diagonal over packed slices, scaled);
         slices: int64 [n, 2] (output offset, size) of each packed slice, for the native call."""
-        if not self.active_slots:
-            return
         if x.shape[0] != self.num_tokens:
+            if not self.active_slots:         # no mapping (a warm-up run): the base model
+                refuse_capture("a LoRA layer ran without the step's adapter mapping")
+                return
             raise RuntimeError(f"LoRA mapping is for {self.num_tokens} tokens, the layer got "
                                f"{x.shape[0]}: set the mapping before each forward")
         if (slices is not None and self.num_tokens <= NATIVE_MAX_TOKENS
                 and _native_call(out, x, lora_a, lora_b, slices, self.token_slots)):
+            return
+        refuse_capture("LoRA through torch ops (their calls follow the step's mapping)")
+        if not self.active_slots:
             return
         x = x.to(lora_a.dtype)
         if len(self.active_slots) == 1:

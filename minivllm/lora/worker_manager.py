@@ -48,7 +48,9 @@ class WorkerLoRAManager:
         """
         requests = {r.lora_int_id: r for r in row_loras if r is not None}
         if not requests:
-            self.manager.set_mapping(None)
+            # every slot -1, not "no mapping": the native LoRA calls still run, so a CPU graph
+            # captured now also serves steps that do use adapters
+            self.manager.set_mapping(torch.full((sum(query_lens),), -1, dtype=torch.int64))
             return
         ids = list(requests)
         for lora_request in requests.values():

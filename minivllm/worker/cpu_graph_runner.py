@@ -52,9 +52,7 @@ class CPUGraphRunner:
                         and cc.mode == CompilationMode.NONE and self.max_size > 0
                         and vllm_config.parallel_config.world_size == 1
                         and torch.device(vllm_config.device_config.device).type == "cpu"
-                        and ops.native_available()    # without kernels nothing is replayable
-                        # LoRA's per-step slot map is state the captured kernels never see.
-                        and getattr(vllm_config, "lora_config", None) is None)
+                        and ops.native_available())   # without kernels nothing is replayable
         block_size = vllm_config.cache_config.block_size
         self.max_blocks = -(-vllm_config.model_config.max_model_len // block_size)
         self.entries: dict[int, _Entry] = {}

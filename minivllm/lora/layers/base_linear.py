@@ -94,7 +94,7 @@ class BaseLinearLayerWithLoRA(nn.Module):
     def apply_lora(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """out + delta for this step's mapping; x [..., in_local], out [..., out_local]."""
         punica = self.punica_wrapper
-        if punica is None or not punica.active_slots:
+        if punica is None:
             return out
         if not out.is_contiguous():
             out = out.contiguous()
