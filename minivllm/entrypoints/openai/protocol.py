@@ -11,8 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from minivllm.entrypoints.openai.tool_parsers import tool_choice_mode, tool_choice_schema
 from minivllm.sampling_params import SamplingParams, StructuredOutputsParams
 
-# The sampler gathers the top-k logprobs with torch.topk; bounding k keeps it cheap and below
-# any vocabulary size (vLLM's default max_logprobs is 20 too).
+# Top-k logprobs come from torch.topk: a bound keeps k cheap and below any vocabulary (vLLM: 20).
 MAX_LOGPROBS = 20
 
 
