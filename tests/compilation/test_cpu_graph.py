@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from minivllm import _custom_ops as ops
-from minivllm.compilation.cpu_graph import CPUGraph, _replay_api
+from minivllm.compilation.cpu_graph import CPUGraph, _is_query, _replay_api
 
 pytestmark = pytest.mark.requires_native
 
@@ -22,13 +22,19 @@ def _kernels_or_skip():
         pytest.skip("no AVX512-BF16 here: RMSNorm stays torch.rms_norm")
 
 
-def test_replay_recomputes_from_the_static_inputs():
+def _captured(rows: int = 3):
+    """A graph of `_step` on random x [rows, 64], w [64]: (graph, x, w, its output)."""
     _kernels_or_skip()
-    x = torch.randn(3, 64).bfloat16()
+    x = torch.randn(rows, 64).bfloat16()
     w = torch.randn(64).bfloat16()
     graph = CPUGraph()
     with graph.capture():
         out = _step(x, w)
+    return graph, x, w, out
+
+
+def test_replay_recomputes_from_the_static_inputs():
+    graph, x, w, out = _captured()
     assert graph.ok, graph.refused
     assert [fn.__name__ for fn, _ in graph.calls] == ["minivllm_rms_norm_bf16",
                                                       "minivllm_silu_mul_bf16"]
@@ -76,12 +82,7 @@ def test_only_the_capturing_threads_calls_are_recorded():
 
 
 def test_native_replay_equals_the_python_loop():
-    _kernels_or_skip()
-    x = torch.randn(3, 64).bfloat16()
-    w = torch.randn(64).bfloat16()
-    graph = CPUGraph()
-    with graph.capture():
-        out = _step(x, w)
+    graph, x, w, out = _captured()
     assert graph.records is not None and graph.records.shape[0] == 2   # one record per call
     for seed in range(3):
         x.copy_(torch.randn(3, 64, generator=torch.Generator().manual_seed(seed)).bfloat16())
@@ -97,17 +98,12 @@ def test_every_recordable_kernel_has_an_opcode():
     # A kernel the native loop cannot run would silently send its graphs back to Python.
     lib = ops.native_lib()
     missing = [name for name in lib.function_names()
-               if "_has_" not in name and _replay_api(lib).opcode(name.encode()) < 0]
+               if not _is_query(name) and _replay_api(lib).opcode(name.encode()) < 0]
     assert missing == []
 
 
 def test_a_failing_replayed_call_is_named():
-    _kernels_or_skip()
-    x = torch.randn(2, 64).bfloat16()
-    w = torch.ones(64).bfloat16()
-    graph = CPUGraph()
-    with graph.capture():
-        _step(x, w)
+    graph = _captured(rows=2)[0]
     graph.records[1, 6] = -1              # silu_mul's d < 0: the kernel returns 1
     with pytest.raises(RuntimeError, match="minivllm_silu_mul_bf16 returned 1"):
         graph.replay()
