@@ -312,19 +312,24 @@ def rms_norm_bf16(x: torch.Tensor, weight: torch.Tensor, eps: float,
                   ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor] | None:
     """`torch.rms_norm(x, weight)` (after `x = x + residual`, returned too) for bf16 x [m, d] on
     CPU with unit-stride rows and a contiguous bf16 weight [d], with eager's roundings; None when
-    the kernel cannot take it (then use torch)."""
-    if (x.dtype != torch.bfloat16 or x.dim() != 2 or x.device.type != "cpu" or x.stride(1) != 1
-            or weight.dtype != torch.bfloat16 or not weight.is_contiguous()
-            or weight.shape != x.shape[1:] or not native_available()):
+    the kernel cannot take it (then use torch). x may also be [T, H, d] with its H rows of d
+    side by side in each token's row (a head view of a fused projection's output, no residual):
+    the result is then a contiguous [T, H, d]."""
+    if (x.dtype != torch.bfloat16 or x.dim() not in (2, 3) or x.device.type != "cpu"
+            or x.stride(-1) != 1 or weight.dtype != torch.bfloat16 or not weight.is_contiguous()
+            or weight.shape != x.shape[-1:] or not native_available()):
+        return None
+    group = 1 if x.dim() == 2 else x.shape[1]
+    if group > 1 and (residual is not None or x.stride(1) != x.shape[2]):
         return None
     if residual is not None and (residual.dtype != torch.bfloat16 or residual.shape != x.shape
                                  or residual.stride(1) != 1):
         return None
-    m, d = x.shape
-    out = torch.empty(m, d, dtype=torch.bfloat16)
+    m, d = x.shape[0] * group, x.shape[-1]
+    out = torch.empty(x.shape, dtype=torch.bfloat16)
     new_residual = torch.empty(m, d, dtype=torch.bfloat16) if residual is not None else None
     rc = _lib.minivllm_rms_norm_bf16(
-        x.data_ptr(), x.stride(0), None if residual is None else residual.data_ptr(),
+        x.data_ptr(), x.stride(0), group, None if residual is None else residual.data_ptr(),
         0 if residual is None else residual.stride(0),
         None if new_residual is None else new_residual.data_ptr(), weight.data_ptr(),
         out.data_ptr(), m, d, eps, torch.get_num_threads())

@@ -68,7 +68,7 @@ int run(const int64_t* record) {
     case kSiluMulBf16: return minivllm_silu_mul_bf16(a[0], a[1], a[2], a[3], a[4], a[5], a[6]);
     case kRmsNormBf16:
       return minivllm_rms_norm_bf16(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9],
-                                    a[10]);
+                                    a[10], a[11]);
     case kPrefillAttentionBf16:
       return minivllm_prefill_attention_bf16(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7],
                                              a[8], a[9], a[10], a[11], a[12], a[13]);

@@ -42,9 +42,10 @@ int minivllm_gemm_amx_silu_mul_bf16(const uint16_t* x, int64_t x_stride, const u
                                     int32_t num_threads);
 int minivllm_silu_mul_bf16(const uint16_t* x, int64_t x_stride, uint16_t* y, int64_t y_stride,
                            int64_t m, int64_t d, int32_t num_threads);
-int minivllm_rms_norm_bf16(const uint16_t* x, int64_t x_stride, const uint16_t* residual,
-                           int64_t r_stride, uint16_t* new_residual, const uint16_t* w,
-                           uint16_t* out, int64_t m, int64_t d, float eps, int32_t num_threads);
+int minivllm_rms_norm_bf16(const uint16_t* x, int64_t x_stride, int64_t group,
+                           const uint16_t* residual, int64_t r_stride, uint16_t* new_residual,
+                           const uint16_t* w, uint16_t* out, int64_t m, int64_t d, float eps,
+                           int32_t num_threads);
 int minivllm_prefill_attention_bf16(const uint16_t* q, int64_t q_stride, const uint16_t* k,
                                     int64_t k_stride, const uint16_t* v, int64_t v_stride,
                                     uint16_t* out, int64_t out_stride, int32_t len,

@@ -58,17 +58,21 @@ void norm_row(const uint16_t* x, const uint16_t* residual, uint16_t* new_residua
 
 extern "C" {
 
-// x [m, d] (rows x_stride apart), residual [m, d] or null (rows r_stride apart), w [d];
-// out and new_residual contiguous [m, d] (new_residual only with a residual).
-int minivllm_rms_norm_bf16(const uint16_t* x, int64_t x_stride, const uint16_t* residual,
-                           int64_t r_stride, uint16_t* new_residual, const uint16_t* w,
-                           uint16_t* out, int64_t m, int64_t d, float eps, int32_t num_threads) {
-  if (m < 0 || d <= 0) return 1;
+// x [m, d] in groups of `group` rows: row i at x + (i / group) * x_stride + (i % group) * d
+// (group 1: rows x_stride apart; group H: the H heads of each token of a [T, H * d] view, e.g.
+// q inside a fused qkv output); residual [m, d] or null (rows r_stride apart; group 1 only);
+// w [d]; out and new_residual contiguous [m, d] (new_residual only with a residual).
+int minivllm_rms_norm_bf16(const uint16_t* x, int64_t x_stride, int64_t group,
+                           const uint16_t* residual, int64_t r_stride, uint16_t* new_residual,
+                           const uint16_t* w, uint16_t* out, int64_t m, int64_t d, float eps,
+                           int32_t num_threads) {
+  if (m < 0 || d <= 0 || group < 1 || (group > 1 && residual != nullptr)) return 1;
   // One thread below ~32K values: waking the second costs more than it saves.
   const int threads = m * d < 32768 ? 1 : num_threads;
 #pragma omp parallel for num_threads(threads) schedule(static)
   for (int64_t i = 0; i < m; ++i) {
-    norm_row(x + i * x_stride, residual ? residual + i * r_stride : nullptr,
+    norm_row(x + (i / group) * x_stride + (i % group) * d,
+             residual ? residual + i * r_stride : nullptr,
              residual ? new_residual + i * d : nullptr, w, out + i * d, d, eps);
   }
   return 0;
@@ -79,7 +83,7 @@ int minivllm_rms_norm_bf16(const uint16_t* x, int64_t x_stride, const uint16_t* 
 #else
 
 extern "C" {
-int minivllm_rms_norm_bf16(const uint16_t*, int64_t, const uint16_t*, int64_t, uint16_t*,
+int minivllm_rms_norm_bf16(const uint16_t*, int64_t, int64_t, const uint16_t*, int64_t, uint16_t*,
                            const uint16_t*, uint16_t*, int64_t, int64_t, float, int32_t) {
   return 2;  // no AVX512-BF16: callers keep torch.rms_norm
 }

@@ -41,3 +41,21 @@ def test_declines_what_it_cannot_take():
     assert ops.rms_norm_bf16(torch.randn(2, 8).bfloat16().t(), w, 1e-6) is None  # strided rows
     x = torch.randn(2, 8).bfloat16()
     assert ops.rms_norm_bf16(x, w, 1e-6, torch.randn(2, 8)) is None          # fp32 residual
+
+
+@pytest.mark.parametrize("tokens,heads,d", [(1, 9, 64), (7, 3, 64), (5, 4, 128)])
+def test_head_views_of_a_fused_row_are_normed_in_place(tokens, heads, d):
+    """q as Qwen3 sees it: [T, heads, d] viewed inside a wider qkv row (no copy); each head is
+    its own row, equal to torch.rms_norm per head."""
+    _kernel_or_skip()
+    gen = torch.Generator().manual_seed(tokens * heads)
+    qkv = torch.randn(tokens, heads * d + 2 * d, generator=gen).bfloat16()
+    q = qkv[:, :heads * d].view(tokens, heads, d)              # strides (row, d, 1)
+    w = (torch.randn(d, generator=gen) * 0.5 + 1).bfloat16()
+    out = ops.rms_norm_bf16(q, w, 1e-6)
+    assert out.shape == (tokens, heads, d) and out.is_contiguous()
+    ref = torch.rms_norm(q.contiguous(), [d], w, 1e-6)
+    assert (out.float() - ref.float()).abs().max() <= ref.float().abs().max() * 2 ** -7
+    assert (out != ref).float().mean() < 1e-2
+    # one head wrong (e.g. a row read from the wrong offset) would show far above that bound
+    assert ops.rms_norm_bf16(q, w, 1e-6, residual=torch.zeros_like(q)) is None  # no residual form

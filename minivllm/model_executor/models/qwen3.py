@@ -42,10 +42,10 @@ def apply_qk_norm(q: torch.Tensor, k: torch.Tensor, q_norm: nn.Module, k_norm: n
                   head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Norm every head of q `[T, nH*d]` and k `[T, nKV*d]` on its own; same shapes out.
 
-    NOTE: via 2-D rows, which the native bf16 norm takes: at one token a view of the qkv output
-    (so a batch-1 decode step stays all native, a CPU graph), else a copy."""
-    q = q_norm(q.reshape(-1, head_dim)).reshape(q.shape)   # via [T * nH, d]
-    k = k_norm(k.reshape(-1, head_dim)).reshape(k.shape)   # via [T * nKV, d]
+    NOTE: via `[T, heads, d]` views of the qkv output, which the native bf16 norm reads in
+    place: no copy of q or k, so decode steps of any batch size stay all native (CPU graphs)."""
+    q = q_norm(q.view(q.shape[0], -1, head_dim)).reshape(q.shape)   # via [T, nH, d]
+    k = k_norm(k.view(k.shape[0], -1, head_dim)).reshape(k.shape)   # via [T, nKV, d]
     return q, k
 
 
