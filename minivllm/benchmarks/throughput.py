@@ -20,6 +20,7 @@ from minivllm.benchmarks.backends import (Checkpoint, add_backend_args, hf_gener
                                           start_benchmark)
 from minivllm.benchmarks.datasets import SampleRequest, add_dataset_args, get_requests, sample_random_requests
 from minivllm.benchmarks.lora_adapters import write_random_adapter
+from minivllm.model_executor.layers.quantization import QUANTIZATION_METHODS
 from minivllm.lora.request import LoRARequest
 from minivllm.sampling_params import SamplingParams
 
@@ -75,6 +76,11 @@ def add_throughput_args(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
                              "+ round); with --compare both backends stay loaded and alternate, "
                              "and the ratio is the median of the rounds' ratios, so a slow spell "
                              "of a shared host cannot decide it")
+    parser.add_argument("--compare-quantization", default=None,
+                        choices=[*QUANTIZATION_METHODS, "none"],
+                        help="run minivllm a second time with --quantization METHOD (e.g. none: "
+                             "the dequantised weights), alternating rounds as with --compare, "
+                             "and print this run's / that run's output tok/s")
     parser.add_argument("--disable-tqdm", action="store_true")
     parser.add_argument("--num-loras", type=int, default=0,
                         help="minivllm: spread the requests evenly over this many random LoRA "
@@ -207,12 +213,18 @@ def run_throughput(args: argparse.Namespace) -> dict:
         raise ValueError(f"rounds must be at least 1, got {args.rounds}")
     start = start_benchmark(args)
     backends, tokenizer = start.backends, start.tokenizer
+    other = _other_quantization(args)
+    if other is not None:
+        backends = ["minivllm", other]
     warmup = sample_random_requests(tokenizer, 2, 16, 4, seed=args.seed + 1)
     rounds = [get_requests(args, tokenizer, seed=args.seed + r) for r in range(args.rounds)]
 
     def open_session(backend: str):
         if backend == "minivllm":
             return MinivllmSession(args, warmup)
+        if backend == other:
+            return MinivllmSession(argparse.Namespace(
+                **{**vars(args), "quantization": args.compare_quantization}), warmup)
         return HfSession(args, start.ckpt, tokenizer, warmup)
 
     runs: dict[str, list[ThroughputResult]] = {b: [] for b in backends}
@@ -226,6 +238,17 @@ def run_throughput(args: argparse.Namespace) -> dict:
     else:
         _alternate_rounds(backends, rounds, open_session, runs)
     return _summarize(args, backends, runs, start.load_at_start)
+
+
+def _other_quantization(args: argparse.Namespace) -> str | None:
+    """The second minivllm backend's label with --compare-quantization (None without)."""
+    method = getattr(args, "compare_quantization", None)
+    if method is None:
+        return None
+    if args.compare:
+        raise ValueError("--compare-quantization compares minivllm with itself; it cannot be "
+                         "combined with --compare (transformers)")
+    return f"minivllm -q {method}"
 
 
 def _alternate_rounds(backends: list[str], rounds: list[list[SampleRequest]], open_session,
@@ -252,14 +275,17 @@ def _summarize(args: argparse.Namespace, backends: list[str], runs: dict[str, li
     results = {b: ThroughputResult.pooled(runs[b]).to_dict() for b in backends}
 
     def compare(results: dict) -> str:
+        anchor = backends[1]   # transformers, or minivllm with the other quantization
         ratios = [m.output_throughput / h.output_throughput
-                  for m, h in zip(runs["minivllm"], runs["hf"])]
+                  for m, h in zip(runs["minivllm"], runs[anchor])]
         results["output_throughput_ratio"] = statistics.median(ratios)
         results["output_throughput_ratios"] = ratios
         rounds = (f", median of {len(ratios)} rounds: "
                   + " ".join(f"{r:.2f}x" for r in ratios)) if len(ratios) > 1 else ""
-        return (f"minivllm / transformers (batch {results['hf']['hf_batch_size']}): "
-                f"{results['output_throughput_ratio']:.2f}x output tokens/s{rounds}")
+        label = (f"transformers (batch {results['hf']['hf_batch_size']})" if anchor == "hf"
+                 else anchor)
+        return (f"minivllm / {label}: {results['output_throughput_ratio']:.2f}x output "
+                f"tokens/s{rounds}")
 
     return report(results, _print_result, compare, load_at_start, args.output_json)
 

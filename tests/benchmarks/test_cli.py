@@ -73,3 +73,24 @@ def _compare(model: str, out: Path, *args: str) -> dict:
                "--output-json", str(out)])
     assert rc == 0
     return json.loads(out.read_text())
+
+
+def test_throughput_compare_quantization_alternates_two_minivllm_runs(tiny_checkpoint, tmp_path,
+                                                                      capsys):
+    """--compare-quantization: the same workload with the checkpoint's weights and with online
+    int8 weights, rounds alternating in one process; the ratio is this run's / that run's."""
+    out = tmp_path / "quant.json"
+    assert main(["bench", "throughput", "--model", tiny_checkpoint, "--compare-quantization",
+                 "int8", "--rounds", "2", "--num-prompts", "3", "--input-len", "6",
+                 "--output-len", "2", "--disable-tqdm", "--output-json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert set(result) >= {"minivllm", "minivllm -q int8"}
+    for backend in ("minivllm", "minivllm -q int8"):
+        assert result[backend]["num_output_tokens"] == 12        # 2 rounds pooled
+    ratios = result["output_throughput_ratios"]
+    assert len(ratios) == 2 and result["output_throughput_ratio"] == sum(ratios) / 2
+    printed = capsys.readouterr().out
+    assert "minivllm / minivllm -q int8:" in printed and printed.count("[round ") == 2
+    assert main(["bench", "throughput", "--model", tiny_checkpoint, "--compare",
+                 "--compare-quantization", "none"]) == 2
+    assert "cannot be combined with --compare" in capsys.readouterr().err
