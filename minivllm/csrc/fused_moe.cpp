@@ -28,10 +28,13 @@
 #include "cpu_math.h"
 #include "kernels.h"
 
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
-#define MINIVLLM_MOE_AMX 1
+#if defined(__AVX512BF16__)
+#define MINIVLLM_MOE_NATIVE 1  // the expert kernels: AVX-512 BF16 dot products, AMX when here
 #include <immintrin.h>
 #include <omp.h>
+#endif
+#if MINIVLLM_MOE_NATIVE && defined(__AMX_TILE__) && defined(__AMX_BF16__)
+#define MINIVLLM_MOE_AMX 1
 #endif
 
 extern "C" int minivllm_has_gemm_amx();  // gemm_amx.cpp: AMX usable here
@@ -142,7 +145,7 @@ struct Groups {
   return g;
 }
 
-#ifdef MINIVLLM_MOE_AMX
+#ifdef MINIVLLM_MOE_NATIVE
 inline __m512 load16(const uint16_t* p) {  // 16 bf16 -> fp32 lanes
   return _mm512_castsi512_ps(_mm512_slli_epi32(
       _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
@@ -153,6 +156,55 @@ inline void store16(uint16_t* p, __m512 v) {
 }
 
 constexpr int64_t kRowsPerExpert = 32;  // average rows per active expert for whole experts
+
+// y [m, n] (rows y_stride apart, bf16) = x [m, k] W^T for bf16 x, W [n, k] (rows x_stride /
+// w_stride apart), k % 32 == 0, with AVX-512 BF16 dot products (vdpbf16ps, fp32 sums, one bf16
+// rounding): the expert GEMM on CPUs without AMX (AMD Zen 4, Ice Lake). Four weight rows at a
+// time (16 KB at k = 2048: they stay in L1 while every row of x meets them), so the weight
+// streams from memory once whatever m is.
+void gemm_dot(const uint16_t* x, int64_t x_stride, const uint16_t* w, int64_t w_stride,
+              uint16_t* y, int64_t y_stride, int64_t m, int64_t n, int64_t k) {
+  constexpr int kRows = 4;
+  for (int64_t n0 = 0; n0 < n; n0 += kRows) {
+    const int rows = static_cast<int>(std::min<int64_t>(kRows, n - n0));
+    for (int64_t i = 0; i < m; ++i) {
+      __m512 acc[kRows];
+      for (int r = 0; r < kRows; ++r) acc[r] = _mm512_setzero_ps();
+      for (int64_t c = 0; c < k; c += 32) {
+        const __m512bh xv = (__m512bh)_mm512_loadu_si512(x + i * x_stride + c);
+        for (int r = 0; r < rows; ++r)
+          acc[r] = _mm512_dpbf16_ps(
+              acc[r], (__m512bh)_mm512_loadu_si512(w + (n0 + r) * w_stride + c), xv);
+      }
+      for (int r = 0; r < rows; ++r)
+        minivllm::store(_mm512_reduce_add_ps(acc[r]), y + i * y_stride + n0 + r);
+    }
+  }
+}
+
+// One expert GEMM of a thread (the AMX kernel of gemm_amx.cpp on one thread, or gemm_dot):
+// 0, or the AMX kernel's error code.
+int expert_gemm(bool amx, const uint16_t* x, int64_t x_stride, const uint16_t* w,
+                int64_t w_stride, uint16_t* y, int64_t y_stride, int64_t m, int64_t n,
+                int64_t k) {
+#ifdef MINIVLLM_MOE_AMX
+  if (amx)
+    return minivllm_gemm_amx_bf16(x, x_stride, w, w_stride, nullptr, y, y_stride, m, n, k, 1);
+#endif
+  (void)amx;
+  gemm_dot(x, x_stride, w, w_stride, y, y_stride, m, n, k);
+  return 0;
+}
+
+// h [rows, I] = SiluAndMul of gu [rows, 2I] (gate columns, then up), columns [c0, c1).
+void silu_mul_rows(const uint16_t* gu, int64_t rows, int64_t inter, int64_t c0, int64_t c1,
+                   uint16_t* hs) {
+  for (int64_t i = 0; i < rows; ++i) {
+    const uint16_t* row = gu + i * 2 * inter;
+    for (int64_t c = c0; c < c1; c += 16)
+      store16(hs + i * inter + c, minivllm::silu_mul16(load16(row + c), load16(row + inter + c)));
+  }
+}
 
 // This thread's share [begin, end) of `count` rows, in whole 16-row blocks.
 inline void share(int64_t count, int64_t t, int64_t threads, int64_t* begin, int64_t* end) {
@@ -165,8 +217,9 @@ inline void share(int64_t count, int64_t t, int64_t threads, int64_t* begin, int
 // thread a slice of every expert, so uneven expert loads stay balanced): gate and up into
 // gu [N, 2I] (bf16, as the separate linears round them), then h = silu(gate) * up into
 // hs [N, I]: the same bits as the fused gate_up epilogue of gemm_amx.cpp.
-int gate_up_slice(const uint16_t* xs, const uint16_t* w13, const Groups& g, int64_t num_local,
-                  int64_t h, int64_t inter, int64_t r0, int64_t r1, uint16_t* gu, uint16_t* hs) {
+int gate_up_slice(bool amx, const uint16_t* xs, const uint16_t* w13, const Groups& g,
+                  int64_t num_local, int64_t h, int64_t inter, int64_t r0, int64_t r1,
+                  uint16_t* gu, uint16_t* hs) {
   for (int64_t e = 0; e < num_local && r0 < r1; ++e) {
     const int64_t begin = g.offsets[e], rows = g.offsets[e + 1] - begin;
     if (rows == 0) continue;
@@ -174,46 +227,50 @@ int gate_up_slice(const uint16_t* xs, const uint16_t* w13, const Groups& g, int6
     uint16_t* out = gu + begin * 2 * inter;
     for (int half = 0; half < 2; ++half) {  // gate rows [0, I), up rows [I, 2I)
       const int64_t off = half * inter + r0;
-      const int rc = minivllm_gemm_amx_bf16(xs + begin * h, h, w + off * h, h, nullptr,
-                                            out + off, 2 * inter, rows, r1 - r0, h, 1);
+      const int rc = expert_gemm(amx, xs + begin * h, h, w + off * h, h, out + off, 2 * inter,
+                                 rows, r1 - r0, h);
       if (rc != 0) return rc;
     }
-    for (int64_t i = 0; i < rows; ++i) {
-      const uint16_t* row = out + i * 2 * inter;
-      for (int64_t c = r0; c < r1; c += 16) {
-        store16(hs + (begin + i) * inter + c, minivllm::silu_mul16(load16(row + c),
-                                                                   load16(row + inter + c)));
-      }
-    }
+    silu_mul_rows(out, rows, inter, r0, r1, hs + begin * inter);
   }
   return 0;
 }
 
 // Phase 2, this thread's output columns [c0, c1) of every active expert's down projection:
 // ys [N, H] (bf16) = hs W2^T.
-int down_slice(const uint16_t* hs, const uint16_t* w2, const Groups& g, int64_t num_local,
-               int64_t h, int64_t inter, int64_t c0, int64_t c1, uint16_t* ys) {
+int down_slice(bool amx, const uint16_t* hs, const uint16_t* w2, const Groups& g,
+               int64_t num_local, int64_t h, int64_t inter, int64_t c0, int64_t c1,
+               uint16_t* ys) {
   for (int64_t e = 0; e < num_local && c0 < c1; ++e) {
     const int64_t begin = g.offsets[e], rows = g.offsets[e + 1] - begin;
     if (rows == 0) continue;
-    const int rc = minivllm_gemm_amx_bf16(hs + begin * inter, inter, w2 + (e * h + c0) * inter,
-                                          inter, nullptr, ys + begin * h + c0, h, rows, c1 - c0,
-                                          inter, 1);
+    const int rc = expert_gemm(amx, hs + begin * inter, inter, w2 + (e * h + c0) * inter, inter,
+                               ys + begin * h + c0, h, rows, c1 - c0, inter);
     if (rc != 0) return rc;
   }
   return 0;
 }
 
-// Expert e on all of its rows in this thread: hs = SiluAndMul(x W13^T), ys = hs W2^T.
-int whole_expert(const uint16_t* xs, const uint16_t* w13, const uint16_t* w2, const Groups& g,
-                 int64_t e, int64_t h, int64_t inter, uint16_t* hs, uint16_t* ys) {
+// Expert e on all of its rows in this thread: hs = SiluAndMul(x W13^T) (AMX: fused into the
+// GEMM; else through gu), ys = hs W2^T.
+int whole_expert(bool amx, const uint16_t* xs, const uint16_t* w13, const uint16_t* w2,
+                 const Groups& g, int64_t e, int64_t h, int64_t inter, uint16_t* gu,
+                 uint16_t* hs, uint16_t* ys) {
   const int64_t begin = g.offsets[e], rows = g.offsets[e + 1] - begin;
-  const int rc = minivllm_gemm_amx_silu_mul_bf16(xs + begin * h, h, w13 + e * 2 * inter * h, h,
-                                                 nullptr, hs + begin * inter, inter, rows, inter,
-                                                 h, 1);
-  if (rc != 0) return rc;
-  return minivllm_gemm_amx_bf16(hs + begin * inter, inter, w2 + e * h * inter, inter, nullptr,
-                                ys + begin * h, h, rows, h, inter, 1);
+  const uint16_t* w = w13 + e * 2 * inter * h;
+#ifdef MINIVLLM_MOE_AMX
+  if (amx) {
+    const int rc = minivllm_gemm_amx_silu_mul_bf16(xs + begin * h, h, w, h, nullptr,
+                                                   hs + begin * inter, inter, rows, inter, h, 1);
+    if (rc != 0) return rc;
+  }
+#endif
+  if (!amx) {
+    gemm_dot(xs + begin * h, h, w, h, gu + begin * 2 * inter, 2 * inter, rows, 2 * inter, h);
+    silu_mul_rows(gu + begin * 2 * inter, rows, inter, 0, inter, hs + begin * inter);
+  }
+  return expert_gemm(amx, hs + begin * inter, inter, w2 + e * h * inter, inter, ys + begin * h,
+                     h, rows, h, inter);
 }
 
 // Phase 3, columns [c0, c1): out[t] = sum_j w[t, j] * ys[slot(t, j)] in fp32, rounded to bf16
@@ -236,7 +293,7 @@ void combine_slice(const uint16_t* ys, int64_t h, const Groups& g, const float* 
     for (int64_t c = 0; c < c1 - c0; ++c) minivllm::store(acc[c], dst + c);
   }
 }
-#endif  // MINIVLLM_MOE_AMX
+#endif  // MINIVLLM_MOE_NATIVE
 
 }  // namespace
 
@@ -260,17 +317,21 @@ int minivllm_moe_topk(const void* logits, int64_t stride, int32_t dtype, int64_t
 // x [T, H] (rows x_stride apart), w13 [E_local, 2I, H] and w2 [E_local, H, I] contiguous bf16,
 // ids [T, k] int64 global expert ids, weights [T, k] fp32, expert_map [num_global] int64
 // (global -> local, -1: not here) or null, out [T, H] (rows out_stride apart).
-// Needs H % 32 == 0, I % 32 == 0 and AMX: 1 bad sizes, 2 no AMX, 3 out of memory.
+// use_amx 0: the AVX-512 BF16 GEMMs even where AMX is usable (what CPUs without it run).
+// Needs H % 32 == 0, I % 32 == 0 and AVX-512 BF16: 1 bad sizes, 2 no AVX-512 BF16 in this build,
+// 3 out of memory.
 int minivllm_fused_experts_bf16(const uint16_t* x, int64_t x_stride, const uint16_t* w13,
                                 const uint16_t* w2, const int64_t* ids, const float* weights,
                                 const int64_t* expert_map, int64_t num_global, int64_t num_local,
                                 int64_t t_count, int32_t k, int64_t h, int64_t inter,
-                                uint16_t* out, int64_t out_stride, int32_t num_threads) {
+                                uint16_t* out, int64_t out_stride, int32_t num_threads,
+                                int32_t use_amx) {
   if (h % 32 != 0 || inter % 32 != 0 || k < 1 || t_count < 0) return 1;
-#ifndef MINIVLLM_MOE_AMX
-  return 2;  // no AMX in this build: the torch path keeps the experts
+#ifndef MINIVLLM_MOE_NATIVE
+  (void)use_amx;
+  return 2;  // no AVX-512 BF16 in this build: the torch path keeps the experts
 #else
-  if (!minivllm_has_gemm_amx()) return 2;
+  const bool amx = use_amx != 0 && minivllm_has_gemm_amx() != 0;
   const Groups g = sort_pairs(ids, t_count * k, expert_map, num_global, num_local);
   const int64_t n = g.offsets[num_local];
   std::lock_guard<std::mutex> guard(g_scratch.lock);
@@ -301,15 +362,15 @@ int minivllm_fused_experts_bf16(const uint16_t* x, int64_t x_stride, const uint1
     if (by_expert) {  // whole experts per thread: gate_up (SiluAndMul fused), then down
 #pragma omp for schedule(dynamic, 1)
       for (int64_t i = 0; i < static_cast<int64_t>(active.size()); ++i) {
-        const int r = whole_expert(xs, w13, w2, g, active[i], h, inter, hs, ys);
+        const int r = whole_expert(amx, xs, w13, w2, g, active[i], h, inter, gu, hs, ys);
         if (r != 0) rc = r;
       }
     } else {          // a slice of every expert per thread
       share(inter, t, threads, &b, &e);
-      rc = gate_up_slice(xs, w13, g, num_local, h, inter, b, e, gu, hs);
+      rc = gate_up_slice(amx, xs, w13, g, num_local, h, inter, b, e, gu, hs);
 #pragma omp barrier
       share(h, t, threads, &b, &e);
-      if (rc == 0) rc = down_slice(hs, w2, g, num_local, h, inter, b, e, ys);
+      if (rc == 0) rc = down_slice(amx, hs, w2, g, num_local, h, inter, b, e, ys);
 #pragma omp barrier
     }
     share(h, t, threads, &b, &e);

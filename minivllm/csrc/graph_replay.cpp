@@ -91,7 +91,7 @@ int run(const int64_t* record) {
                                a[10], a[11]);
     case kFusedExpertsBf16:
       return minivllm_fused_experts_bf16(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8],
-                                         a[9], a[10], a[11], a[12], a[13], a[14], a[15]);
+                                         a[9], a[10], a[11], a[12], a[13], a[14], a[15], a[16]);
     case kLoraShrinkExpandBf16:
       return minivllm_lora_shrink_expand_bf16(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7],
                                               a[8], a[9], a[10], a[11], a[12], a[13], a[14]);

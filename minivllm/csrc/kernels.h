@@ -85,6 +85,7 @@ int minivllm_fused_experts_bf16(const uint16_t* x, int64_t x_stride, const uint1
                                 const uint16_t* w2, const int64_t* ids, const float* weights,
                                 const int64_t* expert_map, int64_t num_global, int64_t num_local,
                                 int64_t t_count, int32_t k, int64_t h, int64_t inter,
-                                uint16_t* out, int64_t out_stride, int32_t num_threads);
+                                uint16_t* out, int64_t out_stride, int32_t num_threads,
+                                int32_t use_amx);
 
 }  // extern "C"

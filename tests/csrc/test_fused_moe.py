@@ -3,8 +3,6 @@ one-call experts equal the per-expert AMX GEMMs they are built from (bit for bit
 per token; within one bf16 rounding of the fp32 top-k sum otherwise), for ragged groups, idle
 experts, other ranks' experts (expert_map) and any thread count."""
 
-import importlib
-
 import pytest
 import torch
 
@@ -12,11 +10,10 @@ from minivllm import _custom_ops as ops
 from minivllm.model_executor.layers.fused_moe.cpu_fused_moe import (experts_supported,
                                                                     fused_experts_bf16, moe_topk)
 
-fused_moe_py = importlib.import_module("minivllm.model_executor.layers.fused_moe.fused_moe")
+from tests.csrc._moe_helpers import E, H, I, expert_weights, fused_moe_py, routed_tokens
 
 pytestmark = pytest.mark.requires_native
 
-E, H, I = 8, 128, 64
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -27,18 +24,11 @@ def _amx():
 
 @pytest.fixture(scope="module")
 def weights():
-    gen = torch.Generator().manual_seed(0)
-    w1 = (torch.randn(E, 2 * I, H, generator=gen) * 0.1).bfloat16()
-    w2 = (torch.randn(E, H, I, generator=gen) * 0.1).bfloat16()
-    return w1, w2
+    return expert_weights(0)
 
 
 def _routing(num_tokens: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    gen = torch.Generator().manual_seed(seed)
-    x = torch.randn(num_tokens, H, generator=gen).bfloat16()
-    logits = torch.randn(num_tokens, E, generator=gen)
-    w, ids, _ = fused_moe_py.fused_topk(x, logits, k, True)
-    return x, w, ids
+    return routed_tokens(num_tokens, k, seed)
 
 
 def _pair_outputs(x, w1, w2, ids) -> torch.Tensor:
