@@ -11,8 +11,9 @@ transformers runs its default experts implementation (recorded in the results), 
 dtype and with the same torch threads.
 Both backends are loaded together and measured in alternating rounds (the best round of each
 counts), so load from other processes falls on both. Printed with the same-run ratios and the
-decode floor the memory allows: the bytes of the parameters one token reads (attention, router,
-top-k experts, norms, LM head) / the measured read bandwidth.
+decode floors the memory allows: the bytes of the parameters one token reads (attention, router,
+top-k experts, norms, LM head) / the measured read bandwidth, and for the batch's decode steps
+the bytes a step reads (the experts its tokens route to, uniform routing taken) / bandwidth.
 """
 
 import argparse
@@ -76,11 +77,23 @@ def write_checkpoint(args: argparse.Namespace, folder: str) -> None:
 def active_bytes_per_token(args: argparse.Namespace) -> int:
     """Parameter bytes one decode token reads: per layer attention, norms, router and the top-k
     experts' gate/up/down; then the final norm and the LM head (the embedding is one row)."""
+    return _bytes_per_step(args, args.top_k)
+
+
+def experts_read_per_step(args: argparse.Namespace, batch: int) -> float:
+    """Experts a decode step of `batch` sequences reads per layer, routing taken as uniform:
+    each expert is missed by all of the step's tokens with probability (1 - k / E)^batch."""
+    e, k = args.num_experts, args.top_k
+    return e * (1.0 - (1.0 - k / e) ** batch)
+
+
+def _bytes_per_step(args: argparse.Namespace, experts_read: float) -> int:
+    """Parameter bytes of one decode step that reads `experts_read` experts per layer."""
     h, d = args.hidden_size, args.head_dim
     attn = h * d * (2 * args.num_heads + 2 * args.num_kv_heads) + 2 * d + 2 * h
-    experts = args.top_k * 3 * args.moe_intermediate_size * h + args.num_experts * h
+    experts = experts_read * 3 * args.moe_intermediate_size * h + args.num_experts * h
     params = args.num_layers * (attn + experts) + h + args.vocab_size * h
-    return params * _DTYPES[args.dtype].itemsize
+    return int(params) * _DTYPES[args.dtype].itemsize
 
 
 def _prompts(args: argparse.Namespace, count: int, seed: int) -> list[list[int]]:
@@ -170,10 +183,18 @@ def run_moe(args: argparse.Namespace) -> dict:
             del model
     bandwidth = measure_read_bandwidth()
     floor_s = active_bytes_per_token(args) / bandwidth
+    experts_read = experts_read_per_step(args, args.num_prompts)
+    step_bytes = _bytes_per_step(args, experts_read)
     results["floor"] = {"active_bytes_per_token": active_bytes_per_token(args),
                         "read_bandwidth_gb_per_s": bandwidth / 1e9,
                         "decode_floor_ms_per_token": floor_s * 1e3,
-                        "max_decode_tokens_per_s": 1.0 / floor_s}
+                        "max_decode_tokens_per_s": 1.0 / floor_s,
+                        # the batch's decode steps: every sequence one token, all sharing the
+                        # experts' weights they route to
+                        "batch_experts_read_per_layer": experts_read,
+                        "batch_bytes_per_step": step_bytes,
+                        "max_batch_decode_tokens_per_s": args.num_prompts * bandwidth
+                        / step_bytes}
     _print(results)
     results["host"] = check_cpu_load(load_at_start)
     if args.output_json:
@@ -201,4 +222,7 @@ def _print(results: dict) -> None:
     print(f"bandwidth floor: {f['active_bytes_per_token'] / 1e6:.1f} MB of active parameters "
           f"per token / {f['read_bandwidth_gb_per_s']:.1f} GB/s = "
           f"{f['decode_floor_ms_per_token']:.1f} ms/token "
-          f"(at most {f['max_decode_tokens_per_s']:.1f} tok/s at batch 1)")
+          f"(at most {f['max_decode_tokens_per_s']:.1f} tok/s at batch 1); the batch's decode "
+          f"steps read ~{f['batch_experts_read_per_layer']:.0f} experts per layer "
+          f"({f['batch_bytes_per_step'] / 1e6:.0f} MB a step): at most "
+          f"{f['max_batch_decode_tokens_per_s']:.0f} tok/s")

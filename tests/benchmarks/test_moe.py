@@ -2,7 +2,9 @@
 
 import json
 
-from minivllm.benchmarks.moe import active_bytes_per_token
+import pytest
+
+from minivllm.benchmarks.moe import active_bytes_per_token, experts_read_per_step
 from minivllm.entrypoints.cli import build_parser, main
 
 TINY = ["--num-layers", "2", "--hidden-size", "64", "--num-experts", "4",
@@ -33,3 +35,17 @@ def test_moe_bench_end_to_end(tmp_path, capsys):
         assert len(result[backend]["batch_seconds_per_round"]) == 2
         assert result[backend]["batch_seconds"] == min(result[backend]["batch_seconds_per_round"])
     assert result["ratios"]["decode"] > 0 and result["floor"]["max_decode_tokens_per_s"] > 0
+    # a batch's step shares the experts its tokens route to: never below the batch-1 ceiling
+    floor = result["floor"]
+    assert floor["max_batch_decode_tokens_per_s"] >= floor["max_decode_tokens_per_s"]
+    assert "the batch's decode steps read" in printed
+
+
+def test_batch_floor_counts_the_experts_a_step_reads():
+    """Uniform routing: one token reads its k experts; 64 tokens over 128 experts at top-8 miss
+    only ~2 of them, so the batch's steps read nearly every expert of a layer."""
+    args = build_parser().parse_args(["bench", "moe"])
+    assert experts_read_per_step(args, 1) == pytest.approx(args.top_k)
+    assert experts_read_per_step(args, 64) == pytest.approx(128 * (1 - (1 - 8 / 128) ** 64))
+    assert 125 < experts_read_per_step(args, 64) < 127
+    assert experts_read_per_step(args, 10 ** 6) == pytest.approx(args.num_experts)
