@@ -8,10 +8,14 @@ runs llama.cpp on the same GGUF file (batch 1, rounds alternating in one process
 """
 
 import argparse
+import contextlib
 import functools
 import multiprocessing
 import statistics
+import subprocess
+import sys
 import time
+from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
@@ -48,9 +52,28 @@ def add_latency_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
     parser.add_argument("--num-iters", type=int, default=None,
                         help=f"measured iterations (default {DEFAULT_NUM_ITERS}; with --compare "
                              f"llama.cpp, {DEFAULT_LLAMA_CPP_ROUNDS} rounds of both backends)")
+    parser.add_argument("--background-load", type=int, default=0, metavar="N",
+                        help="run N busy processes (one spinning core each) beside the timed "
+                             "rounds: how decode holds up when the cores are shared")
     add_backend_args(parser)
     _compare_with_a_backend(parser)
     return parser
+
+
+@contextlib.contextmanager
+def background_load(count: int) -> Iterator[None]:
+    """`count` processes that each keep one core busy (a Python spin loop) while the block runs."""
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+             for _ in range(count)]
+    try:
+        if procs:
+            print(f"[load] {count} busy process(es) beside the timed rounds", flush=True)
+        yield
+    finally:
+        for proc in procs:
+            proc.kill()
+        for proc in procs:
+            proc.wait()
 
 
 def _compare_with_a_backend(parser: argparse.ArgumentParser) -> None:
@@ -156,10 +179,12 @@ def run_latency(args: argparse.Namespace) -> dict:
     batches = [flat[i * args.batch_size:(i + 1) * args.batch_size] for i in range(num_batches)]
     results: dict = {}
     for backend in start.backends:
-        timings = time_minivllm(args, batches) if backend == "minivllm" else \
-            time_hf(args, start.ckpt, start.tokenizer, batches)
+        with background_load(args.background_load):
+            timings = time_minivllm(args, batches) if backend == "minivllm" else \
+                time_hf(args, start.ckpt, start.tokenizer, batches)
         results[backend] = summarize(backend, timings[args.num_iters_warmup:], args.batch_size,
                                      args.input_len, args.output_len)
+        results[backend]["background_load"] = args.background_load
     return report(results, _print_result, _compare, start.load_at_start, args.output_json,
                   always_label=True)
 
@@ -173,6 +198,8 @@ def check_latency_args(args: argparse.Namespace) -> None:
             raise ValueError(f"{name} must be at least 1, got {getattr(args, name)}")
     if args.num_iters_warmup < 0:
         raise ValueError(f"num_iters_warmup must be at least 0, got {args.num_iters_warmup}")
+    if args.background_load < 0:
+        raise ValueError(f"background_load must be at least 0, got {args.background_load}")
 
 
 def run_llama_cpp_compare(args: argparse.Namespace) -> dict:
@@ -194,9 +221,11 @@ def run_llama_cpp_compare(args: argparse.Namespace) -> dict:
     num_rounds = args.num_iters_warmup + args.num_iters
     prompts = [r.prompt_token_ids for r in sample_random_requests(
         start.tokenizer, num_rounds, args.input_len, args.output_len, 0.0, args.seed)]
-    runs = _alternate_rounds(args, model, prompts, n_ctx)
+    with background_load(args.background_load):
+        runs = _alternate_rounds(args, model, prompts, n_ctx)
     measured = {b: t[args.num_iters_warmup:] for b, t in runs.items()}
-    results = {b: _summarize_rounds(b, t, args) for b, t in measured.items()}
+    results = {b: {**_summarize_rounds(b, t, args), "background_load": args.background_load}
+               for b, t in measured.items()}
     extras = {"greedy_agreement": [_common_prefix(m.token_ids[0], c.token_ids[0]) for m, c in
                                    zip(measured["minivllm"], measured["llama.cpp"])],
               "bandwidth_floor": bandwidth_floor(model),

@@ -1,12 +1,15 @@
-"""`minivllm bench latency`: --compare's choices, and --compare llama.cpp without llama.cpp."""
+"""`minivllm bench latency`: --compare's choices, --compare llama.cpp without llama.cpp, and
+--background-load."""
 
 import json
+import os
 import sys
+import time
 
 import pytest
 
 from minivllm.benchmarks import latency
-from minivllm.benchmarks.latency import check_latency_args
+from minivllm.benchmarks.latency import background_load, check_latency_args
 from minivllm.entrypoints.cli import build_parser, main
 from tests.benchmarks._helpers import FakeLlama
 
@@ -64,3 +67,35 @@ def test_compare_llama_cpp_rounds_with_a_fake_llama(tiny_checkpoint, tmp_path, m
     printed = capsys.readouterr().out
     assert printed.count("[round ") == 2 and "minivllm / llama.cpp (median of 2" in printed
     assert "Bandwidth floor: 1.0 MB" in printed and "llama.cpp 1 MiB (3.00x)" in printed
+
+
+def _children() -> set[int]:
+    """Pids of this process's live children (Linux: /proc/<pid>/task/<tid>/children)."""
+    pids: set[int] = set()
+    for task in os.listdir(f"/proc/{os.getpid()}/task"):
+        with open(f"/proc/{os.getpid()}/task/{task}/children") as f:
+            pids.update(int(p) for p in f.read().split())
+    return pids
+
+
+def test_background_load_runs_busy_processes_only_inside_the_block():
+    before = _children()
+    with background_load(2):
+        busy = _children() - before
+        assert len(busy) == 2
+        time.sleep(0.3)
+        for pid in busy:   # they spin: CPU time accrues (utime, field 14 of /proc/<pid>/stat)
+            with open(f"/proc/{pid}/stat") as f:
+                assert int(f.read().rsplit(")", 1)[1].split()[11]) > 0
+    assert not (_children() - before)
+
+
+def test_background_load_end_to_end(tiny_checkpoint, tmp_path, capsys):
+    out = tmp_path / "loaded.json"
+    assert main(["bench", "latency", "--model", tiny_checkpoint, "--input-len", "6",
+                 "--output-len", "3", "--num-iters", "1", "--num-iters-warmup", "0",
+                 "--background-load", "1", "--output-json", str(out)]) == 0
+    assert "[load] 1 busy process(es)" in capsys.readouterr().out
+    assert json.loads(out.read_text())["background_load"] == 1
+    assert main(["bench", "latency", "--model", tiny_checkpoint, "--background-load", "-1"]) == 2
+    assert "background_load must be at least 0, got -1" in capsys.readouterr().err
