@@ -20,8 +20,8 @@ from minivllm.benchmarks.backends import (Checkpoint, add_backend_args, hf_gener
                                           start_benchmark)
 from minivllm.benchmarks.datasets import SampleRequest, add_dataset_args, get_requests, sample_random_requests
 from minivllm.benchmarks.lora_adapters import write_random_adapter
-from minivllm.model_executor.layers.quantization import QUANTIZATION_METHODS
 from minivllm.lora.request import LoRARequest
+from minivllm.model_executor.layers.quantization import QUANTIZATION_METHODS
 from minivllm.sampling_params import SamplingParams
 
 # Batch sizes tried for transformers when --hf-max-batch-size is not given, largest first, until

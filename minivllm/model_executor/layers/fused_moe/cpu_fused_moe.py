@@ -3,10 +3,10 @@
 `moe_topk` is `fused_topk`'s softmax/sigmoid routing in C; `fused_experts_bf16` runs every
 selected expert of every token (pairs sorted by expert, one GEMM pair per active expert on its
 contiguous rows: AMX tiles, or AVX-512 BF16 dot products on CPUs without AMX; the weighted top-k
-sum fused) with no Python between experts. Both are
-native calls only, so a decode step whose MoE goes through them can be recorded and replayed as
-a CPU graph (`compilation/cpu_graph.py`). Each returns None when the kernels cannot take the
-inputs; the callers then keep the torch path of `fused_moe.py`.
+sum fused) with no Python between experts. Both are native calls only, so a decode step whose
+MoE goes through them can be recorded and replayed as a CPU graph (`compilation/cpu_graph.py`).
+Each returns None when the kernels cannot take the inputs; the callers then keep the torch path
+of `fused_moe.py`.
 """
 
 import torch
@@ -14,12 +14,12 @@ import torch
 from minivllm import _custom_ops as ops
 
 _SCORING = {"softmax": 0, "sigmoid": 1}
+_LOGIT_DTYPES = {torch.bfloat16: 0, torch.float32: 1}
 # Without AMX the kernel's dot products stream each active expert's weights once, at vector
 # speed: they beat the torch loop over oneDNN on decode steps and lose on prompts. One layer of
 # 128 experts (2048 x 768, top-8) on the 2-core box: 2.5x at 1 token, 1.4x at 64, even at 128
 # (8 rows per expert), 0.5x at 512.
 DOT_MAX_ROWS_PER_EXPERT = 8
-_LOGIT_DTYPES = {torch.bfloat16: 0, torch.float32: 1}
 
 
 def experts_supported(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> bool:
