@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from minivllm.engine.arg_utils import EngineArgs
+from minivllm.engine.engine_thread import EngineThread
 from minivllm.engine.llm_engine import LLMEngine
 from minivllm.lora.request import LoRARequest
 from minivllm.logger import init_logger
@@ -133,20 +134,29 @@ class AsyncLLM:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._owns_engine = False   # from_engine_args: shutdown() also ends the engine
+        self._host: EngineThread | None = None   # from_engine_args: the thread that built it
 
     @classmethod
     def from_engine_args(cls, engine_args: EngineArgs, **kwargs: Any) -> AsyncLLM:
-        """An LLMEngine built by `LLMEngine.from_engine_args`, owned (and shut down) by this."""
-        engine = LLMEngine.from_engine_args(engine_args)
+        """An LLMEngine built by `LLMEngine.from_engine_args` on the thread that will step it
+        (engine_thread.py says why), owned (and shut down) by this."""
+        host = EngineThread()
+        try:
+            engine = host.call(LLMEngine.from_engine_args, engine_args)
+        except BaseException:
+            host.close()
+            raise
         model_config = engine.vllm_config.model_config
         kwargs.setdefault("max_num_queued_requests", engine_args.max_num_queued_requests)
         try:
             async_llm = cls(engine, vocab_size=model_config.get_vocab_size(),
                             model_path=model_config.model, **kwargs)
         except BaseException:
+            host.close()
             engine.shutdown()
             raise
         async_llm._owns_engine = True
+        async_llm._host = host
         return async_llm
 
     # ------------------------------------------------------------------ lifecycle
@@ -155,6 +165,11 @@ class AsyncLLM:
         """Starts the loop thread (idempotent)."""
         if self._thread is not None:
             return
+        if self._host is not None:
+            self._thread = self._host.thread
+            self._host.submit(self._run_loop)
+            self._host.close()   # the thread ends when the loop does
+            return
         self._thread = threading.Thread(target=self._run_loop, name="minivllm-engine", daemon=True)
         self._thread.start()
 
@@ -162,6 +177,8 @@ class AsyncLLM:
         """Stops the loop; in-flight requests fail with EngineDeadError and /health turns 503."""
         self._stop.set()
         self._wakeup.set()
+        if self._host is not None and self._thread is None:
+            self._host.close()   # never started
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout_s)
 
