@@ -15,7 +15,8 @@ import asyncio
 import json
 import random
 import time
-from typing import Any
+from collections.abc import Coroutine
+from typing import Any, TypeVar
 
 import httpx
 import numpy as np
@@ -41,6 +42,7 @@ BENCH_JSON_SCHEMA = {"type": "object", "properties": {
     "name": {"type": "string"}, "tags": {"type": "array", "items": {"type": "string"}}},
     "required": ["name", "tags"]}
 _STRUCTURED_CHOICES = ("none", "json_schema")
+T = TypeVar("T")
 
 
 def add_serve_bench_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -84,12 +86,24 @@ def run_serve_bench(args: argparse.Namespace) -> dict[str, Any]:
         result = _compare_offline(args)
     else:
         base_url = (args.base_url or f"http://{args.host}:{args.port}").rstrip("/")
-        result = asyncio.run(_benchmark(args, base_url, args.model))
+        result = run_client(_benchmark(args, base_url, args.model))
         print_result(result)
     if args.result_json:
         with open(args.result_json, "w") as f:
             json.dump(result, f, indent=2)
     return result
+
+
+def run_client(coro: Coroutine[Any, Any, T]) -> T:
+    """Runs the benchmark client on uvloop when it is installed (uvicorn[standard] brings it):
+    the client shares the cores with the server it measures, and uvloop's streams cost it ~a
+    third less CPU per streamed token than asyncio's default loop."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coro)
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(coro)
 
 
 def _compare_offline(args: argparse.Namespace) -> dict[str, Any]:
@@ -106,7 +120,7 @@ def _compare_offline(args: argparse.Namespace) -> dict[str, Any]:
             warmups = random_prompts(vocab, min(concurrency, args.num_prompts), args.input_len,
                                      args.seed + 10_000)
             run_offline(engine, warmups, min(args.output_len, 4), concurrency, structured, "warmup")
-            asyncio.run(_benchmark(args, server.url, None, warmups, min(args.output_len, 4)))
+            run_client(_benchmark(args, server.url, None, warmups, min(args.output_len, 4)))
             for r in range(args.num_rounds):
                 prompts = random_prompts(vocab, args.num_prompts, args.input_len, args.seed + r)
                 rounds.append(_one_round(args, engine, server, prompts, structured, f"round{r}"))
@@ -141,7 +155,7 @@ def _one_round(args: argparse.Namespace, engine: Any, server: Any, prompts: list
     offline["cpu_s_per_1k_output_tokens"] = cpu_per_1k_tokens(
         time.process_time() - cpu_start, offline["total_output_tokens"])
     server_start, client_start = process_cpu_s(server.process.pid), time.process_time()
-    served = asyncio.run(_benchmark(args, server.url, None, prompts))
+    served = run_client(_benchmark(args, server.url, None, prompts))
     server_end = process_cpu_s(server.process.pid)
     num_tokens = served["total_output_tokens"]
     served["cpu_s_per_1k_output_tokens"] = cpu_per_1k_tokens(
