@@ -1,4 +1,4 @@
-"""`minivllm bench {throughput,latency,moe,serve,make-gguf}`: the parsers, under the `minivllm` command."""
+"""`minivllm bench {throughput,latency,moe,startup,serve,make-gguf}`: the parsers, under the `minivllm` command."""
 
 import argparse
 import sys
@@ -6,6 +6,7 @@ import sys
 from minivllm.benchmarks.gguf_variants import add_make_gguf_args, run_make_gguf
 from minivllm.benchmarks.latency import add_latency_args, run_latency
 from minivllm.benchmarks.moe import add_moe_args, run_moe
+from minivllm.benchmarks.startup import add_startup_args, run_startup
 from minivllm.benchmarks.throughput import add_throughput_args, run_throughput
 
 
@@ -21,6 +22,11 @@ def _cmd_latency(args: argparse.Namespace) -> int:
 
 def _cmd_moe(args: argparse.Namespace) -> int:
     run_moe(args)
+    return 0
+
+
+def _cmd_startup(args: argparse.Namespace) -> int:
+    run_startup(args)
     return 0
 
 
@@ -46,6 +52,10 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
                          "with the active-parameter bandwidth floor")
     add_moe_args(moe)
     moe.set_defaults(func=_cmd_moe)
+    startup = sub.add_parser("startup", help="a cold `minivllm generate` in a fresh process: wall "
+                             "time and peak RSS; --compare llama.cpp against a cold llama.cpp run")
+    add_startup_args(startup)
+    startup.set_defaults(func=_cmd_startup)
     make_gguf = sub.add_parser("make-gguf", help="write a re-quantized GGUF variant (Q8_0, Q4_K, "
                                "...) of a GGUF model, for the latency comparisons")
     add_make_gguf_args(make_gguf)
