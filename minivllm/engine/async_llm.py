@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from minivllm.engine.arg_utils import EngineArgs
-from minivllm.engine.engine_thread import EngineThread
+from minivllm.engine.engine_thread import EngineThread, put_all_soon, run_call, settle
 from minivllm.engine.llm_engine import LLMEngine
 from minivllm.lora.request import LoRARequest
 from minivllm.logger import init_logger
@@ -306,7 +306,7 @@ class AsyncLLM:
                 if command[0] == "abort":
                     self.engine.abort_request(command[1])
                 elif command[0] == "call":
-                    _run_call(self.engine, *command[1:])
+                    run_call(self.engine, *command[1:])
                 else:
                     self._add_to_engine(*command[1:])
             if commands:
@@ -349,7 +349,7 @@ class AsyncLLM:
                 self._record_timings(stream, output, now)
                 batches[stream.loop].append((stream.queue, output))
         for loop, items in batches.items():
-            _call_soon(loop, items)
+            put_all_soon(loop, items)
 
     def _record_timings(self, stream: _Stream, output: RequestOutput, now: float) -> None:
         if not isinstance(output.outputs, list):   # a pooling request: one output, no tokens
@@ -382,36 +382,7 @@ class AsyncLLM:
         for stream in streams:
             batches[stream.loop].append((stream.queue, error))
         for _, _, _, future in calls:   # engine calls still queued fail too
-            _settle(future, None, error)
+            settle(future, None, error)
         for loop, items in batches.items():
-            _call_soon(loop, items)
+            put_all_soon(loop, items)
 
-
-def _put_all(items: list[tuple[asyncio.Queue, Any]]) -> None:
-    for queue, item in items:
-        queue.put_nowait(item)
-
-
-def _run_call(engine: Any, method: str, args: tuple, future: asyncio.Future) -> None:
-    try:
-        result, error = getattr(engine, method)(*args), None
-    except Exception as exc:   # noqa: BLE001 - handed to the caller's coroutine
-        result, error = None, exc
-    _settle(future, result, error)
-
-
-def _settle(future: asyncio.Future, result: Any, error: BaseException | None) -> None:
-    def settle() -> None:
-        if not future.done():
-            future.set_exception(error) if error is not None else future.set_result(result)
-    try:
-        future.get_loop().call_soon_threadsafe(settle)
-    except RuntimeError:
-        pass   # the event loop is closed
-
-
-def _call_soon(loop: asyncio.AbstractEventLoop, items: list[tuple[asyncio.Queue, Any]]) -> None:
-    try:
-        loop.call_soon_threadsafe(_put_all, items)
-    except RuntimeError:
-        pass   # the event loop is closed: nobody is listening any more

@@ -1,4 +1,5 @@
-"""The one thread that builds an engine and then steps it (AsyncLLM's loop thread).
+"""The one thread that builds an engine and then steps it (AsyncLLM's loop thread), and the
+hand-offs from it to the asyncio side (futures settled and queues fed through call_soon_threadsafe).
 
 Why the engine is built there and not by the caller: libgomp keeps one pool of OpenMP worker
 threads per thread that ever ran a parallel region, and as soon as its pools hold more threads
@@ -11,6 +12,7 @@ engine's tok/s). With all torch compute on this thread there is one pool, as off
 
 from __future__ import annotations
 
+import asyncio
 import queue
 import threading
 from collections.abc import Callable
@@ -52,3 +54,36 @@ class EngineThread:
                 future.set_result(fn(*args))
             except BaseException as exc:   # noqa: BLE001 - handed to whoever waits on it
                 future.set_exception(exc)
+
+
+def _put_all(items: list[tuple[asyncio.Queue, Any]]) -> None:
+    for queue_, item in items:
+        queue_.put_nowait(item)
+
+
+def put_all_soon(loop: asyncio.AbstractEventLoop, items: list[tuple[asyncio.Queue, Any]]) -> None:
+    """Feeds each (queue, item) pair on `loop`, from any thread: one wake-up for all of them."""
+    try:
+        loop.call_soon_threadsafe(_put_all, items)
+    except RuntimeError:
+        pass   # the event loop is closed: nobody is listening any more
+
+
+def run_call(engine: Any, method: str, args: tuple, future: asyncio.Future) -> None:
+    """`engine.<method>(*args)` here; its result or exception settles `future` on its loop."""
+    try:
+        result, error = getattr(engine, method)(*args), None
+    except Exception as exc:   # noqa: BLE001 - handed to the caller's coroutine
+        result, error = None, exc
+    settle(future, result, error)
+
+
+def settle(future: asyncio.Future, result: Any, error: BaseException | None) -> None:
+    """Sets `future`'s result (or `error`) on its own loop, from any thread."""
+    def set_outcome() -> None:
+        if not future.done():
+            future.set_exception(error) if error is not None else future.set_result(result)
+    try:
+        future.get_loop().call_soon_threadsafe(set_outcome)
+    except RuntimeError:
+        pass   # the event loop is closed
