@@ -23,6 +23,8 @@ test: install
 	$(PY) -m pytest -q
 
 test-slow: install
+	# lm-eval-harness, the slow tests' client of the server (not needed by the default run)
+	$(PY) -m pip install -q -e '.[test,eval]'
 	$(PY) -m pytest -q -m slow
 
 bench: install
