@@ -22,6 +22,7 @@ import numpy as np
 
 from minivllm.benchmarks.llama_cpp import import_llama_cpp
 from minivllm.config.model import default_model_path
+from minivllm.transformers_utils.chat_template import chat_token_ids
 
 DEFAULT_PROMPT = "What is the capital of France?"
 _TIMEOUT_S = 600.0
@@ -101,9 +102,8 @@ def llama_cpp_cmd(args: argparse.Namespace, model: str, tokenizer: Any,
     default Q4_1 file (its activations are rounded to 8 bits) and would run to max_tokens."""
     from minivllm.benchmarks import llama_cpp
 
-    ids = tokenizer.apply_chat_template([{"role": "user", "content": args.prompt}],
-                                        add_generation_prompt=True, tokenize=True)
-    ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+    ids = chat_token_ids(tokenizer, [{"role": "user", "content": args.prompt}],
+                         add_generation_prompt=True)
     num_tokens = len(tokenizer.encode(minivllm_answer, add_special_tokens=False)) + 1
     job = {"model": os.path.abspath(model), "prompt_token_ids": ids, "threads": _threads(),
            "max_tokens": min(args.max_tokens, num_tokens), "n_ctx": 2048}

@@ -10,6 +10,7 @@ from minivllm.lora.request import LoRARequest
 from minivllm.outputs import EmbeddingRequestOutput, PoolingRequestOutput, RequestOutput
 from minivllm.pooling_params import PoolingParams
 from minivllm.sampling_params import SamplingParams
+from minivllm.transformers_utils.chat_template import chat_token_ids
 
 _TQDM_MIN_REQUESTS = 8   # show a progress bar only for batches at least this long
 
@@ -75,11 +76,8 @@ class LLM:
                             chat_template: str | None = None) -> list[int]:
         if chat_template is None and not getattr(self.tokenizer, "chat_template", None):
             raise ValueError("This tokenizer has no chat template; pass chat_template=...")
-        ids = self.tokenizer.apply_chat_template(conversation, add_generation_prompt=add_generation_prompt,
-                                                 chat_template=chat_template, tokenize=True)
-        if hasattr(ids, "keys"):          # transformers v5 returns a BatchEncoding
-            ids = ids["input_ids"]
-        return list(ids)
+        return chat_token_ids(self.tokenizer, conversation, chat_template=chat_template,
+                              add_generation_prompt=add_generation_prompt)
 
     def add_lora(self, lora_request: LoRARequest) -> bool:
         return self.llm_engine.add_lora(lora_request)

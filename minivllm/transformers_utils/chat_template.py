@@ -13,11 +13,20 @@ from datetime import datetime
 from functools import lru_cache
 from typing import Any
 
-__all__ = ["is_plain_chat", "render_chat"]
+__all__ = ["chat_token_ids", "is_plain_chat", "render_chat"]
 
 _PLAIN_MESSAGE_KEYS = frozenset({"role", "content", "name"})
 # `{% generation %}` needs transformers' AssistantTracker extension.
 _GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")
+
+
+def chat_token_ids(tokenizer: Any, conversation: list[dict[str, Any]], **kwargs: Any) -> list[int]:
+    """`tokenizer.apply_chat_template(conversation, tokenize=True, **kwargs)` as a list of ids,
+    whatever the tokenizer returns them in (transformers v5: a BatchEncoding)."""
+    ids = tokenizer.apply_chat_template(conversation, tokenize=True, **kwargs)
+    if hasattr(ids, "keys"):
+        ids = ids["input_ids"]
+    return list(ids)
 
 
 def is_plain_chat(conversations: list, chat_template: str, template_kwargs: dict[str, Any]) -> bool:

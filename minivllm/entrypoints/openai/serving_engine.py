@@ -18,6 +18,7 @@ from minivllm.entrypoints.openai.protocol import ErrorInfo, ErrorResponse
 from minivllm.lora.request import LoRARequest
 from minivllm.outputs import RequestOutput
 from minivllm.sampling_params import SamplingParams
+from minivllm.transformers_utils.chat_template import chat_token_ids
 from minivllm.v1.structured_output import validate_structured_outputs
 
 T = TypeVar("T")
@@ -114,14 +115,11 @@ class OpenAIServing:
         conversation = [_normalize_message(i, m) for i, m in enumerate(messages)]
         extra = {"tools": tools} if tools else {}
         try:
-            ids = tokenizer.apply_chat_template(conversation, add_generation_prompt=add_generation_prompt,
-                                                chat_template=chat_template, tokenize=True, **extra)
+            return chat_token_ids(tokenizer, conversation, chat_template=chat_template,
+                                  add_generation_prompt=add_generation_prompt, **extra)
         except Exception as exc:   # jinja2 errors, raise_exception() in templates, ...
             raise OpenAIError(f"The chat template failed on these messages: {exc}",
                               param="messages") from exc
-        if hasattr(ids, "keys"):   # transformers v5 returns a BatchEncoding
-            ids = ids["input_ids"]
-        return list(ids)
 
     def resolve_max_tokens(self, num_prompt_tokens: int, max_tokens: int | None,
                            param: str = "max_tokens") -> int:
