@@ -29,6 +29,8 @@ environment_variables: dict[str, Callable[[], Any]] = {
     "VLLM_PP_LAYER_PARTITION": _str("VLLM_PP_LAYER_PARTITION"),
     # the server's /v1/load_lora_adapter and /v1/unload_lora_adapter routes
     "VLLM_ALLOW_RUNTIME_LORA_UPDATING": _flag("VLLM_ALLOW_RUNTIME_LORA_UPDATING", False),
+    # the server's API key when --api-key is not given
+    "VLLM_API_KEY": _str("VLLM_API_KEY"),
 }
 
 # name -> (the only value minivllm has, why)

@@ -22,6 +22,8 @@ from minivllm.entrypoints.openai.metrics import CONTENT_TYPE, ServerMetrics
 from minivllm.entrypoints.openai.protocol import (ChatCompletionRequest, CompletionRequest,
                                                   DetokenizeRequest, DetokenizeResponse,
                                                   TokenizeRequest, TokenizeResponse)
+from minivllm.entrypoints.openai.server_options import (APIKeyMiddleware, load_chat_template,
+                                                        resolve_api_keys)
 from minivllm.entrypoints.openai.serving_chat import OpenAIServingChat
 from minivllm.entrypoints.openai.serving_completions import OpenAIServingCompletion
 from minivllm.entrypoints.openai.serving_embedding import (EmbeddingRequest, OpenAIServingEmbedding,
@@ -79,10 +81,13 @@ def _install_error_handlers(app: FastAPI) -> None:
 
 def build_app(async_llm: AsyncLLM, served_model_name: str | None = None, *,
               enable_auto_tool_choice: bool = False, tool_call_parser: str | None = None,
-              lora_modules: list[LoRAModulePath] | None = None) -> FastAPI:
+              lora_modules: list[LoRAModulePath] | None = None,
+              api_keys: list[str] | None = None, chat_template: str | None = None) -> FastAPI:
     """The OpenAI-compatible app around a (started or not) AsyncLLM; starts its loop (and loads
     the `lora_modules` adapters) on startup. `tool_choice: "auto"` needs
-    `enable_auto_tool_choice` and a `tool_call_parser` name."""
+    `enable_auto_tool_choice` and a `tool_call_parser` name. `api_keys` (else VLLM_API_KEY):
+    /v1 routes need one as a bearer token; `chat_template`: the text that replaces the
+    tokenizer's (requests may still pass their own)."""
     if enable_auto_tool_choice and tool_call_parser is None:
         raise ValueError("--enable-auto-tool-choice needs --tool-call-parser (one of hermes, "
                          "llama3_json).")
@@ -110,6 +115,10 @@ def build_app(async_llm: AsyncLLM, served_model_name: str | None = None, *,
     app.state.serving_models = models = OpenAIServingModels(async_llm, served_model_name, lora_modules)
     for serving in (completions, chat, base, embedding):
         serving.models = models   # `model` may name a LoRA adapter
+        serving.chat_template = chat_template
+    keys = resolve_api_keys(api_keys, envs.VLLM_API_KEY)
+    if keys:
+        app.add_middleware(APIKeyMiddleware, api_keys=keys)
     if envs.VLLM_ALLOW_RUNTIME_LORA_UPDATING:
         _add_lora_routes(app, models)
     _install_error_handlers(app)
@@ -203,16 +212,20 @@ def run_server(args: argparse.Namespace) -> int:
     if args.lora_modules and not engine_args.enable_lora:
         raise ValueError("--lora-modules needs --enable-lora (and --max-lora-rank at least the "
                          "adapters' rank)")
+    chat_template = load_chat_template(args.chat_template)   # a bad value fails before loading
+    resolve_api_keys(args.api_key, envs.VLLM_API_KEY)
     async_llm = AsyncLLM.from_engine_args(engine_args, stall_timeout_s=args.health_stall_timeout)
     served = args.served_model_name or (os.path.basename(os.path.normpath(engine_args.model))
                                         if engine_args.model else None)
     try:
         app = build_app(async_llm, served, enable_auto_tool_choice=args.enable_auto_tool_choice,
-                        tool_call_parser=args.tool_call_parser, lora_modules=args.lora_modules)
+                        tool_call_parser=args.tool_call_parser, lora_modules=args.lora_modules,
+                        api_keys=args.api_key, chat_template=chat_template)
     except BaseException:
         async_llm.shutdown()
         raise
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.uvicorn_log_level,
+                            access_log=not args.disable_uvicorn_access_log,
                             timeout_graceful_shutdown=5)
     server = uvicorn.Server(config)
     print(f"Serving {app.state.served_model_name} on http://{args.host}:{args.port} "

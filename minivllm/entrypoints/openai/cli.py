@@ -25,6 +25,14 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
                              "seconds with requests in flight")
     parser.add_argument("--uvicorn-log-level", default="info",
                         choices=["critical", "error", "warning", "info", "debug", "trace"])
+    parser.add_argument("--disable-uvicorn-access-log", action="store_true",
+                        help="no access-log line per HTTP request")
+    parser.add_argument("--api-key", nargs="+", default=None, metavar="KEY",
+                        help="requests under /v1 must send 'Authorization: Bearer KEY' (one of "
+                             "these keys; default: VLLM_API_KEY, else no key)")
+    parser.add_argument("--chat-template", default=None,
+                        help="a Jinja chat template file (or the template itself) in place of "
+                             "the tokenizer's")
     parser.add_argument("--enable-auto-tool-choice", action="store_true",
                         help='let the model decide to call tools (tool_choice "auto"); needs '
                              "--tool-call-parser")

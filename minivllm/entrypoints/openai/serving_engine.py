@@ -73,6 +73,7 @@ class OpenAIServing:
         self.max_model_len = async_llm.max_model_len
         # An OpenAIServingModels (set by build_app): the base model and its LoRA adapters.
         self.models: Any = None
+        self.chat_template: str | None = None   # --chat-template: in place of the tokenizer's
 
     @property
     def tokenizer(self) -> Any:
@@ -109,6 +110,7 @@ class OpenAIServing:
                     tools: list[dict[str, Any]] | None = None) -> list[int]:
         """Token ids of a conversation through the model's (or the given) chat template."""
         tokenizer = self.tokenizer
+        chat_template = chat_template or self.chat_template
         if chat_template is None and not getattr(tokenizer, "chat_template", None):
             raise OpenAIError("This model has no chat template; pass `chat_template` or use "
                               "/v1/completions.", param="chat_template")

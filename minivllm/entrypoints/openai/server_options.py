@@ -1,0 +1,68 @@
+"""Deployment options of `minivllm serve` as vLLM names them: `--api-key` (or VLLM_API_KEY) and
+`--chat-template` (a file, or the template itself)."""
+
+from __future__ import annotations
+
+import hmac
+import json
+import os
+from collections.abc import Awaitable, Callable
+from http import HTTPStatus
+from typing import Any
+
+from minivllm.entrypoints.openai.serving_engine import error_response
+
+ASGIApp = Callable[[dict, Callable[[], Awaitable[dict]], Callable[[dict], Awaitable[None]]],
+                   Awaitable[None]]
+
+
+class APIKeyMiddleware:
+    """Requests under /v1 must send `Authorization: Bearer <one of the keys>`, else a 401 in
+    OpenAI's error shape (the openai client raises AuthenticationError). /health, /metrics,
+    /version and the tokenizer routes stay open, as in vLLM.
+
+    A pure ASGI wrapper: streamed responses pass through untouched (no per-chunk cost)."""
+
+    def __init__(self, app: ASGIApp, api_keys: list[str]) -> None:
+        self.app = app
+        self._accepted = [f"Bearer {key}".encode() for key in api_keys]
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if (scope["type"] != "http" or not scope["path"].startswith("/v1")
+                or scope.get("method") == "OPTIONS" or self._authorized(scope)):
+            return await self.app(scope, receive, send)
+        body = json.dumps(error_response("Invalid or missing API key: send the header "
+                                         "'Authorization: Bearer <key>'.",
+                                         HTTPStatus.UNAUTHORIZED).model_dump()).encode()
+        await send({"type": "http.response.start", "status": 401,
+                    "headers": [(b"content-type", b"application/json"),
+                                (b"content-length", str(len(body)).encode()),
+                                (b"www-authenticate", b"Bearer")]})
+        await send({"type": "http.response.body", "body": body})
+
+    def _authorized(self, scope: dict) -> bool:
+        header = next((v for k, v in scope.get("headers", ()) if k == b"authorization"), b"")
+        # compare_digest: the time taken does not tell how much of a key matched
+        return any(hmac.compare_digest(header, accepted) for accepted in self._accepted)
+
+
+def resolve_api_keys(api_keys: list[str] | None, env_key: str | None) -> list[str]:
+    """--api-key's keys, else VLLM_API_KEY's; empty: the server is open."""
+    keys = list(api_keys) if api_keys is not None else ([env_key] if env_key else [])
+    if any(not key.strip() for key in keys):
+        raise ValueError("--api-key needs non-empty keys (or leave it out for an open server).")
+    return keys
+
+
+def load_chat_template(value: str | None) -> str | None:
+    """--chat-template: a path to a Jinja file, or the template text itself (vLLM's rule: a value
+    with template syntax is the template; anything else must be a readable file)."""
+    if value is None:
+        return None
+    if os.path.isfile(value):
+        with open(value, encoding="utf-8") as f:
+            return f.read()
+    if "{{" in value or "{%" in value:
+        return value
+    raise ValueError(f"--chat-template {value!r} is neither a file nor a Jinja template "
+                     "(one with '{{ ... }}' or '{% ... %}').")

@@ -1,0 +1,87 @@
+"""`--api-key` / VLLM_API_KEY and `--chat-template` on a real server with the openai client."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+
+from minivllm.entrypoints.cli import build_parser
+from minivllm.entrypoints.openai.server_options import load_chat_template, resolve_api_keys
+from tests.entrypoints.openai._helpers import make_tokenizer, write_tiny_checkpoint
+from tests.entrypoints.openai.test_api_server import running_server
+
+MODEL = "tiny"   # test_api_server's served name
+TEMPLATE = "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}reply:"
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> str:
+    return write_tiny_checkpoint(str(tmp_path_factory.mktemp("tiny_options")))
+
+
+def server_with(checkpoint: str, **app_kwargs):
+    return running_server(checkpoint, app_kwargs)
+
+
+def client(server, key: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key=key, max_retries=0)
+
+
+def test_v1_routes_need_one_of_the_keys(checkpoint, monkeypatch):
+    monkeypatch.delenv("VLLM_API_KEY", raising=False)
+    with server_with(checkpoint, api_keys=["first-key", "second-key"]) as server:
+        with pytest.raises(openai.AuthenticationError):
+            client(server, "wrong").completions.create(model=MODEL, prompt="Hello", max_tokens=2)
+        bare = httpx.get(f"{server.url}/v1/models")
+        assert bare.status_code == 401 and bare.headers["www-authenticate"] == "Bearer"
+        assert bare.json()["error"]["code"] == 401 and "API key" in bare.json()["error"]["message"]
+        for key in ("first-key", "second-key"):
+            done = client(server, key).completions.create(model=MODEL, prompt="Hello", max_tokens=2)
+            assert done.usage.completion_tokens == 2
+        streamed = client(server, "second-key").completions.create(
+            model=MODEL, prompt="Hello", max_tokens=3, stream=True)
+        assert len([c for c in streamed if c.choices and c.choices[0].text]) >= 1
+        # outside /v1 stays open, as in vLLM
+        assert httpx.get(f"{server.url}/health").status_code == 200
+        assert httpx.post(f"{server.url}/tokenize", json={"prompt": "Hello"}).status_code == 200
+
+
+def test_vllm_api_key_applies_when_no_key_is_given(checkpoint, monkeypatch):
+    monkeypatch.setenv("VLLM_API_KEY", "from-env")
+    with server_with(checkpoint) as server:
+        assert httpx.get(f"{server.url}/v1/models").status_code == 401
+        assert [m.id for m in client(server, "from-env").models.list()] == [MODEL]
+    monkeypatch.delenv("VLLM_API_KEY")
+    assert resolve_api_keys(None, None) == []
+    assert resolve_api_keys(["a"], "from-env") == ["a"]
+    with pytest.raises(ValueError, match="non-empty keys"):
+        resolve_api_keys([""], None)
+
+
+def test_chat_template_replaces_the_tokenizers(checkpoint, tmp_path):
+    path = tmp_path / "template.jinja"
+    path.write_text(TEMPLATE)
+    assert load_chat_template(str(path)) == TEMPLATE == load_chat_template(TEMPLATE)
+    assert load_chat_template(None) is None
+    with pytest.raises(ValueError, match="neither a file nor a Jinja template"):
+        load_chat_template(str(tmp_path / "missing.jinja"))
+    messages = [{"role": "user", "content": "Hello world"}]
+    expected = make_tokenizer().encode("[user] Hello world\nreply:", add_special_tokens=False)
+    with server_with(checkpoint, chat_template=load_chat_template(str(path))) as server:
+        got = httpx.post(f"{server.url}/tokenize", json={"messages": messages}).json()["tokens"]
+        assert got == expected
+        chat = client(server, "unused").chat.completions.create(
+            model=MODEL, messages=messages, max_tokens=2)
+        assert chat.usage.prompt_tokens == len(expected)
+        # a request's own template still wins
+        own = httpx.post(f"{server.url}/tokenize", json={
+            "messages": messages, "chat_template": "{{ messages[0]['content'] }}"}).json()
+        assert own["tokens"] == make_tokenizer().encode("Hello world", add_special_tokens=False)
+
+
+def test_serve_parses_the_vllm_flags():
+    args = build_parser().parse_args(["serve", "--api-key", "a", "b", "--chat-template", "t.jinja",
+                                      "--disable-uvicorn-access-log"])
+    assert args.api_key == ["a", "b"] and args.chat_template == "t.jinja"
+    assert args.disable_uvicorn_access_log
