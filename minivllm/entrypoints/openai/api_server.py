@@ -79,7 +79,7 @@ def _install_error_handlers(app: FastAPI) -> None:
                                        HTTPStatus.INTERNAL_SERVER_ERROR))
 
 
-def build_app(async_llm: AsyncLLM, served_model_name: str | None = None, *,
+def build_app(async_llm: AsyncLLM, served_model_name: str | list[str] | None = None, *,
               enable_auto_tool_choice: bool = False, tool_call_parser: str | None = None,
               lora_modules: list[LoRAModulePath] | None = None,
               api_keys: list[str] | None = None, chat_template: str | None = None) -> FastAPI:
@@ -92,8 +92,11 @@ def build_app(async_llm: AsyncLLM, served_model_name: str | None = None, *,
         raise ValueError("--enable-auto-tool-choice needs --tool-call-parser (one of hermes, "
                          "llama3_json).")
     tool_parser = get_tool_parser(tool_call_parser) if tool_call_parser else None
-    served_model_name = served_model_name or os.path.basename(
-        os.path.normpath(async_llm.model_path or "model"))
+    names = ([served_model_name] if isinstance(served_model_name, str) else
+             list(served_model_name or [os.path.basename(os.path.normpath(
+                 async_llm.model_path or "model"))]))
+    models = OpenAIServingModels(async_llm, names, lora_modules)   # checks the names
+    served_model_name = models.served_model_name   # what responses name: the first
 
     @asynccontextmanager
     async def lifespan(_: FastAPI):
@@ -112,7 +115,7 @@ def build_app(async_llm: AsyncLLM, served_model_name: str | None = None, *,
                              tool_parser=tool_parser if enable_auto_tool_choice else None)
     base = OpenAIServing(async_llm, served_model_name)
     embedding = OpenAIServingEmbedding(async_llm, served_model_name)
-    app.state.serving_models = models = OpenAIServingModels(async_llm, served_model_name, lora_modules)
+    app.state.serving_models = models
     for serving in (completions, chat, base, embedding):
         serving.models = models   # `model` may name a LoRA adapter
         serving.chat_template = chat_template

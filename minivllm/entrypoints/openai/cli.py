@@ -18,8 +18,9 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
                         help="the model, as a positional alternative to --model")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--served-model-name", default=None,
-                        help="the name clients use in `model` (default: the checkpoint's name)")
+    parser.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
+                        help="the name(s) clients use in `model`; responses name the first "
+                             "(default: the checkpoint's name)")
     parser.add_argument("--health-stall-timeout", type=float, default=60.0,
                         help="/health answers 503 when the engine made no progress for this many "
                              "seconds with requests in flight")

@@ -30,10 +30,16 @@ class UnloadLoRAAdapterRequest(OpenAIBaseModel):
 class OpenAIServingModels:
     """Which names a request's `model` may take, and the adapter each one means."""
 
-    def __init__(self, async_llm: AsyncLLM, served_model_name: str,
+    def __init__(self, async_llm: AsyncLLM, served_model_name: str | list[str],
                  lora_modules: list[LoRAModulePath] | None = None) -> None:
+        """`served_model_name`: the base model's name, or its names (vLLM's
+        `--served-model-name a b`: requests may use any, responses name the first)."""
         self.async_llm = async_llm
-        self.served_model_name = served_model_name
+        names = [served_model_name] if isinstance(served_model_name, str) else list(served_model_name)
+        if not names or not all(names):
+            raise ValueError("--served-model-name needs at least one non-empty name.")
+        self.served_model_names = names
+        self.served_model_name = names[0]
         self.static_lora_modules = list(lora_modules or [])
         self.lora_requests: dict[str, LoRARequest] = {}
         self._next_lora_id = 1
@@ -44,7 +50,7 @@ class OpenAIServingModels:
             await self._load(module.name, module.path, module.base_model_name)
 
     def is_base_model(self, model: str | None) -> bool:
-        return model is None or model in (self.served_model_name, self.async_llm.model_path)
+        return model is None or model in (*self.served_model_names, self.async_llm.model_path)
 
     def resolve(self, model: str | None) -> LoRARequest | None:
         """The adapter a request's `model` names (None: the base model); a 404 naming the
@@ -53,14 +59,14 @@ class OpenAIServingModels:
             return None
         if model in self.lora_requests:
             return self.lora_requests[model]
-        available = ", ".join(f"`{name}`" for name in [self.served_model_name, *self.lora_requests])
+        available = ", ".join(f"`{name}`" for name in [*self.served_model_names, *self.lora_requests])
         raise OpenAIError(f"The model `{model}` does not exist; available models: {available}.",
                           HTTPStatus.NOT_FOUND, "model")
 
     def show_available_models(self) -> ModelList:
         max_model_len = self.async_llm.max_model_len
-        cards = [ModelCard(id=self.served_model_name, root=self.async_llm.model_path,
-                           max_model_len=max_model_len)]
+        cards = [ModelCard(id=name, root=self.async_llm.model_path, max_model_len=max_model_len)
+                 for name in self.served_model_names]
         cards += [ModelCard(id=name, root=lora.lora_path,
                             parent=lora.base_model_name or self.served_model_name,
                             max_model_len=max_model_len)

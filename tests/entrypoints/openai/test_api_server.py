@@ -374,6 +374,6 @@ def test_serve_cli_parses_engine_flags():
 
     args = build_parser().parse_args(["serve", "--port", "9001", "--max-model-len", "64",
                                       "--served-model-name", "m", "--max-num-queued-requests", "3"])
-    assert (args.host, args.port, args.served_model_name) == ("127.0.0.1", 9001, "m")
+    assert (args.host, args.port, args.served_model_name) == ("127.0.0.1", 9001, ["m"])
     assert args.max_model_len == 64 and args.max_num_queued_requests == 3
     assert args.func.__name__ == "cmd_serve"

@@ -153,3 +153,18 @@ def test_lora_modules_flag_forms():
     for bad in ("a", "=/p", '{"name": "a"}', '{"name": "a", "path": "/p", "rank": 8}'):
         with pytest.raises(argparse.ArgumentTypeError):
             parse_lora_module(bad)
+
+
+def test_several_served_names_are_aliases_of_the_base_model(server):
+    # vLLM's `--served-model-name a b`: any name is accepted, responses name the first.
+    app = build_app(server.async_llm, [MODEL, "alias"])   # never started: the fixture's engine runs
+    client = TestClient(app)
+    assert [m["id"] for m in client.get("/v1/models").json()["data"]] == [MODEL, "alias"]
+    body = {"model": "alias", "prompt": PROMPT, "max_tokens": 2, "temperature": 0.0}
+    done = client.post("/v1/completions", json=body)
+    assert done.status_code == 200 and done.json()["model"] == MODEL
+    assert done.json()["usage"]["completion_tokens"] == 2
+    missing = client.post("/v1/completions", json={**body, "model": "nope"})
+    assert missing.status_code == 404 and "`alias`" in missing.json()["error"]["message"]
+    with pytest.raises(ValueError, match="non-empty name"):
+        build_app(server.async_llm, [""])
