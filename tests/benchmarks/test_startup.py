@@ -1,9 +1,11 @@
 """`minivllm bench startup`: cold `minivllm generate` children, timed and measured one by one."""
 
 import argparse
+import sys
 
 import pytest
 
+from minivllm.benchmarks import startup
 from minivllm.benchmarks.startup import REPORT_PEAK_RSS, _timed_child, add_startup_args, run_startup
 from minivllm.entrypoints.llm import LLM
 from minivllm.sampling_params import SamplingParams
@@ -51,12 +53,16 @@ def test_cold_generate_answers_as_the_offline_engine_does(tiny_checkpoint, tmp_p
     assert out.read_text().count('"wall_s"') == 3   # the median and both rounds
 
 
-def test_bad_arguments_are_clear_errors(tiny_checkpoint):
+def test_bad_arguments_are_clear_errors(tiny_checkpoint, monkeypatch):
     with pytest.raises(ValueError, match="--num-rounds must be at least 1"):
         run_startup(_args("--num-rounds", "0"))
-    pytest.importorskip("llama_cpp", reason="llama-cpp-python is optional")
+    compare = _args("--model", tiny_checkpoint, "--compare", "llama.cpp")
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)     # `import llama_cpp` fails
+    with pytest.raises(ValueError, match="pip install llama-cpp-python"):
+        run_startup(compare)
+    monkeypatch.setattr(startup, "import_llama_cpp", lambda purpose: None)   # as if installed
     with pytest.raises(ValueError, match="needs a .gguf --model"):
-        run_startup(_args("--model", tiny_checkpoint, "--compare", "llama.cpp"))
+        run_startup(compare)
 
 
 @pytest.mark.skipif(smollm2_path() is None, reason="the default model is not installed")
