@@ -92,10 +92,8 @@ def build_app(async_llm: AsyncLLM, served_model_name: str | list[str] | None = N
         raise ValueError("--enable-auto-tool-choice needs --tool-call-parser (one of hermes, "
                          "llama3_json).")
     tool_parser = get_tool_parser(tool_call_parser) if tool_call_parser else None
-    names = ([served_model_name] if isinstance(served_model_name, str) else
-             list(served_model_name or [os.path.basename(os.path.normpath(
-                 async_llm.model_path or "model"))]))
-    models = OpenAIServingModels(async_llm, names, lora_modules)   # checks the names
+    models = OpenAIServingModels(async_llm, served_model_name or os.path.basename(
+        os.path.normpath(async_llm.model_path or "model")), lora_modules)   # checks the names
     served_model_name = models.served_model_name   # what responses name: the first
 
     @asynccontextmanager
@@ -218,10 +216,8 @@ def run_server(args: argparse.Namespace) -> int:
     chat_template = load_chat_template(args.chat_template)   # a bad value fails before loading
     resolve_api_keys(args.api_key, envs.VLLM_API_KEY)
     async_llm = AsyncLLM.from_engine_args(engine_args, stall_timeout_s=args.health_stall_timeout)
-    served = args.served_model_name or (os.path.basename(os.path.normpath(engine_args.model))
-                                        if engine_args.model else None)
     try:
-        app = build_app(async_llm, served, enable_auto_tool_choice=args.enable_auto_tool_choice,
+        app = build_app(async_llm, args.served_model_name, enable_auto_tool_choice=args.enable_auto_tool_choice,
                         tool_call_parser=args.tool_call_parser, lora_modules=args.lora_modules,
                         api_keys=args.api_key, chat_template=chat_template)
     except BaseException:

@@ -55,8 +55,8 @@ def resolve_api_keys(api_keys: list[str] | None, env_key: str | None) -> list[st
 
 
 def load_chat_template(value: str | None) -> str | None:
-    """--chat-template: a path to a Jinja file, or the template text itself (vLLM's rule: a value
-    with template syntax is the template; anything else must be a readable file)."""
+    """--chat-template: a path to a Jinja file, or the template text itself (a value with
+    template syntax is the template; anything else must be a readable file)."""
     if value is None:
         return None
     if os.path.isfile(value):
