@@ -1,7 +1,4 @@
-// MoE on CPU in two native calls: top-k routing, then every selected expert of every token.
-//
-// minivllm_moe_topk: router logits [T, E] -> (topk_ids [T, k] int64, topk_weights [T, k] fp32),
-// softmax or sigmoid scores, optionally renormalised over the k chosen, times a scaling factor.
+// MoE experts on CPU in one native call (routing: moe_topk.cpp).
 //
 // minivllm_fused_experts_bf16: out[t] = sum_j w[t, j] * expert_{id[t, j]}(x[t]) for bf16 x [T, H]
 // and the stacked weights w13 [E, 2I, H] (gate rows, then up rows) and w2 [E, H, I], read in
@@ -13,6 +10,10 @@
 // threads busy); prompt-sized groups: each thread takes whole experts. Each active expert's
 // weight is streamed once for all of its rows. The k outputs of a token are summed in fp32 with
 // their routing weights and rounded to bf16 once.
+//
+// minivllm_fused_experts_gguf: the same with the experts kept in their GGUF blocks (a .gguf
+// MoE file's ffn_{gate,up,down}_exps, packed), each expert GEMM through gguf_gemm.cpp's int8
+// dot kernel or gguf_amx.cpp's strips, as a plain GGUF linear of that many rows would run.
 //
 // Roundings: h = SiluAndMul and the down output are rounded to bf16 as the unfused bf16 ops do
 // (the same kernels); the weighted top-k sum is fp32 (eager rounds each product and each add).
@@ -40,61 +41,6 @@
 extern "C" int minivllm_has_gemm_amx();  // gemm_amx.cpp: AMX usable here
 
 namespace {
-
-// Top-k of one token's scores s[0..E): indices by descending score, ties to the lower index
-// (torch.topk leaves their order unspecified; bf16 router logits do tie).
-void topk_row(const float* s, int32_t e, int32_t k, int64_t* ids, float* vals) {
-  int32_t filled = 0;
-  for (int32_t i = 0; i < e; ++i) {
-    if (filled == k && !(s[i] > vals[k - 1])) continue;
-    int32_t pos = filled < k ? filled++ : k - 1;
-    while (pos > 0 && s[i] > vals[pos - 1]) {  // insertion: shift smaller ones down
-      vals[pos] = vals[pos - 1];
-      ids[pos] = ids[pos - 1];
-      --pos;
-    }
-    vals[pos] = s[i];
-    ids[pos] = i;
-  }
-}
-
-// fp32 scores of one token's logits (bf16 or fp32): softmax over E, or elementwise sigmoid.
-template <typename T>
-void scores_row(const T* logits, int32_t e, int32_t scoring, float* s) {
-  float m = -INFINITY;
-  for (int32_t i = 0; i < e; ++i) {
-    s[i] = minivllm::to_float(logits[i]);
-    m = std::max(m, s[i]);
-  }
-  if (scoring == 1) {
-    for (int32_t i = 0; i < e; ++i) s[i] = 1.0f / (1.0f + std::exp(-s[i]));
-    return;
-  }
-  float sum = 0.0f;
-  for (int32_t i = 0; i < e; ++i) sum += (s[i] = std::exp(s[i] - m));
-  for (int32_t i = 0; i < e; ++i) s[i] /= sum;
-}
-
-template <typename T>
-void route(const T* logits, int64_t stride, int64_t t_count, int32_t e, int32_t k,
-           int32_t scoring, int32_t renormalize, float scale, int64_t* ids, float* weights,
-           int32_t num_threads) {
-#pragma omp parallel num_threads(num_threads)
-  {
-    std::vector<float> s(e);
-#pragma omp for schedule(static)
-    for (int64_t t = 0; t < t_count; ++t) {
-      scores_row(logits + t * stride, e, scoring, s.data());
-      int64_t* id = ids + t * k;
-      float* w = weights + t * k;
-      topk_row(s.data(), e, k, id, w);
-      float sum = 0.0f;
-      for (int32_t j = 0; j < k; ++j) sum += w[j];
-      const float f = renormalize ? scale / sum : scale;
-      for (int32_t j = 0; j < k; ++j) w[j] *= f;
-    }
-  }
-}
 
 // Scratch rows reused across calls (grown, never shrunk): the gathered inputs [N, H], the
 // activations [N, I] and the expert outputs [N, H] of the N pairs, bf16. Kept here, not passed
@@ -182,17 +128,45 @@ void gemm_dot(const uint16_t* x, int64_t x_stride, const uint16_t* w, int64_t w_
   }
 }
 
-// One expert GEMM of a thread (the AMX kernel of gemm_amx.cpp on one thread, or gemm_dot):
-// 0, or the AMX kernel's error code.
-int expert_gemm(bool amx, const uint16_t* x, int64_t x_stride, const uint16_t* w,
-                int64_t w_stride, uint16_t* y, int64_t y_stride, int64_t m, int64_t n,
-                int64_t k) {
+// One expert's weight matrix as the kernels read it: bf16 rows (qtype -1) or GGUF block rows
+// of `qtype` (packed, as in the .gguf file), experts `expert_bytes` and rows `row_bytes` apart.
+struct ExpertWeights {
+  const uint8_t* base;
+  int32_t qtype;
+  int64_t expert_bytes, row_bytes;
+
+  const uint8_t* at(int64_t e, int64_t row) const {
+    return base + e * expert_bytes + row * row_bytes;
+  }
+};
+
+// GGUF weights: rows of x up to which the int8 dot kernel beats the AMX strips (as
+// GGUF_DOT_MAX_ROWS of kernels/gguf_linear.py for a plain linear).
+constexpr int64_t kGgufDotMaxRows = 4;
+
+// One expert GEMM of a thread, y [m, n] = x [m, k] W[e, row0 : row0 + n]^T: bf16 weights through
+// the AMX kernel of gemm_amx.cpp on one thread or gemm_dot; GGUF blocks through the int8 dot
+// kernel of gguf_gemm.cpp (x quantized per 32) or, for more rows, gguf_amx.cpp's strips.
+// 0, or the kernel's error code.
+int expert_gemm(bool amx, const uint16_t* x, int64_t x_stride, const ExpertWeights& w, int64_t e,
+                int64_t row0, uint16_t* y, int64_t y_stride, int64_t m, int64_t n, int64_t k) {
+  const uint8_t* rows = w.at(e, row0);
+  if (w.qtype >= 0) {
+    if (amx && m > kGgufDotMaxRows &&
+        minivllm_gguf_gemm_amx_bf16(w.qtype, x, x_stride, rows, w.row_bytes, nullptr, y,
+                                    y_stride, m, n, k, 1) == 0)
+      return 0;
+    return minivllm_gguf_gemm(w.qtype, x, x_stride, 1, rows, w.row_bytes, nullptr, y, y_stride,
+                              m, n, k, 1);
+  }
+  const uint16_t* wb = reinterpret_cast<const uint16_t*>(rows);
+  const int64_t w_stride = w.row_bytes / 2;
 #ifdef MINIVLLM_MOE_AMX
   if (amx)
-    return minivllm_gemm_amx_bf16(x, x_stride, w, w_stride, nullptr, y, y_stride, m, n, k, 1);
+    return minivllm_gemm_amx_bf16(x, x_stride, wb, w_stride, nullptr, y, y_stride, m, n, k, 1);
 #endif
   (void)amx;
-  gemm_dot(x, x_stride, w, w_stride, y, y_stride, m, n, k);
+  gemm_dot(x, x_stride, wb, w_stride, y, y_stride, m, n, k);
   return 0;
 }
 
@@ -217,17 +191,16 @@ inline void share(int64_t count, int64_t t, int64_t threads, int64_t* begin, int
 // thread a slice of every expert, so uneven expert loads stay balanced): gate and up into
 // gu [N, 2I] (bf16, as the separate linears round them), then h = silu(gate) * up into
 // hs [N, I]: the same bits as the fused gate_up epilogue of gemm_amx.cpp.
-int gate_up_slice(bool amx, const uint16_t* xs, const uint16_t* w13, const Groups& g,
+int gate_up_slice(bool amx, const uint16_t* xs, const ExpertWeights& w13, const Groups& g,
                   int64_t num_local, int64_t h, int64_t inter, int64_t r0, int64_t r1,
                   uint16_t* gu, uint16_t* hs) {
   for (int64_t e = 0; e < num_local && r0 < r1; ++e) {
     const int64_t begin = g.offsets[e], rows = g.offsets[e + 1] - begin;
     if (rows == 0) continue;
-    const uint16_t* w = w13 + e * 2 * inter * h;
     uint16_t* out = gu + begin * 2 * inter;
     for (int half = 0; half < 2; ++half) {  // gate rows [0, I), up rows [I, 2I)
       const int64_t off = half * inter + r0;
-      const int rc = expert_gemm(amx, xs + begin * h, h, w + off * h, h, out + off, 2 * inter,
+      const int rc = expert_gemm(amx, xs + begin * h, h, w13, e, off, out + off, 2 * inter,
                                  rows, r1 - r0, h);
       if (rc != 0) return rc;
     }
@@ -238,39 +211,42 @@ int gate_up_slice(bool amx, const uint16_t* xs, const uint16_t* w13, const Group
 
 // Phase 2, this thread's output columns [c0, c1) of every active expert's down projection:
 // ys [N, H] (bf16) = hs W2^T.
-int down_slice(bool amx, const uint16_t* hs, const uint16_t* w2, const Groups& g,
+int down_slice(bool amx, const uint16_t* hs, const ExpertWeights& w2, const Groups& g,
                int64_t num_local, int64_t h, int64_t inter, int64_t c0, int64_t c1,
                uint16_t* ys) {
   for (int64_t e = 0; e < num_local && c0 < c1; ++e) {
     const int64_t begin = g.offsets[e], rows = g.offsets[e + 1] - begin;
     if (rows == 0) continue;
-    const int rc = expert_gemm(amx, hs + begin * inter, inter, w2 + (e * h + c0) * inter, inter,
-                               ys + begin * h + c0, h, rows, c1 - c0, inter);
+    const int rc = expert_gemm(amx, hs + begin * inter, inter, w2, e, c0, ys + begin * h + c0, h,
+                               rows, c1 - c0, inter);
     if (rc != 0) return rc;
   }
   return 0;
 }
 
-// Expert e on all of its rows in this thread: hs = SiluAndMul(x W13^T) (AMX: fused into the
-// GEMM; else through gu), ys = hs W2^T.
-int whole_expert(bool amx, const uint16_t* xs, const uint16_t* w13, const uint16_t* w2,
+// Expert e on all of its rows in this thread: hs = SiluAndMul(x W13^T) (bf16 weights on AMX:
+// fused into the GEMM; else through gu), ys = hs W2^T.
+int whole_expert(bool amx, const uint16_t* xs, const ExpertWeights& w13, const ExpertWeights& w2,
                  const Groups& g, int64_t e, int64_t h, int64_t inter, uint16_t* gu,
                  uint16_t* hs, uint16_t* ys) {
   const int64_t begin = g.offsets[e], rows = g.offsets[e + 1] - begin;
-  const uint16_t* w = w13 + e * 2 * inter * h;
+  bool fused = false;
 #ifdef MINIVLLM_MOE_AMX
-  if (amx) {
-    const int rc = minivllm_gemm_amx_silu_mul_bf16(xs + begin * h, h, w, h, nullptr,
-                                                   hs + begin * inter, inter, rows, inter, h, 1);
+  if (amx && w13.qtype < 0) {
+    const int rc = minivllm_gemm_amx_silu_mul_bf16(
+        xs + begin * h, h, reinterpret_cast<const uint16_t*>(w13.at(e, 0)), h, nullptr,
+        hs + begin * inter, inter, rows, inter, h, 1);
     if (rc != 0) return rc;
+    fused = true;
   }
 #endif
-  if (!amx) {
-    gemm_dot(xs + begin * h, h, w, h, gu + begin * 2 * inter, 2 * inter, rows, 2 * inter, h);
+  if (!fused) {
+    const int rc = expert_gemm(amx, xs + begin * h, h, w13, e, 0, gu + begin * 2 * inter,
+                               2 * inter, rows, 2 * inter, h);
+    if (rc != 0) return rc;
     silu_mul_rows(gu + begin * 2 * inter, rows, inter, 0, inter, hs + begin * inter);
   }
-  return expert_gemm(amx, hs + begin * inter, inter, w2 + e * h * inter, inter, ys + begin * h,
-                     h, rows, h, inter);
+  return expert_gemm(amx, hs + begin * inter, inter, w2, e, 0, ys + begin * h, h, rows, h, inter);
 }
 
 // Phase 3, columns [c0, c1): out[t] = sum_j w[t, j] * ys[slot(t, j)] in fp32, rounded to bf16
@@ -297,41 +273,15 @@ void combine_slice(const uint16_t* ys, int64_t h, const Groups& g, const float* 
 
 }  // namespace
 
-extern "C" {
+#ifdef MINIVLLM_MOE_NATIVE
+namespace {
 
-// logits [T, E] (rows `stride` apart; dtype 0 bf16, 1 fp32) -> ids [T, k] int64 and
-// weights [T, k] fp32. scoring 0 softmax, 1 sigmoid. Returns 1 on bad sizes.
-int minivllm_moe_topk(const void* logits, int64_t stride, int32_t dtype, int64_t t_count,
-                      int32_t e, int32_t k, int32_t scoring, int32_t renormalize, float scale,
-                      int64_t* ids, float* weights, int32_t num_threads) {
-  if (k < 1 || k > e || (scoring != 0 && scoring != 1) || (dtype != 0 && dtype != 1)) return 1;
-  if (dtype == 0)
-    route(static_cast<const uint16_t*>(logits), stride, t_count, e, k, scoring, renormalize,
-          scale, ids, weights, num_threads);
-  else
-    route(static_cast<const float*>(logits), stride, t_count, e, k, scoring, renormalize, scale,
-          ids, weights, num_threads);
-  return 0;
-}
-
-// x [T, H] (rows x_stride apart), w13 [E_local, 2I, H] and w2 [E_local, H, I] contiguous bf16,
-// ids [T, k] int64 global expert ids, weights [T, k] fp32, expert_map [num_global] int64
-// (global -> local, -1: not here) or null, out [T, H] (rows out_stride apart).
-// use_amx 0: the AVX-512 BF16 GEMMs even where AMX is usable (what CPUs without it run).
-// Needs H % 32 == 0, I % 32 == 0 and AVX-512 BF16: 1 bad sizes, 2 no AVX-512 BF16 in this build,
-// 3 out of memory.
-int minivllm_fused_experts_bf16(const uint16_t* x, int64_t x_stride, const uint16_t* w13,
-                                const uint16_t* w2, const int64_t* ids, const float* weights,
-                                const int64_t* expert_map, int64_t num_global, int64_t num_local,
-                                int64_t t_count, int32_t k, int64_t h, int64_t inter,
-                                uint16_t* out, int64_t out_stride, int32_t num_threads,
-                                int32_t use_amx) {
-  if (h % 32 != 0 || inter % 32 != 0 || k < 1 || t_count < 0) return 1;
-#ifndef MINIVLLM_MOE_NATIVE
-  (void)use_amx;
-  return 2;  // no AVX-512 BF16 in this build: the torch path keeps the experts
-#else
-  const bool amx = use_amx != 0 && minivllm_has_gemm_amx() != 0;
+// The experts of one layer for both weight kinds (see the entry points below).
+int run_experts(const uint16_t* x, int64_t x_stride, const ExpertWeights& w13,
+                const ExpertWeights& w2, const int64_t* ids, const float* weights,
+                const int64_t* expert_map, int64_t num_global, int64_t num_local, int64_t t_count,
+                int32_t k, int64_t h, int64_t inter, uint16_t* out, int64_t out_stride,
+                int32_t num_threads, bool amx) {
   const Groups g = sort_pairs(ids, t_count * k, expert_map, num_global, num_local);
   const int64_t n = g.offsets[num_local];
   std::lock_guard<std::mutex> guard(g_scratch.lock);
@@ -381,6 +331,62 @@ int minivllm_fused_experts_bf16(const uint16_t* x, int64_t x_stride, const uint1
     }
   }
   return failed;
+}
+
+}  // namespace
+#endif  // MINIVLLM_MOE_NATIVE
+
+extern "C" {
+
+// x [T, H] (rows x_stride apart), w13 [E_local, 2I, H] and w2 [E_local, H, I] contiguous bf16,
+// ids [T, k] int64 global expert ids, weights [T, k] fp32, expert_map [num_global] int64
+// (global -> local, -1: not here) or null, out [T, H] (rows out_stride apart).
+// use_amx 0: the AVX-512 BF16 GEMMs even where AMX is usable (what CPUs without it run).
+// Needs H % 32 == 0, I % 32 == 0 and AVX-512 BF16: 1 bad sizes, 2 no AVX-512 BF16 in this build,
+// 3 out of memory.
+int minivllm_fused_experts_bf16(const uint16_t* x, int64_t x_stride, const uint16_t* w13,
+                                const uint16_t* w2, const int64_t* ids, const float* weights,
+                                const int64_t* expert_map, int64_t num_global, int64_t num_local,
+                                int64_t t_count, int32_t k, int64_t h, int64_t inter,
+                                uint16_t* out, int64_t out_stride, int32_t num_threads,
+                                int32_t use_amx) {
+  if (h % 32 != 0 || inter % 32 != 0 || k < 1 || t_count < 0) return 1;
+#ifndef MINIVLLM_MOE_NATIVE
+  (void)use_amx;
+  return 2;  // no AVX-512 BF16 in this build: the torch path keeps the experts
+#else
+  const ExpertWeights a{reinterpret_cast<const uint8_t*>(w13), -1, 2 * inter * h * 2, h * 2};
+  const ExpertWeights b{reinterpret_cast<const uint8_t*>(w2), -1, h * inter * 2, inter * 2};
+  return run_experts(x, x_stride, a, b, ids, weights, expert_map, num_global, num_local, t_count,
+                     k, h, inter, out, out_stride, num_threads,
+                     use_amx != 0 && minivllm_has_gemm_amx() != 0);
+#endif
+}
+
+// The same for GGUF-packed experts: w13 [E_local, 2I, row bytes of H] of GGML type w13_type and
+// w2 [E_local, H, row bytes of I] of w2_type, uint8 block rows w13_row_bytes / w2_row_bytes
+// apart, experts contiguous. Each expert's rows take the int8 dot kernel (up to 4) or the AMX
+// strips. Needs H and I multiples of both types' block sizes and of 32: 1 bad sizes or type,
+// 2 no AVX-512 BF16 in this build, 3 out of memory.
+int minivllm_fused_experts_gguf(const uint16_t* x, int64_t x_stride, const uint8_t* w13,
+                                int32_t w13_type, int64_t w13_row_bytes, const uint8_t* w2,
+                                int32_t w2_type, int64_t w2_row_bytes, const int64_t* ids,
+                                const float* weights, const int64_t* expert_map,
+                                int64_t num_global, int64_t num_local, int64_t t_count, int32_t k,
+                                int64_t h, int64_t inter, uint16_t* out, int64_t out_stride,
+                                int32_t num_threads) {
+  if (h % 32 != 0 || inter % 32 != 0 || k < 1 || t_count < 0 || w13_type < 0 || w2_type < 0)
+    return 1;
+#ifndef MINIVLLM_MOE_NATIVE
+  (void)x, (void)x_stride, (void)w13, (void)w13_row_bytes, (void)w2, (void)w2_row_bytes;
+  (void)ids, (void)weights, (void)expert_map, (void)num_global, (void)num_local;
+  (void)out, (void)out_stride, (void)num_threads;
+  return 2;
+#else
+  const ExpertWeights a{w13, w13_type, 2 * inter * w13_row_bytes, w13_row_bytes};
+  const ExpertWeights b{w2, w2_type, h * w2_row_bytes, w2_row_bytes};
+  return run_experts(x, x_stride, a, b, ids, weights, expert_map, num_global, num_local, t_count,
+                     k, h, inter, out, out_stride, num_threads, minivllm_has_gemm_amx() != 0);
 #endif
 }
 

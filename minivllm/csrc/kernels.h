@@ -87,5 +87,12 @@ int minivllm_fused_experts_bf16(const uint16_t* x, int64_t x_stride, const uint1
                                 int64_t t_count, int32_t k, int64_t h, int64_t inter,
                                 uint16_t* out, int64_t out_stride, int32_t num_threads,
                                 int32_t use_amx);
+int minivllm_fused_experts_gguf(const uint16_t* x, int64_t x_stride, const uint8_t* w13,
+                                int32_t w13_type, int64_t w13_row_bytes, const uint8_t* w2,
+                                int32_t w2_type, int64_t w2_row_bytes, const int64_t* ids,
+                                const float* weights, const int64_t* expert_map,
+                                int64_t num_global, int64_t num_local, int64_t t_count, int32_t k,
+                                int64_t h, int64_t inter, uint16_t* out, int64_t out_stride,
+                                int32_t num_threads);
 
 }  // extern "C"

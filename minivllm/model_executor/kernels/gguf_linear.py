@@ -23,6 +23,9 @@ from minivllm.model_executor.kernels.gguf_dequant import DEQUANTIZERS, dequantiz
 from minivllm.model_executor.kernels.op_library import register_op
 
 GGUF_KERNEL_TYPES: frozenset[int] = frozenset(int(t) for t in DEQUANTIZERS)
+# Float tensor types: stored as plain [rows, cols] tensors and multiplied by `F.linear`.
+GGUF_FLOAT_TYPES: frozenset[int] = frozenset(
+    int(t) for t in (GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16))
 # (elements, bytes) per block of each supported type: a plain dict, read on every call.
 _BLOCKS: dict[int, tuple[int, int]] = {
     t: GGML_QUANT_SIZES[GGMLQuantizationType(t)] for t in GGUF_KERNEL_TYPES}
@@ -149,6 +152,17 @@ def gguf_linear(x: torch.Tensor, qweight: torch.Tensor, qtype: int,
     if rc != 0:
         raise ValueError(f"gguf_gemm kernel rejected M={m}, N={n}, K={k} (rc={rc})")
     return y
+
+
+def gguf_matmul(x: torch.Tensor, weight: torch.Tensor, qtype: int,
+                bias: torch.Tensor | None) -> torch.Tensor:
+    """x [T, in] @ W^T for one GGUF matrix: packed blocks (`gguf_linear`, an opaque op in
+    compiled graphs) or a float type's plain [out, in] tensor (`F.linear`)."""
+    if qtype in GGUF_FLOAT_TYPES:
+        return F.linear(x, weight, bias)
+    if torch.compiler.is_compiling():
+        return torch.ops.minivllm.gguf_linear(x, weight, qtype, bias)
+    return gguf_linear(x, weight, qtype, bias)
 
 
 def _unsupported(qtype: int) -> tuple[int, int]:

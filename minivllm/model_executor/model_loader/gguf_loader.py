@@ -3,8 +3,9 @@
 Every 2-D weight comes out as `<hf module>.qweight` (what the GGUF methods register): uint8
 `[rows, row_bytes]` for block types, a float tensor `[rows, cols]` for F32/F16/BF16, with its
 GGML type on `tensor.gguf_type`. Other tensors (norms) come out dequantised under their HF
-name, as in the dequantising reader; so do MoE routers and experts (FusedMoE and the router's
-ReplicatedLinear hold plain weights: the experts are dequantised to the model's dtype at load).
+name, as in the dequantising reader; so do MoE routers (an unquantized ReplicatedLinear). MoE
+experts, stacked [E, rows, cols] in the file, come out one expert at a time as
+`<moe>.experts.{e}.<proj>.qweight`, packed like the 2-D weights (GGUFMoEMethod keeps them so).
 Rows of one matrix are independent in every GGUF type, so llama.cpp's per-head Q/K row order is
 undone on the packed rows directly.
 """
@@ -35,6 +36,10 @@ def gguf_quant_weights_iterator(path: str, hf_config: "PretrainedConfig") -> Wei
 
     for tensor, name, shape, unpermute in gguf_tensors(path, hf_config):
         qtype = int(tensor.tensor_type)
+        if len(shape) == 3 and "{}" in name and name.endswith(".weight"):
+            yield from _packed_experts(tensor, name, shape)
+            _release(tensor.data)
+            continue
         if len(shape) != 2 or not name.endswith(".weight") or tensor.name.endswith(_MOE_ROUTER):
             data = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
             yield from split_experts(name, unpermute(
@@ -52,6 +57,21 @@ def gguf_quant_weights_iterator(path: str, hf_config: "PretrainedConfig") -> Wei
         # The GGUF methods copied this rank's part as it arrived: the file's pages can go now,
         # so the peak holds the packed weights about once.
         _release(tensor.data)
+
+
+def _packed_experts(tensor, name: str, shape: tuple[int, ...]) -> Weights:
+    """A stacked expert tensor [E, rows, cols] as E `experts.{e}.<proj>.qweight` views of the
+    file's rows (uint8 block rows, or floats), each with its `gguf_type` (GGUFMoEMethod copies
+    this rank's part)."""
+    import gguf
+
+    data = torch.from_numpy(tensor.data.reshape(shape[0], shape[1], -1))
+    if tensor.tensor_type == gguf.GGMLQuantizationType.BF16:       # raw bytes: numpy has no bf16
+        data = data.view(torch.bfloat16)
+    for expert in range(shape[0]):
+        weight = data[expert]
+        weight.gguf_type = int(tensor.tensor_type)
+        yield name.format(expert)[: -len(".weight")] + ".qweight", weight
 
 
 _MADV_DONTNEED = 4

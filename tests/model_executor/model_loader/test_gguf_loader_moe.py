@@ -1,8 +1,10 @@
 """GGUF files of Mixtral (llama.cpp's "llama" with experts) and Qwen3-MoE ("qwen3moe") as
 llama.cpp's converter writes them: each layer's router `ffn_gate_inp` and its experts stacked in
 three 3-D tensors `ffn_{gate,up,down}_exps` [E, rows, cols], all in Q8_0. Packed (the linears
-keep their blocks, routers and experts dequantised at load) and dequantised, they give
-transformers' greedy tokens on the same dequantised weights."""
+and the experts keep their blocks, routers are dequantised at load) and dequantised, they give
+transformers' greedy tokens on the same dequantised weights; packed bf16 decode steps replay as
+CPU graphs; expert parallelism over packed experts equals one process, and a TP size that would
+split an expert block is refused."""
 
 import os
 
@@ -12,9 +14,13 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import MixtralConfig, MixtralForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
+from minivllm import LLM
+from tests._parallel_helpers import engine_kwargs, greedy_run
 from tests.conftest import make_bpe_tokenizer
 from tests.model_executor.layers.quantization._gguf_helpers import _add_metadata, _permute
-from tests.model_executor.models._family_helpers import (TINY_DENSE, assert_matches_transformers,
+from tests.model_executor.models._family_helpers import (TINY_DENSE,
+                                                          assert_cpu_graphs_replay_eager_steps,
+                                                          assert_matches_transformers,
                                                           make_prompts, write_tiny_checkpoint)
 
 pytestmark = pytest.mark.requires_native
@@ -64,13 +70,14 @@ def _gguf_tensors(state: dict[str, torch.Tensor], config: dict, arch: str, moe: 
     return out
 
 
-def write_moe_gguf(folder: str, family: str) -> tuple[str, str]:
-    """(the .gguf file, a HF folder with the same weights dequantised)."""
+def write_moe_gguf(folder: str, family: str, **overrides) -> tuple[str, str]:
+    """(the .gguf file, a HF folder with the same weights dequantised); `overrides` change the
+    family's tiny config."""
     import gguf
 
     arch, config_cls, model_cls, extra, moe, experts = FAMILIES[family]
     tokenizer = make_bpe_tokenizer(["the capital of france is paris. " * 20], 300)
-    config = {**TINY_DENSE, "vocab_size": len(tokenizer), **extra}
+    config = {**TINY_DENSE, "vocab_size": len(tokenizer), **extra, **overrides}
     hf_dir = write_tiny_checkpoint(os.path.join(folder, "hf"), config_cls, model_cls, **config)
     state = {k: v.float() for k, v in load_file(os.path.join(hf_dir, "model.safetensors")).items()}
     path = os.path.join(folder, f"tiny-{family}.gguf")
@@ -159,3 +166,80 @@ def test_moe_gguf_config_states_the_experts(moe_gguf):
         assert (config.num_experts, config.moe_intermediate_size, config.head_dim) == (4, 32, 32)
         assert config.norm_topk_prob is True
     assert config.num_experts_per_tok == 2
+
+
+def _vocab(hf_dir: str) -> int:
+    return len(load_file(os.path.join(hf_dir, "model.safetensors"))["model.embed_tokens.weight"])
+
+
+def test_packed_experts_keep_the_files_blocks(moe_gguf):
+    """Every MoE layer holds its experts as the file's Q8_0 bytes (gate rows, then up rows per
+    expert), and no float copy of them."""
+    import gguf
+
+    _, path, _ = moe_gguf
+    llm = LLM(model=path, dtype="bfloat16")
+    model = llm.llm_engine.executor.worker.model_runner.model
+    layers = [m for m in model.modules() if type(m).__name__ == "FusedMoE"]
+    assert len(layers) == TINY_DENSE["num_hidden_layers"]
+    reader = gguf.GGUFReader(path)
+    stacks = {t.name: torch.from_numpy(np.array(t.data)) for t in reader.tensors}
+    for index, layer in enumerate(layers):
+        assert {n for n, _ in layer.named_parameters()} == {"w13_qweight", "w2_qweight"}
+        assert layer.w13_qweight.dtype == layer.w2_qweight.dtype == torch.uint8
+        assert layer.w13_qweight_type == layer.w2_qweight_type == gguf.GGMLQuantizationType.Q8_0
+        gate = stacks[f"blk.{index}.ffn_gate_exps.weight"]           # [E, I, row bytes]
+        up = stacks[f"blk.{index}.ffn_up_exps.weight"]
+        assert torch.equal(layer.w13_qweight, torch.cat([gate, up], dim=1))
+        assert torch.equal(layer.w2_qweight, stacks[f"blk.{index}.ffn_down_exps.weight"])
+
+
+@pytest.mark.requires_native
+def test_packed_bf16_decode_steps_replay_from_cpu_graphs(tmp_path):
+    """The packed experts run in one native call per layer, so decode steps are recordable
+    (16 experts: the router's bf16 GEMM needs 16 output rows to be native)."""
+    path, hf_dir = write_moe_gguf(str(tmp_path), "qwen3_moe", num_experts=16)
+    graphs = assert_cpu_graphs_replay_eager_steps(path, (6, 9), vocab_size=_vocab(hf_dir))
+    assert sorted(graphs.entries) == [1, 2]
+
+
+@pytest.mark.parametrize("moe_gguf", ["qwen3_moe"], indirect=True)
+def test_expert_parallel_on_packed_experts_equals_one_process(moe_gguf):
+    """Real gloo workers, each rank keeping the packed blocks of its 2 of the 4 experts."""
+    _, path, hf_dir = moe_gguf
+    prompts = make_prompts(_vocab(hf_dir), (7, 19))
+    single = greedy_run(LLM(model=path, **engine_kwargs()), prompts)
+    llm = LLM(model=path, **engine_kwargs(tensor_parallel_size=2, enable_expert_parallel=True))
+    tokens, logprobs = greedy_run(llm, prompts)
+    llm.shutdown()
+    assert tokens == single[0]
+    assert (logprobs - single[1]).abs().max().item() <= 1e-4
+
+
+@pytest.mark.parametrize("moe_gguf", ["mixtral"], indirect=True)
+def test_tp_that_splits_an_expert_block_is_refused(moe_gguf):
+    """TP slices the experts' intermediate dimension (32 values, one Q8_0 block): TP=2 would
+    split it, so it is refused, naming the sizes that work and expert parallelism."""
+    _, path, _ = moe_gguf
+    with pytest.raises(Exception, match=r"valid tensor_parallel_size values for this layer: "
+                                        r"\[1\], or use --enable-expert-parallel"):
+        LLM(model=path, **engine_kwargs(tensor_parallel_size=2))
+
+
+@pytest.mark.parametrize("moe_gguf", ["mixtral"], indirect=True)
+def test_compiled_packed_experts_are_one_opaque_op(moe_gguf):
+    """--compile: the packed experts are the `gguf_fused_experts` op (no graph break) and the
+    compiled model picks the eager model's greedy tokens."""
+    from torch._dynamo.utils import counters
+
+    from minivllm import SamplingParams
+
+    _, path, hf_dir = moe_gguf
+    prompt = make_prompts(_vocab(hf_dir), (9,))[0]
+    params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+    eager = LLM(model=path, dtype="bfloat16").generate([prompt], params, use_tqdm=False)
+    counters.clear()
+    compiled = LLM(model=path, dtype="bfloat16", enforce_eager=False)
+    tokens = compiled.generate([prompt], params, use_tqdm=False)[0].outputs[0].token_ids
+    assert tokens == eager[0].outputs[0].token_ids
+    assert dict(counters["graph_break"]) == {}

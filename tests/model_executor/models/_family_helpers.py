@@ -160,7 +160,8 @@ def assert_bad_names_reported(path: str, folder: str | Path, drop: list[str],
         assert name in str(err.value), f"{name} is not named in: {err.value}"
 
 
-def assert_cpu_graphs_replay_eager_steps(path: str, max_tokens: tuple[int, ...]):
+def assert_cpu_graphs_replay_eager_steps(path: str, max_tokens: tuple[int, ...],
+                                         vocab_size: int = TINY_DENSE["vocab_size"]):
     """bf16 greedy runs with CPU graphs and without give the same tokens and logprobs (one prompt
     per `max_tokens` entry) and some steps were replayed; returns the graph runner. Skips where
     the native kernels or AMX are missing (bf16 MoE experts then stay in torch)."""
@@ -175,8 +176,7 @@ def assert_cpu_graphs_replay_eager_steps(path: str, max_tokens: tuple[int, ...])
         llm = LLM(model=path, dtype="bfloat16", compilation_config={"cudagraph_mode": mode})
         params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True, logprobs=2)
                   for n in max_tokens]
-        prompts = make_prompts(TINY_DENSE["vocab_size"],
-                               tuple(4 + 2 * i for i in range(len(max_tokens))))
+        prompts = make_prompts(vocab_size, tuple(4 + 2 * i for i in range(len(max_tokens))))
         outs = llm.generate(prompts, params, use_tqdm=False)
         runs.append(([list(o.outputs[0].token_ids) for o in outs],
                      [[{t: lp.logprob for t, lp in s.items()} for s in o.outputs[0].logprobs]

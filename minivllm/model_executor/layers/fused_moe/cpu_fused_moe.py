@@ -75,11 +75,7 @@ def fused_experts_bf16(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.
         use_amx = ops._has_amx
         if not use_amx and num_tokens * top_k >= DOT_MAX_ROWS_PER_EXPERT * w1.shape[0]:
             return None
-    ids = topk_ids if topk_ids.dtype == torch.int64 else topk_ids.long()
-    weights = topk_weights if topk_weights.dtype == torch.float32 else topk_weights.float()
-    ids, weights = ids.contiguous(), weights.contiguous()
-    if expert_map is not None:
-        expert_map = expert_map.to(torch.int64).contiguous()
+    ids, weights, expert_map = _routing_args(topk_ids, topk_weights, expert_map)
     num_local, hidden = w1.shape[0], w1.shape[2]
     out = hidden_states.new_empty(num_tokens, hidden)
     rc = lib.minivllm_fused_experts_bf16(
@@ -89,4 +85,44 @@ def fused_experts_bf16(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.
         num_local if expert_map is None else expert_map.shape[0], num_local, num_tokens, top_k,
         hidden, w2.shape[2], out.data_ptr(), out.stride(0), torch.get_num_threads(),
         int(use_amx))
+    return out if rc == 0 else None
+
+
+def _routing_args(topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+                  expert_map: torch.Tensor | None
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """The kernels' routing operands: contiguous int64 ids, fp32 weights, int64 expert map."""
+    ids = topk_ids if topk_ids.dtype == torch.int64 else topk_ids.long()
+    weights = topk_weights if topk_weights.dtype == torch.float32 else topk_weights.float()
+    if expert_map is not None:
+        expert_map = expert_map.to(torch.int64).contiguous()
+    return ids.contiguous(), weights.contiguous(), expert_map
+
+
+def fused_experts_gguf(hidden_states: torch.Tensor, w13: torch.Tensor, w13_type: int,
+                       w2: torch.Tensor, w2_type: int, topk_weights: torch.Tensor,
+                       topk_ids: torch.Tensor, expert_map: torch.Tensor | None = None
+                       ) -> torch.Tensor | None:
+    """`fused_experts_bf16` for experts kept in their GGUF blocks: bf16 x [T, H] -> [T, H].
+
+    w13 uint8 [E_local, 2I, row bytes of H] of GGML type `w13_type` (gate rows, then up rows),
+    w2 uint8 [E_local, H, row bytes of I] of `w2_type`, both contiguous. Each active expert's
+    rows take the int8 dot kernel (up to 4 rows) or the AMX strips, as a GGUF linear would. None
+    when the kernels cannot take the operands (no native library, not bf16 x on CPU, sizes).
+    """
+    lib = ops.native_lib()
+    if (lib is None or hidden_states.dtype != torch.bfloat16 or not hidden_states.is_cpu
+            or hidden_states.dim() != 2 or hidden_states.stride(-1) != 1
+            or not (w13.is_contiguous() and w2.is_contiguous())):
+        return None
+    num_tokens, top_k = topk_ids.shape
+    ids, weights, expert_map = _routing_args(topk_ids, topk_weights, expert_map)
+    num_local, inter, hidden = w13.shape[0], w13.shape[1] // 2, hidden_states.shape[1]
+    out = hidden_states.new_empty(num_tokens, hidden)
+    rc = lib.minivllm_fused_experts_gguf(
+        hidden_states.data_ptr(), hidden_states.stride(0), w13.data_ptr(), w13_type,
+        w13.stride(1), w2.data_ptr(), w2_type, w2.stride(1), ids.data_ptr(), weights.data_ptr(),
+        None if expert_map is None else expert_map.data_ptr(),
+        num_local if expert_map is None else expert_map.shape[0], num_local, num_tokens, top_k,
+        hidden, inter, out.data_ptr(), out.stride(0), torch.get_num_threads())
     return out if rc == 0 else None

@@ -13,6 +13,8 @@ decode-sized steps); otherwise a Python loop over the active experts (never over
 the AMX GEMMs (`csrc/gemm_amx.cpp`) up to 1024 rows per expert, or `F.linear` (oneDNN).
 """
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 
@@ -104,7 +106,7 @@ def grouped_topk(hidden_states: torch.Tensor, gating_output: torch.Tensor, topk:
     return topk_weights, topk_ids
 
 
-def _activate(h: torch.Tensor, activation: str) -> torch.Tensor:
+def gated_activation(h: torch.Tensor, activation: str) -> torch.Tensor:
     """Gated activation of gate_up rows [n, 2I] (gate rows first) -> [n, I]."""
     d = h.shape[-1] // 2
     gate, up = h[:, :d], h[:, d:]
@@ -140,9 +142,9 @@ def _expert_mlp(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, b1: torch.T
         if activation == "silu" and b1 is None and w1.shape[0] % 32 == 0:
             h = ops.gemm_silu_mul_bf16(x, w1, None)                 # [n, I]
         else:
-            h = _activate(ops.gemm_bf16(x, w1, b1), activation)
+            h = gated_activation(ops.gemm_bf16(x, w1, b1), activation)
         return ops.gemm_bf16(h, w2, b2)
-    return F.linear(_activate(F.linear(x, w1, b1), activation), w2, b2)
+    return F.linear(gated_activation(F.linear(x, w1, b1), activation), w2, b2)
 
 
 def fused_experts(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
@@ -164,8 +166,27 @@ def fused_experts(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tenso
         native = fused_experts_bf16(hidden_states, w1, w2, topk_weights, topk_ids, expert_map)
         if native is not None:
             return hidden_states.copy_(native) if inplace else native
+    amx_rows = _amx_rows(w1, w2)
+
+    def expert_mlp(expert: int, x: torch.Tensor) -> torch.Tensor:
+        return _expert_mlp(x, w1[expert], w2[expert],
+                           None if w1_bias is None else w1_bias[expert],
+                           None if w2_bias is None else w2_bias[expert], activation, amx_rows)
+
+    out = run_experts(hidden_states, topk_weights, topk_ids, expert_map, w1.shape[0], expert_mlp,
+                      apply_router_weight_on_input)
+    return hidden_states.copy_(out) if inplace else out
+
+
+def run_experts(hidden_states: torch.Tensor, topk_weights: torch.Tensor,
+                topk_ids: torch.Tensor, expert_map: torch.Tensor | None, num_local: int,
+                expert_mlp: Callable[[int, torch.Tensor], torch.Tensor],
+                apply_router_weight_on_input: bool = False) -> torch.Tensor:
+    """sum_j topk_weights[t, j] * expert_mlp(topk_ids[t, j], x[t]) for x [T, H] -> [T, H], a
+    Python loop over the active local experts (never over tokens): the (token, expert) pairs
+    sorted by expert, each expert's rows [n, H] gathered and given to `expert_mlp(expert, rows)`
+    -> [n, H] at once, the weighted results added back to their tokens."""
     num_tokens, top_k = topk_ids.shape
-    num_local = w1.shape[0]
     ids = topk_ids.long()
     if expert_map is not None:
         ids = expert_map[ids]
@@ -181,22 +202,15 @@ def fused_experts(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tenso
     if apply_router_weight_on_input:
         x = x * weights
     out = torch.empty_like(x)
-    amx_rows = _amx_rows(w1, w2)
     start = 0
     for expert, n in enumerate(counts[:num_local]):                 # active experts only
         if n == 0:
             continue
-        rows = slice(start, start + n)
-        out[rows] = _expert_mlp(x[rows], w1[expert], w2[expert],
-                                None if w1_bias is None else w1_bias[expert],
-                                None if w2_bias is None else w2_bias[expert], activation, amx_rows)
+        out[start:start + n] = expert_mlp(expert, x[start:start + n])
         start += n
     if not apply_router_weight_on_input:
         out = out * weights
-    result = hidden_states if inplace else torch.zeros_like(hidden_states)
-    if inplace:
-        result.zero_()
-    return result.index_add_(0, tokens, out)
+    return torch.zeros_like(hidden_states).index_add_(0, tokens, out)
 
 
 def fused_moe(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
@@ -233,7 +247,8 @@ def fused_experts_op(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Te
                          expert_map=expert_map, w1_bias=w1_bias, w2_bias=w2_bias)
 
 
-def _fused_experts_fake(hidden_states: torch.Tensor, *args: object) -> torch.Tensor:
+def fused_experts_fake(hidden_states: torch.Tensor, *args: object) -> torch.Tensor:
+    """The fake (meta) result of every expert op: a tensor shaped like the input rows."""
     return torch.empty_like(hidden_states)
 
 
@@ -242,4 +257,4 @@ def _fused_experts_fake(hidden_states: torch.Tensor, *args: object) -> torch.Ten
 register_op("fused_experts(Tensor hidden_states, Tensor w1, Tensor w2, Tensor topk_weights, "
             "Tensor topk_ids, Tensor? expert_map, Tensor? w1_bias, Tensor? w2_bias, "
             "str activation, bool apply_router_weight_on_input) -> Tensor",
-            fused_experts_op, _fused_experts_fake)
+            fused_experts_op, fused_experts_fake)

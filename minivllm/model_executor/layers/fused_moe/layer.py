@@ -28,6 +28,7 @@ from minivllm.distributed import (get_ep_group, get_tensor_model_parallel_rank,
                                   get_tensor_model_parallel_world_size)
 from minivllm.model_executor.custom_op import CustomOp
 from minivllm.model_executor.layers.fused_moe.cpu_fused_moe import moe_topk
+from minivllm.model_executor.layers.fused_moe.fused_moe_method_base import FusedMoEMethodBase
 from minivllm.model_executor.layers.fused_moe.fused_moe import (ACTIVATIONS, SCORING_FUNCS,
                                                                 fused_experts_op, fused_topk,
                                                                 grouped_topk)
@@ -82,8 +83,8 @@ class FusedMoE(CustomOp):
                  shared_experts: nn.Module | None = None, gate: nn.Module | None = None,
                  **unsupported: object) -> None:
         super().__init__()
-        _refuse_unsupported(self, quant_config, prefix, enable_eplb, num_redundant_experts,
-                            is_sequence_parallel, dp_size, unsupported)
+        _refuse_unsupported(enable_eplb, num_redundant_experts, is_sequence_parallel, dp_size,
+                            unsupported)
         if scoring_func not in SCORING_FUNCS:
             raise ValueError(f"Unsupported scoring function {scoring_func!r}; choose one of "
                              f"{', '.join(SCORING_FUNCS)}")
@@ -109,6 +110,7 @@ class FusedMoE(CustomOp):
         self._init_parallel(tp_size, ep_size)
         self.expert_mapping = expert_mapping or self.make_expert_params_mapping(
             None, "gate_proj", "down_proj", "up_proj", num_experts)
+        self.quant_method = _moe_quant_method(self, quant_config, prefix)
         self._create_weights(params_dtype or torch.get_default_dtype())
 
     def _init_parallel(self, tp_size: int | None, ep_size: int | None) -> None:
@@ -140,6 +142,10 @@ class FusedMoE(CustomOp):
 
     def _create_weights(self, dtype: torch.dtype) -> None:
         e, h, i = self.local_num_experts, self.hidden_size, self.intermediate_size_per_partition
+        if self.quant_method is not None:
+            self.quant_method.create_weights(self, e, h, i, dtype,
+                                             weight_loader=self.weight_loader)
+            return
         shapes = {"w13_weight": (e, 2 * i, h), "w2_weight": (e, h, i)}
         if self.has_bias:
             shapes |= {"w13_bias": (e, 2 * i), "w2_bias": (e, h)}
@@ -229,7 +235,9 @@ class FusedMoE(CustomOp):
                 continue
             _, expert, shard = entry
             with torch.no_grad():
-                if self.weight_loader(params[param_name], tensor, name, shard, expert,
+                param = params[param_name]
+                loader = getattr(param, "weight_loader", self.weight_loader)
+                if loader(param, tensor, name, shard, expert,
                                       return_success=True):
                     seen.setdefault(param_name, set()).add((self._local_expert(expert), shard))
         loaded = {name for name, pieces in seen.items()
@@ -251,7 +259,9 @@ class FusedMoE(CustomOp):
                 self.routed_scaling_factor, self.e_score_correction_bias)
         native = None
         # bf16 only: fp32 models keep torch's routing bit for bit (their experts stay in torch).
+        # Compiled graphs take torch's routing (a ctypes call would break the graph).
         if (self.custom_routing_function is None and self.e_score_correction_bias is None
+                and not torch.compiler.is_compiling()
                 and router_logits.dtype == torch.bfloat16):
             native = moe_topk(router_logits, self.top_k, self.renormalize, self.scoring_func,
                               self.routed_scaling_factor)
@@ -274,12 +284,19 @@ class FusedMoE(CustomOp):
                        ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         shared = self.shared_experts(hidden_states) if self.shared_experts is not None else None
         weights, ids = self.select_experts(hidden_states, router_logits)
+        if self.quant_method is not None:
+            routed = self.quant_method.apply(self, hidden_states, weights, ids)
+            return self._finish(routed, shared)
         args = (hidden_states, self.w13_weight, self.w2_weight, weights, ids, self.expert_map,
                 self.w13_bias, self.w2_bias, self.activation, self.apply_router_weight_on_input)
         if torch.compiler.is_compiling():
             routed = torch.ops.minivllm.fused_experts(*args)
         else:
             routed = fused_experts_op(*args)
+        return self._finish(routed, shared)
+
+    def _finish(self, routed: torch.Tensor, shared: torch.Tensor | None
+                ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         if self.reduce_results:
             routed = self.maybe_all_reduce_tensor_model_parallel(routed)
             if shared is not None:
@@ -301,19 +318,29 @@ class FusedMoE(CustomOp):
                 f"activation={self.activation!r}")
 
 
-def _refuse_unsupported(layer: nn.Module, quant_config: object, prefix: str, enable_eplb: bool,
-                        num_redundant_experts: int, is_sequence_parallel: bool,
-                        dp_size: int | None, unsupported: dict[str, object]) -> None:
-    """Features this FusedMoE does not provide raise here, naming the feature."""
-    # Quant configs return None for layers they leave alone (every one here does for MoE).
-    if quant_config is not None:
-        if quant_config.get_quant_method(layer, prefix=prefix) is not None:
-            raise NotImplementedError(f"quantized MoE experts ({type(quant_config).__name__}) "
-                                      f"are not supported: {prefix}")
+def _moe_quant_method(layer: nn.Module, quant_config: object,
+                      prefix: str) -> FusedMoEMethodBase | None:
+    """The config's method for these experts, None to keep them plain (with a warning, once per
+    config type, that they stay unquantized); a method that is not a FusedMoEMethodBase raises."""
+    if quant_config is None:
+        return None
+    method = quant_config.get_quant_method(layer, prefix=prefix)
+    if method is None:
         if type(quant_config) not in _WARNED:             # once per run, not per layer
             _WARNED.add(type(quant_config))
             logger.warning("MoE experts stay unquantized (%s covers only linear layers)",
                            type(quant_config).__name__)
+        return None
+    if not isinstance(method, FusedMoEMethodBase):
+        raise NotImplementedError(f"quantized MoE experts ({type(quant_config).__name__}) "
+                                  f"are not supported: {prefix}")
+    return method
+
+
+def _refuse_unsupported(enable_eplb: bool, num_redundant_experts: int,
+                        is_sequence_parallel: bool, dp_size: int | None,
+                        unsupported: dict[str, object]) -> None:
+    """Features this FusedMoE does not provide raise here, naming the feature."""
     if enable_eplb or num_redundant_experts:
         raise NotImplementedError("expert load balancing (EPLB) is not supported")
     if is_sequence_parallel or (dp_size or 1) > 1:

@@ -17,17 +17,17 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from minivllm.model_executor.kernels.cpu_linear import dispatch_linear, pack_for_cpu
-from minivllm.model_executor.kernels.gguf_linear import (check_gguf_type, gguf_block_shape,
-                                                         gguf_embedding, gguf_linear)
+from minivllm.model_executor.kernels.gguf_linear import (GGUF_FLOAT_TYPES, check_gguf_type,
+                                                         gguf_block_shape, gguf_embedding,
+                                                         gguf_linear, gguf_matmul)
 from minivllm.model_executor.layers.quantization.base_config import (QuantizationConfig,
                                                                      QuantizeMethodBase,
                                                                      is_layer_skipped)
+from minivllm.model_executor.layers.quantization.gguf_moe import GGUFMoEMethod
 from minivllm.model_executor.layers.quantization.unquantized import (UnquantizedEmbeddingMethod,
                                                                      UnquantizedLinearMethod)
 from minivllm.model_executor.parameter import set_weight_attrs
 
-_FLOAT_TYPES = {int(gguf.GGMLQuantizationType.F32), int(gguf.GGMLQuantizationType.F16),
-                int(gguf.GGMLQuantizationType.BF16)}
 
 
 class GGUFConfig(QuantizationConfig):
@@ -64,6 +64,8 @@ class GGUFConfig(QuantizationConfig):
             return UnquantizedEmbeddingMethod() if skipped else GGUFEmbeddingMethod(prefix)
         if "LinearBase" in bases:
             return UnquantizedLinearMethod() if skipped else GGUFLinearMethod(prefix)
+        if "FusedMoE" in bases:
+            return None if skipped else GGUFMoEMethod(prefix)
         return None
 
 
@@ -92,7 +94,7 @@ def _input_columns(layer: nn.Module, qtype: int, row_width: int) -> slice:
     if type(layer).__name__ != "RowParallelLinear" or layer.tp_size == 1:
         return slice(0, row_width)
     in_features = layer.input_size
-    block_elems, block_bytes = (1, row_width // in_features) if qtype in _FLOAT_TYPES \
+    block_elems, block_bytes = (1, row_width // in_features) if qtype in GGUF_FLOAT_TYPES \
         else gguf_block_shape(qtype)
     per_rank = in_features // layer.tp_size
     if in_features % layer.tp_size or per_rank % block_elems:
@@ -103,7 +105,7 @@ def _input_columns(layer: nn.Module, qtype: int, row_width: int) -> slice:
             f"{gguf.GGMLQuantizationType(qtype).name} block ({block_elems} values) of "
             f"{layer._gguf_prefix} (input size {in_features}); valid tensor_parallel_size "
             f"values for this layer: {valid}")
-    width = per_rank // block_elems * (block_bytes if qtype not in _FLOAT_TYPES else 1)
+    width = per_rank // block_elems * (block_bytes if qtype not in GGUF_FLOAT_TYPES else 1)
     return slice(layer.tp_rank * width, (layer.tp_rank + 1) * width)
 
 
@@ -114,7 +116,7 @@ def _store(layer: nn.Module, qtype: int, offset: int, part: torch.Tensor) -> Non
     only now), so the usual case ends as one packed matrix with no intermediate copy; a shard of
     another type (llama.cpp's mixed K-quant files give q and k/v different types) is kept in a
     buffer of its own and multiplied separately."""
-    dtype = layer._gguf_dtype if qtype in _FLOAT_TYPES else torch.uint8
+    dtype = layer._gguf_dtype if qtype in GGUF_FLOAT_TYPES else torch.uint8
     state = layer.__dict__.setdefault("_gguf_load", {"dest": None, "qtype": qtype, "runs": [],
                                                      "others": {}})
     if state["dest"] is None:
@@ -135,7 +137,7 @@ def _make_loader(layer: nn.Module):
 
     def load(param: nn.Parameter, loaded: torch.Tensor, shard_id: Any = None) -> None:
         qtype = int(getattr(loaded, "gguf_type", gguf.GGMLQuantizationType.F32))
-        if qtype not in _FLOAT_TYPES:
+        if qtype not in GGUF_FLOAT_TYPES:
             check_gguf_type(qtype, layer._gguf_prefix)   # a type without a kernel is never dequantised
         if shard_id is None and hasattr(layer, "_shard_layout") and loaded.shape[0] > getattr(
                 layer, "output_size_per_partition", 0):
@@ -183,7 +185,7 @@ class _GGUFMethodBase(QuantizeMethodBase):
         # huge-page arena would hold two copies at the peak.
         layer.qweight.keep_in_place = True
         layer.qweight_type = qtype
-        if qtype in _FLOAT_TYPES and not state["others"]:
+        if qtype in GGUF_FLOAT_TYPES and not state["others"]:
             layer.weight = layer.qweight      # plain weight: the unquantized CPU routing
             pack_for_cpu(layer)
 
@@ -192,9 +194,9 @@ class _GGUFMethodBase(QuantizeMethodBase):
         segments = layer.__dict__.get("_gguf_segments")
         if segments is not None:
             return _segmented_matmul(x, segments, bias)
-        if layer.qweight_type in _FLOAT_TYPES:
+        if layer.qweight_type in GGUF_FLOAT_TYPES:
             return dispatch_linear(layer, x, bias)
-        return _matmul(x, layer.qweight, layer.qweight_type, bias)
+        return gguf_matmul(x, layer.qweight, layer.qweight_type, bias)
 
 
 def _segmented_matmul(x: torch.Tensor, segments: list[tuple[int, torch.Tensor]],
@@ -203,8 +205,8 @@ def _segmented_matmul(x: torch.Tensor, segments: list[tuple[int, torch.Tensor]],
     rows_1 | rows_2 | ...], one product per type in row order. Eager CPU steps write each
     product straight into its columns (native calls only, so a CPU graph can record them)."""
     if (x.dim() != 2 or torch.compiler.is_compiling()
-            or any(q in _FLOAT_TYPES for q, _ in segments)):
-        y = torch.cat([_matmul(x, w, q, None) for q, w in segments], dim=-1)
+            or any(q in GGUF_FLOAT_TYPES for q, _ in segments)):
+        y = torch.cat([gguf_matmul(x, w, q, None) for q, w in segments], dim=-1)
         return y if bias is None else y + bias
     y = x.new_empty(x.shape[0], sum(w.shape[0] for _, w in segments))
     start = 0
@@ -216,16 +218,6 @@ def _segmented_matmul(x: torch.Tensor, segments: list[tuple[int, torch.Tensor]],
     return y
 
 
-def _matmul(x: torch.Tensor, weight: torch.Tensor, qtype: int,
-            bias: torch.Tensor | None) -> torch.Tensor:
-    """x [T, in] @ W^T for one packed (or float) GGUF matrix; an opaque op in compiled graphs."""
-    if qtype in _FLOAT_TYPES:
-        return F.linear(x, weight, bias)
-    if torch.compiler.is_compiling():
-        return torch.ops.minivllm.gguf_linear(x, weight, qtype, bias)
-    return gguf_linear(x, weight, qtype, bias)
-
-
 class GGUFLinearMethod(_GGUFMethodBase):
     """`x @ W^T` on the packed GGUF blocks of a linear layer."""
 
@@ -235,7 +227,7 @@ class GGUFEmbeddingMethod(_GGUFMethodBase):
 
     def embedding(self, layer: nn.Module, input_: torch.Tensor) -> torch.Tensor:
         qtype = layer.qweight_type
-        if qtype in _FLOAT_TYPES:
+        if qtype in GGUF_FLOAT_TYPES:
             return F.embedding(input_, layer.qweight)
         if torch.compiler.is_compiling():
             return torch.ops.minivllm.gguf_embedding(input_, layer.qweight, qtype,
@@ -254,4 +246,4 @@ class GGUFEmbeddingMethod(_GGUFMethodBase):
     def apply(self, layer: nn.Module, x: torch.Tensor,
               bias: torch.Tensor | None = None) -> torch.Tensor:
         source = getattr(layer, "_gguf_tied_to", layer)
-        return _matmul(x, source.qweight, source.qweight_type, bias)
+        return gguf_matmul(x, source.qweight, source.qweight_type, bias)
