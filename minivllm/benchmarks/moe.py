@@ -25,6 +25,8 @@ import time
 import torch
 
 from minivllm.benchmarks.backends import check_cpu_load, hf_generate, release
+from minivllm.benchmarks.gguf_variants import LEGACY_TYPES
+from minivllm.benchmarks.moe_gguf import load_state, write_moe_gguf
 from minivllm.benchmarks.roofline import measure_read_bandwidth
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
@@ -47,6 +49,11 @@ def add_moe_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--rounds", type=int, default=2,
                         help="measurement rounds, backends alternating; the best round counts")
     parser.add_argument("--skip-hf", action="store_true", help="minivllm only (no ratios)")
+    parser.add_argument("--gguf-type", default=None, choices=list(LEGACY_TYPES),
+                        help="also run minivllm on the same weights written as a GGUF file with "
+                             "every matrix (experts included) in this type, kept packed")
+    parser.add_argument("--compare", default=None, choices=["llama.cpp"],
+                        help="with --gguf-type: batch-1 decode of llama.cpp on that file too")
     parser.add_argument("--output-json", default=None, help="write the results to this JSON file")
     return parser
 
@@ -87,13 +94,16 @@ def experts_read_per_step(args: argparse.Namespace, batch: int) -> float:
     return e * (1.0 - (1.0 - k / e) ** batch)
 
 
-def _bytes_per_step(args: argparse.Namespace, experts_read: float) -> int:
-    """Parameter bytes of one decode step that reads `experts_read` experts per layer."""
+def _bytes_per_step(args: argparse.Namespace, experts_read: float,
+                    bytes_per_param: float | None = None) -> int:
+    """Parameter bytes of one decode step that reads `experts_read` experts per layer, each
+    parameter `bytes_per_param` wide (default: `--dtype`'s)."""
     h, d = args.hidden_size, args.head_dim
     attn = h * d * (2 * args.num_heads + 2 * args.num_kv_heads) + 2 * d + 2 * h
     experts = experts_read * 3 * args.moe_intermediate_size * h + args.num_experts * h
     params = args.num_layers * (attn + experts) + h + args.vocab_size * h
-    return int(params) * _DTYPES[args.dtype].itemsize
+    width = _DTYPES[args.dtype].itemsize if bytes_per_param is None else bytes_per_param
+    return int(params * width)
 
 
 def _prompts(args: argparse.Namespace, count: int, seed: int) -> list[list[int]]:
@@ -140,61 +150,49 @@ def _decode_s(args: argparse.Namespace, gen) -> float:
 
 def _measure(args: argparse.Namespace, gens: dict) -> dict:
     """Warm-up, then `--rounds` rounds in which every backend runs batch-1 decode and then the
-    batch of prompts, backends alternating inside each round (a busy box then slows both alike);
-    each figure is its backend's best round."""
-    for gen in gens.values():
-        gen(_prompts(args, 2, seed=1), 4)
+    batch of prompts (llama.cpp: decode only, it runs one sequence), backends alternating inside
+    each round (a busy box then slows both alike); each figure is its backend's best round."""
+    batched = [name for name in gens if name != "llama.cpp"]
+    for name, gen in gens.items():
+        gen(_prompts(args, 2 if name in batched else 1, seed=1), 4)
     decode = {name: [] for name in gens}
-    batch = {name: [] for name in gens}
+    batch = {name: [] for name in batched}
     prompts = _prompts(args, args.num_prompts, seed=3)
     for _ in range(args.rounds):
         for name, gen in gens.items():
             decode[name].append(_decode_s(args, gen))
-        for name, gen in gens.items():
-            batch[name].append(_timed(lambda: gen(prompts, args.output_len)))
-    return {name: {"decode_ms_per_token": min(decode[name]) * 1e3,
-                   "decode_tokens_per_s": 1.0 / min(decode[name]),
-                   "batch_output_tokens_per_s": args.num_prompts * args.output_len
-                   / min(batch[name]),
-                   "batch_seconds": min(batch[name]),
-                   "decode_ms_per_round": [d * 1e3 for d in decode[name]],
-                   "batch_seconds_per_round": batch[name]} for name in gens}
+        for name in batched:
+            batch[name].append(_timed(lambda: gens[name](prompts, args.output_len)))
+    results = {name: {"decode_ms_per_token": min(decode[name]) * 1e3,
+                      "decode_tokens_per_s": 1.0 / min(decode[name]),
+                      "decode_ms_per_round": [d * 1e3 for d in decode[name]]} for name in gens}
+    for name in batched:
+        results[name] |= {"batch_output_tokens_per_s": args.num_prompts * args.output_len
+                          / min(batch[name]),
+                          "batch_seconds": min(batch[name]),
+                          "batch_seconds_per_round": batch[name]}
+    return results
 
 
 def run_moe(args: argparse.Namespace) -> dict:
+    if args.compare and not args.gguf_type:
+        raise ValueError("--compare llama.cpp needs --gguf-type (llama.cpp reads the GGUF file)")
     load_at_start = os.getloadavg()[0]
     results: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="minivllm-bench-moe-") as folder:
         write_checkpoint(args, folder)
-        # Both loaded at once (the checkpoint fits twice), so their rounds can alternate.
-        gen, llm = minivllm_generator(args, folder)
-        gens, owners = {"minivllm": gen}, [llm]
-        if not args.skip_hf:
-            gens["hf"], model = hf_generator(args, folder)
-            owners.append(model)
+        # All loaded at once (the checkpoint fits twice), so their rounds can alternate.
+        gens, owners = _generators(args, folder)
         try:
             results.update(_measure(args, gens))
         finally:
             for owner in owners:
                 release(owner)
-        if not args.skip_hf:
+        if "hf" in gens:
             results["hf"]["experts_implementation"] = getattr(
-                model.config, "_experts_implementation", None)
-            del model
-    bandwidth = measure_read_bandwidth()
-    floor_s = active_bytes_per_token(args) / bandwidth
-    experts_read = experts_read_per_step(args, args.num_prompts)
-    step_bytes = _bytes_per_step(args, experts_read)
-    results["floor"] = {"active_bytes_per_token": active_bytes_per_token(args),
-                        "read_bandwidth_gb_per_s": bandwidth / 1e9,
-                        "decode_floor_ms_per_token": floor_s * 1e3,
-                        "max_decode_tokens_per_s": 1.0 / floor_s,
-                        # the batch's decode steps: every sequence one token, all sharing the
-                        # experts' weights they route to
-                        "batch_experts_read_per_layer": experts_read,
-                        "batch_bytes_per_step": step_bytes,
-                        "max_batch_decode_tokens_per_s": args.num_prompts * bandwidth
-                        / step_bytes}
+                owners[-1].config, "_experts_implementation", None)
+        del owners
+    results["floor"] = _floors(args)
     _print(results)
     results["host"] = check_cpu_load(load_at_start)
     if args.output_json:
@@ -203,26 +201,106 @@ def run_moe(args: argparse.Namespace) -> dict:
     return results
 
 
+def _generators(args: argparse.Namespace, folder: str) -> tuple[dict, list]:
+    """({backend: generate(prompts, n)}, the objects to release; transformers' model last)."""
+    gens, owners = {}, []
+    gen, llm = minivllm_generator(args, folder)
+    gens["minivllm"] = gen
+    owners.append(llm)
+    if args.gguf_type:
+        path = write_moe_gguf(moe_config(args), load_state(folder),
+                              os.path.join(folder, f"moe.{args.gguf_type}.gguf"), args.gguf_type)
+        gens["minivllm-gguf"], llm = minivllm_generator(args, path)
+        owners.append(llm)
+        if args.compare == "llama.cpp":
+            gens["llama.cpp"], model = llama_cpp_generator(args, path)
+            owners.append(model)
+    if not args.skip_hf:
+        gens["hf"], model = hf_generator(args, folder)
+        owners.append(model)
+    return gens, owners
+
+
+def _floors(args: argparse.Namespace) -> dict:
+    """Decode floors: the bytes a step reads / the measured read bandwidth (bf16 weights, and
+    with --gguf-type the packed file's matrices)."""
+    bandwidth = measure_read_bandwidth()
+    experts_read = experts_read_per_step(args, args.num_prompts)
+    floors = {}
+    for name, width in [("", _DTYPES[args.dtype].itemsize)] + (
+            [("gguf_", gguf_bytes_per_param(args.gguf_type))] if args.gguf_type else []):
+        per_token = _bytes_per_step(args, args.top_k, width)
+        step_bytes = _bytes_per_step(args, experts_read, width)
+        floors |= {f"{name}active_bytes_per_token": per_token,
+                   f"{name}decode_floor_ms_per_token": per_token / bandwidth * 1e3,
+                   f"{name}max_decode_tokens_per_s": bandwidth / per_token,
+                   # the batch's decode steps: every sequence one token, all sharing the
+                   # experts' weights they route to
+                   f"{name}batch_bytes_per_step": step_bytes,
+                   f"{name}max_batch_decode_tokens_per_s": args.num_prompts * bandwidth
+                   / step_bytes}
+    return {"read_bandwidth_gb_per_s": bandwidth / 1e9,
+            "batch_experts_read_per_layer": experts_read, **floors}
+
+
+def gguf_bytes_per_param(type_name: str) -> float:
+    """Bytes per weight of a GGUF type's blocks (Q4_1: 20 bytes per 32 weights = 0.625)."""
+    from gguf.constants import GGML_QUANT_SIZES
+
+    elems, nbytes = GGML_QUANT_SIZES[LEGACY_TYPES[type_name][0]]
+    return nbytes / elems
+
+
+def llama_cpp_generator(args: argparse.Namespace, path: str):
+    """(generate(one prompt, n), the model) for llama.cpp on the GGUF file (batch-1 only)."""
+    from minivllm.benchmarks.llama_cpp import LlamaCppModel, time_llama_cpp
+
+    model = LlamaCppModel(path, n_ctx=args.input_len + args.decode_tokens + 8,
+                          n_threads=torch.get_num_threads())
+
+    def gen(prompts: list[list[int]], n: int) -> None:
+        assert len(prompts) == 1, "llama.cpp runs one sequence here"
+        time_llama_cpp(model, prompts[0], n)
+
+    return gen, model
+
+
 def _print(results: dict) -> None:
-    for backend in ("minivllm", "hf"):
+    for backend in ("minivllm", "minivllm-gguf", "llama.cpp", "hf"):
         if backend in results:
             r = results[backend]
+            batch = (f"; batch: {r['batch_output_tokens_per_s']:.1f} output tok/s"
+                     if "batch_output_tokens_per_s" in r else "")
             print(f"[{backend}] batch-1 decode: {r['decode_tokens_per_s']:.2f} tok/s "
-                  f"({r['decode_ms_per_token']:.1f} ms/token); batch: "
-                  f"{r['batch_output_tokens_per_s']:.1f} output tok/s")
-    if "hf" in results:
-        ours, hf = results["minivllm"], results["hf"]
-        results["ratios"] = {
-            "decode": ours["decode_tokens_per_s"] / hf["decode_tokens_per_s"],
-            "batch": ours["batch_output_tokens_per_s"] / hf["batch_output_tokens_per_s"]}
-        print(f"minivllm / transformers (same run): batch-1 decode "
-              f"{results['ratios']['decode']:.2f}x, batch {results['ratios']['batch']:.2f}x "
-              f"(transformers experts: {hf.get('experts_implementation')})")
+                  f"({r['decode_ms_per_token']:.1f} ms/token){batch}")
+    results["ratios"] = ratios = {}
+    for ours, theirs, label in (("minivllm", "hf", "minivllm / transformers"),
+                                ("minivllm-gguf", "hf", "minivllm GGUF / transformers"),
+                                ("minivllm-gguf", "minivllm", "minivllm GGUF / minivllm bf16"),
+                                ("minivllm-gguf", "llama.cpp", "minivllm GGUF / llama.cpp")):
+        if ours not in results or theirs not in results:
+            continue
+        a, b = results[ours], results[theirs]
+        key = "decode" if theirs == "hf" and ours == "minivllm" else f"{ours}/{theirs}"
+        pair = {"decode": a["decode_tokens_per_s"] / b["decode_tokens_per_s"]}
+        if "batch_output_tokens_per_s" in b:
+            pair["batch"] = a["batch_output_tokens_per_s"] / b["batch_output_tokens_per_s"]
+        if key == "decode":          # the plain pair keeps its flat keys
+            ratios |= pair
+        else:
+            ratios[key] = pair
+        batch = f", batch {pair['batch']:.2f}x" if "batch" in pair else ""
+        extra = (f" (transformers experts: {b.get('experts_implementation')})"
+                 if theirs == "hf" else "")
+        print(f"{label} (same run): batch-1 decode {pair['decode']:.2f}x{batch}{extra}")
     f = results["floor"]
-    print(f"bandwidth floor: {f['active_bytes_per_token'] / 1e6:.1f} MB of active parameters "
-          f"per token / {f['read_bandwidth_gb_per_s']:.1f} GB/s = "
-          f"{f['decode_floor_ms_per_token']:.1f} ms/token "
-          f"(at most {f['max_decode_tokens_per_s']:.1f} tok/s at batch 1); the batch's decode "
-          f"steps read ~{f['batch_experts_read_per_layer']:.0f} experts per layer "
-          f"({f['batch_bytes_per_step'] / 1e6:.0f} MB a step): at most "
-          f"{f['max_batch_decode_tokens_per_s']:.0f} tok/s")
+    for name, label in (("", "bandwidth floor"), ("gguf_", "GGUF bandwidth floor")):
+        if f"{name}active_bytes_per_token" not in f:
+            continue
+        print(f"{label}: {f[name + 'active_bytes_per_token'] / 1e6:.1f} MB of active parameters "
+              f"per token / {f['read_bandwidth_gb_per_s']:.1f} GB/s = "
+              f"{f[name + 'decode_floor_ms_per_token']:.1f} ms/token (at most "
+              f"{f[name + 'max_decode_tokens_per_s']:.1f} tok/s at batch 1); the batch's decode "
+              f"steps read ~{f['batch_experts_read_per_layer']:.0f} experts per layer "
+              f"({f[name + 'batch_bytes_per_step'] / 1e6:.0f} MB a step): at most "
+              f"{f[name + 'max_batch_decode_tokens_per_s']:.0f} tok/s")

@@ -96,7 +96,7 @@ def _special_tokens(meta: dict, tokens: list[str]) -> dict:
     return out
 
 
-def _gpt2_byte_alphabet() -> dict[int, str]:
+def gpt2_byte_alphabet() -> dict[int, str]:
     """GPT-2's byte -> printable character table: printable Latin-1 bytes stand for themselves,
     the 68 others (controls, space, NBSP, soft hyphen) take code points 256, 257, ... in order."""
     printable = {*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAC + 1), *range(0xAE, 0xFF + 1)}
@@ -110,7 +110,7 @@ def _gpt2_byte_alphabet() -> dict[int, str]:
     return table
 
 
-_BYTE_TO_CHAR = _gpt2_byte_alphabet()
+_BYTE_TO_CHAR = gpt2_byte_alphabet()
 _BYTE_CHARS = frozenset(_BYTE_TO_CHAR.values())
 
 

@@ -49,3 +49,72 @@ def test_batch_floor_counts_the_experts_a_step_reads():
     assert experts_read_per_step(args, 64) == pytest.approx(128 * (1 - (1 - 8 / 128) ** 64))
     assert 125 < experts_read_per_step(args, 64) < 127
     assert experts_read_per_step(args, 10 ** 6) == pytest.approx(args.num_experts)
+
+
+def test_moe_bench_gguf_runs_the_packed_file_beside_bf16(tmp_path, capsys):
+    """--gguf-type: the same weights as a qwen3moe GGUF (experts stacked, matrices in Q8_0) run
+    packed in the same rounds; the ratios against bf16 and transformers and the packed floor are
+    printed. (llama.cpp on that file: where llama-cpp-python is installed.)"""
+    out = tmp_path / "moe.json"
+    tiny = [*TINY[:TINY.index("--vocab-size")], "--vocab-size", "300",
+            *TINY[TINY.index("--vocab-size") + 2:]]
+    assert main(["bench", "moe", *tiny, "--gguf-type", "Q8_0", "--output-json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "minivllm GGUF / minivllm bf16 (same run)" in printed
+    assert "GGUF bandwidth floor" in printed
+    result = json.loads(out.read_text())
+    assert result["minivllm-gguf"]["batch_output_tokens_per_s"] > 0
+    assert result["ratios"]["minivllm-gguf/minivllm"]["decode"] > 0
+    # Q8_0: 34 bytes per 32 weights, against bf16's 2 bytes
+    floor = result["floor"]
+    assert floor["gguf_active_bytes_per_token"] == pytest.approx(
+        floor["active_bytes_per_token"] * 34 / 32 / 2, rel=1e-6)
+
+
+def test_moe_bench_gguf_file_loads_as_qwen3_moe_with_packed_experts(tmp_path):
+    """The written file is a Qwen3-MoE to minivllm: config from its metadata, experts packed."""
+    import torch
+
+    from minivllm import LLM
+    from minivllm.benchmarks.moe import moe_config, write_checkpoint
+    from minivllm.benchmarks.moe_gguf import load_state, write_moe_gguf
+
+    args = build_parser().parse_args(["bench", "moe", *TINY[:TINY.index("--vocab-size")],
+                                      "--vocab-size", "300"])
+    write_checkpoint(args, str(tmp_path))
+    path = write_moe_gguf(moe_config(args), load_state(str(tmp_path)),
+                          str(tmp_path / "moe.gguf"), "Q4_0")
+    llm = LLM(model=path, dtype="bfloat16")
+    config = llm.llm_engine.vllm_config.model_config.hf_config
+    assert config.architectures == ["Qwen3MoeForCausalLM"]
+    assert (config.num_experts, config.moe_intermediate_size, config.vocab_size) == (4, 32, 300)
+    layer = llm.llm_engine.executor.worker.model_runner.model.model.layers[1].mlp.experts
+    assert layer.w13_qweight.dtype == torch.uint8 and layer.w13_qweight_type == 2   # Q4_0
+
+
+def test_moe_bench_gguf_argument_errors(capsys):
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["bench", "moe", "--gguf-type", "Q4_K"])
+    assert "invalid choice: 'Q4_K'" in capsys.readouterr().err
+    assert main(["bench", "moe", *TINY, "--compare", "llama.cpp"]) != 0
+    assert "--compare llama.cpp needs --gguf-type" in capsys.readouterr().err
+    from minivllm.benchmarks.moe_gguf import synthetic_vocabulary
+
+    with pytest.raises(ValueError, match="--vocab-size must be at least 260"):
+        synthetic_vocabulary(256)
+    assert len(set(synthetic_vocabulary(300))) == 300
+
+
+def test_moe_bench_llama_cpp_decodes_the_same_file(tmp_path):
+    """--compare llama.cpp: llama.cpp loads the written qwen3moe file and decodes batch-1 in
+    the same rounds (its greedy tokens on the tiny random model are not compared)."""
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is optional (pip install llama-cpp-python)")
+    out = tmp_path / "moe.json"
+    tiny = [*TINY[:TINY.index("--vocab-size")], "--vocab-size", "300",
+            *TINY[TINY.index("--vocab-size") + 2:]]
+    assert main(["bench", "moe", *tiny, "--gguf-type", "Q4_1", "--compare", "llama.cpp",
+                 "--skip-hf", "--output-json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert len(result["llama.cpp"]["decode_ms_per_round"]) == 2
+    assert "batch_output_tokens_per_s" not in result["llama.cpp"]
+    assert result["ratios"]["minivllm-gguf/llama.cpp"]["decode"] > 0
