@@ -25,7 +25,7 @@ import time
 import torch
 
 from minivllm.benchmarks.backends import check_cpu_load, hf_generate, release
-from minivllm.benchmarks.gguf_variants import LEGACY_TYPES
+from minivllm.benchmarks.gguf_variants import VARIANT_TYPES
 from minivllm.benchmarks.moe_gguf import load_state, write_moe_gguf
 from minivllm.benchmarks.roofline import measure_read_bandwidth
 
@@ -49,7 +49,7 @@ def add_moe_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--rounds", type=int, default=2,
                         help="measurement rounds, backends alternating; the best round counts")
     parser.add_argument("--skip-hf", action="store_true", help="minivllm only (no ratios)")
-    parser.add_argument("--gguf-type", default=None, choices=list(LEGACY_TYPES),
+    parser.add_argument("--gguf-type", default=None, choices=list(VARIANT_TYPES),
                         help="also run minivllm on the same weights written as a GGUF file with "
                              "every matrix (experts included) in this type, kept packed")
     parser.add_argument("--compare", default=None, choices=["llama.cpp"],
@@ -181,8 +181,10 @@ def run_moe(args: argparse.Namespace) -> dict:
     results: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="minivllm-bench-moe-") as folder:
         write_checkpoint(args, folder)
+        gguf_path = (os.path.join(folder, f"moe.{args.gguf_type}.gguf") if args.gguf_type
+                     else None)
         # All loaded at once (the checkpoint fits twice), so their rounds can alternate.
-        gens, owners = _generators(args, folder)
+        gens, owners = _generators(args, folder, gguf_path)
         try:
             results.update(_measure(args, gens))
         finally:
@@ -192,7 +194,7 @@ def run_moe(args: argparse.Namespace) -> dict:
             results["hf"]["experts_implementation"] = getattr(
                 owners[-1].config, "_experts_implementation", None)
         del owners
-    results["floor"] = _floors(args)
+        results["floor"] = _floors(args, gguf_path)
     _print(results)
     results["host"] = check_cpu_load(load_at_start)
     if args.output_json:
@@ -201,15 +203,15 @@ def run_moe(args: argparse.Namespace) -> dict:
     return results
 
 
-def _generators(args: argparse.Namespace, folder: str) -> tuple[dict, list]:
+def _generators(args: argparse.Namespace, folder: str,
+                gguf_path: str | None) -> tuple[dict, list]:
     """({backend: generate(prompts, n)}, the objects to release; transformers' model last)."""
     gens, owners = {}, []
     gen, llm = minivllm_generator(args, folder)
     gens["minivllm"] = gen
     owners.append(llm)
-    if args.gguf_type:
-        path = write_moe_gguf(moe_config(args), load_state(folder),
-                              os.path.join(folder, f"moe.{args.gguf_type}.gguf"), args.gguf_type)
+    if gguf_path is not None:
+        path = write_moe_gguf(moe_config(args), load_state(folder), gguf_path, args.gguf_type)
         gens["minivllm-gguf"], llm = minivllm_generator(args, path)
         owners.append(llm)
         if args.compare == "llama.cpp":
@@ -221,16 +223,18 @@ def _generators(args: argparse.Namespace, folder: str) -> tuple[dict, list]:
     return gens, owners
 
 
-def _floors(args: argparse.Namespace) -> dict:
-    """Decode floors: the bytes a step reads / the measured read bandwidth (bf16 weights, and
-    with --gguf-type the packed file's matrices)."""
+def _floors(args: argparse.Namespace, gguf_path: str | None) -> dict:
+    """Decode floors: the bytes a step reads / the measured read bandwidth, for the bf16 weights
+    and (with --gguf-type) the GGUF file's packed tensors."""
     bandwidth = measure_read_bandwidth()
     experts_read = experts_read_per_step(args, args.num_prompts)
-    floors = {}
-    for name, width in [("", _DTYPES[args.dtype].itemsize)] + (
-            [("gguf_", gguf_bytes_per_param(args.gguf_type))] if args.gguf_type else []):
-        per_token = _bytes_per_step(args, args.top_k, width)
-        step_bytes = _bytes_per_step(args, experts_read, width)
+    sizes = {"": (active_bytes_per_token(args), _bytes_per_step(args, experts_read))}
+    if gguf_path is not None:
+        sizes["gguf_"] = (gguf_step_bytes(gguf_path, args.num_experts, args.top_k),
+                          gguf_step_bytes(gguf_path, args.num_experts, experts_read))
+    floors = {"read_bandwidth_gb_per_s": bandwidth / 1e9,
+              "batch_experts_read_per_layer": experts_read}
+    for name, (per_token, step_bytes) in sizes.items():
         floors |= {f"{name}active_bytes_per_token": per_token,
                    f"{name}decode_floor_ms_per_token": per_token / bandwidth * 1e3,
                    f"{name}max_decode_tokens_per_s": bandwidth / per_token,
@@ -239,16 +243,21 @@ def _floors(args: argparse.Namespace) -> dict:
                    f"{name}batch_bytes_per_step": step_bytes,
                    f"{name}max_batch_decode_tokens_per_s": args.num_prompts * bandwidth
                    / step_bytes}
-    return {"read_bandwidth_gb_per_s": bandwidth / 1e9,
-            "batch_experts_read_per_layer": experts_read, **floors}
+    return floors
 
 
-def gguf_bytes_per_param(type_name: str) -> float:
-    """Bytes per weight of a GGUF type's blocks (Q4_1: 20 bytes per 32 weights = 0.625)."""
-    from gguf.constants import GGML_QUANT_SIZES
+def gguf_step_bytes(path: str, num_experts: int, experts_read: float) -> int:
+    """Bytes of the GGUF file's tensors one decode step reads: everything but the embedding (one
+    row), the expert stacks `ffn_*_exps` in the share `experts_read / num_experts`."""
+    from gguf import GGUFReader
 
-    elems, nbytes = GGML_QUANT_SIZES[LEGACY_TYPES[type_name][0]]
-    return nbytes / elems
+    total = 0.0
+    for tensor in GGUFReader(path).tensors:
+        if tensor.name == "token_embd.weight":
+            continue
+        share = experts_read / num_experts if "_exps." in tensor.name else 1.0
+        total += tensor.n_bytes * share
+    return int(total)
 
 
 def llama_cpp_generator(args: argparse.Namespace, path: str):

@@ -3,7 +3,8 @@
 The file is what llama.cpp's converter plus `llama-quantize` make of a Qwen3-MoE model (arch
 "qwen3moe"): llama.cpp's tensor names, each layer's experts stacked into `ffn_{gate,up,down}_exps`
 [E, rows, cols], every matrix (experts, attention, embedding, LM head) in the chosen legacy type
-(gguf-py's quantizer), the router and the norms in F32. Its vocabulary is synthetic (the 256
+(gguf-py's quantizer) or llama.cpp's K-quant mix (its quantizer, from an F16 file; needs
+llama-cpp-python), the router and the norms in F32. Its vocabulary is synthetic (the 256
 byte-level symbols, three control tokens, then filler tokens, one merge): the benchmark feeds
 token ids, so only the vocabulary's size matters, and both minivllm and llama.cpp load it.
 """
@@ -54,14 +55,27 @@ def _gguf_tensors(state: dict[str, torch.Tensor], num_layers: int,
 
 def write_moe_gguf(config, state: dict[str, torch.Tensor], path: str, type_name: str) -> str:
     """Write `state` (a Qwen3-MoE's HF tensors for `config`) to `path` as a GGUF whose matrices
-    are `type_name` (a legacy type: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, F16); returns `path`."""
+    are `type_name`: a legacy type (F16, Q4_0 ... Q8_0) through gguf-py, or a K-quant mix
+    (Q4_K_M, ...) through llama.cpp's quantizer from an F16 file; returns `path`."""
+    from minivllm.benchmarks.gguf_variants import (K_QUANT_TYPES, LEGACY_TYPES, VARIANT_TYPES,
+                                                   llama_cpp_quantize)
+
+    if type_name in K_QUANT_TYPES:
+        f16 = f"{path}.f16.gguf"
+        try:
+            _write_legacy(config, state, f16, *LEGACY_TYPES["F16"])
+            return llama_cpp_quantize(f16, path, K_QUANT_TYPES[type_name])
+        finally:
+            if os.path.exists(f16):
+                os.unlink(f16)
+    if type_name not in LEGACY_TYPES:
+        raise ValueError(f"--gguf-type {type_name!r}: choose one of {', '.join(VARIANT_TYPES)}")
+    return _write_legacy(config, state, path, *LEGACY_TYPES[type_name])
+
+
+def _write_legacy(config, state: dict[str, torch.Tensor], path: str, qtype, file_type) -> str:
     import gguf
 
-    from minivllm.benchmarks.gguf_variants import LEGACY_TYPES
-
-    if type_name not in LEGACY_TYPES:
-        raise ValueError(f"--gguf-type {type_name!r}: choose one of {', '.join(LEGACY_TYPES)}")
-    qtype, file_type = LEGACY_TYPES[type_name]
     writer = gguf.GGUFWriter(path, "qwen3moe")
     _add_metadata(writer, config, file_type)
     for name, w in _gguf_tensors(state, config.num_hidden_layers, config.num_experts).items():

@@ -65,10 +65,12 @@ def test_moe_bench_gguf_runs_the_packed_file_beside_bf16(tmp_path, capsys):
     result = json.loads(out.read_text())
     assert result["minivllm-gguf"]["batch_output_tokens_per_s"] > 0
     assert result["ratios"]["minivllm-gguf/minivllm"]["decode"] > 0
-    # Q8_0: 34 bytes per 32 weights, against bf16's 2 bytes
+    # Q8_0 matrices: 34 bytes per 32 weights, against bf16's 2 bytes (the F32 norms and router
+    # weigh a little more than their bf16 versions)
     floor = result["floor"]
     assert floor["gguf_active_bytes_per_token"] == pytest.approx(
-        floor["active_bytes_per_token"] * 34 / 32 / 2, rel=1e-6)
+        floor["active_bytes_per_token"] * 34 / 32 / 2, rel=0.05)
+    assert floor["gguf_max_batch_decode_tokens_per_s"] > floor["gguf_max_decode_tokens_per_s"]
 
 
 def test_moe_bench_gguf_file_loads_as_qwen3_moe_with_packed_experts(tmp_path):
@@ -94,8 +96,8 @@ def test_moe_bench_gguf_file_loads_as_qwen3_moe_with_packed_experts(tmp_path):
 
 def test_moe_bench_gguf_argument_errors(capsys):
     with pytest.raises(SystemExit):
-        build_parser().parse_args(["bench", "moe", "--gguf-type", "Q4_K"])
-    assert "invalid choice: 'Q4_K'" in capsys.readouterr().err
+        build_parser().parse_args(["bench", "moe", "--gguf-type", "IQ2_XS"])
+    assert "invalid choice: 'IQ2_XS'" in capsys.readouterr().err
     assert main(["bench", "moe", *TINY, "--compare", "llama.cpp"]) != 0
     assert "--compare llama.cpp needs --gguf-type" in capsys.readouterr().err
     from minivllm.benchmarks.moe_gguf import synthetic_vocabulary
