@@ -18,7 +18,7 @@ constexpr int64_t kRecordSlots = 26;  // opcode + up to 25 arguments (paged deco
 enum Op : int64_t {
   kPagedDecodeBf16, kPagedDecodeF32, kGemvBf16, kGemmAmxBf16, kGemmAmxSiluMulBf16,
   kSiluMulBf16, kRmsNormBf16, kPrefillAttentionBf16, kArgmaxBf16, kGgufGemm, kGgufGemmAmxBf16,
-  kGgufDequant, kRotaryEmbeddingBf16, kGatherRows, kMoeTopk, kFusedExpertsBf16, kLoraShrinkExpandBf16, kNumOps
+  kGgufDequant, kRotaryEmbeddingBf16, kGatherRows, kMoeTopk, kFusedExpertsBf16, kLoraShrinkExpandBf16, kFusedExpertsGguf, kNumOps
 };
 const char* const kOpNames[kNumOps] = {
     "minivllm_paged_decode_bf16", "minivllm_paged_decode_f32", "minivllm_gemv_bf16",
@@ -26,7 +26,8 @@ const char* const kOpNames[kNumOps] = {
     "minivllm_rms_norm_bf16", "minivllm_prefill_attention_bf16", "minivllm_argmax_bf16",
     "minivllm_gguf_gemm", "minivllm_gguf_gemm_amx_bf16", "minivllm_gguf_dequant",
     "minivllm_rotary_embedding_bf16", "minivllm_gather_rows", "minivllm_moe_topk",
-    "minivllm_fused_experts_bf16", "minivllm_lora_shrink_expand_bf16"};
+    "minivllm_fused_experts_bf16", "minivllm_lora_shrink_expand_bf16",
+    "minivllm_fused_experts_gguf"};
 
 // One argument slot as the type its parameter has.
 struct Arg {
@@ -95,6 +96,10 @@ int run(const int64_t* record) {
     case kLoraShrinkExpandBf16:
       return minivllm_lora_shrink_expand_bf16(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7],
                                               a[8], a[9], a[10], a[11], a[12], a[13], a[14]);
+    case kFusedExpertsGguf:
+      return minivllm_fused_experts_gguf(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8],
+                                         a[9], a[10], a[11], a[12], a[13], a[14], a[15], a[16],
+                                         a[17], a[18], a[19]);
   }
   return -1;  // not an opcode
 }
