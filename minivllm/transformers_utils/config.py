@@ -20,6 +20,7 @@ _GGUF_ARCHS = {"llama": ("llama", "LlamaConfig", "LlamaForCausalLM"),
                "gemma3": ("gemma3", "Gemma3TextConfig", "Gemma3ForCausalLM"),
                "phi3": ("phi3", "Phi3Config", "Phi3ForCausalLM"),
                "qwen3moe": ("qwen3_moe", "Qwen3MoeConfig", "Qwen3MoeForCausalLM"),
+               "qwen2moe": ("qwen2_moe", "Qwen2MoeConfig", "Qwen2MoeForCausalLM"),
                # llama.cpp writes Mixtral as "llama" with experts (see _gguf_arch)
                "mixtral": ("mixtral", "MixtralConfig", "MixtralForCausalLM")}
 # `<arch>.<key>` metadata -> config field, as transformers' GGUF loader maps them. Qwen's
@@ -46,10 +47,15 @@ _GGUF_FAMILY_KEYS = {
     "qwen3moe": {"attention.key_length": "head_dim", "expert_count": "num_experts",
                  "expert_used_count": "num_experts_per_tok",
                  "expert_feed_forward_length": "moe_intermediate_size"},
+    "qwen2moe": {"expert_count": "num_experts", "expert_used_count": "num_experts_per_tok",
+                 "expert_feed_forward_length": "moe_intermediate_size",
+                 "expert_shared_feed_forward_length": "shared_expert_intermediate_size"},
     "mixtral": {"expert_count": "num_local_experts", "expert_used_count": "num_experts_per_tok"},
 }
-# Fields llama.cpp's graph fixes without storing them: Qwen3-MoE always renormalises its top-k.
-_GGUF_FAMILY_DEFAULTS = {"qwen3moe": {"norm_topk_prob": True}}
+# Fields llama.cpp's graph fixes without storing them: Qwen3-MoE always renormalises its top-k,
+# Qwen2-MoE never does.
+_GGUF_FAMILY_DEFAULTS = {"qwen3moe": {"norm_topk_prob": True},
+                         "qwen2moe": {"norm_topk_prob": False}}
 _GGUF_TOKEN_IDS = {"bos_token_id": "bos_token_id", "eos_token_id": "eos_token_id",
                    "unknown_token_id": "unk_token_id", "padding_token_id": "pad_token_id"}
 

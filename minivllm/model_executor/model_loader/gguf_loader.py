@@ -27,7 +27,8 @@ if TYPE_CHECKING:     # transformers costs ~1 s to import; GGUF runs skip it
     from transformers import PretrainedConfig
 
 
-_MOE_ROUTER = ".ffn_gate_inp.weight"   # a MoE router: an unquantized ReplicatedLinear
+# MoE routers (and Qwen2-MoE's shared-expert gate): unquantized ReplicatedLinears.
+_MOE_ROUTERS = (".ffn_gate_inp.weight", ".ffn_gate_inp_shexp.weight")
 
 
 def gguf_quant_weights_iterator(path: str, hf_config: "PretrainedConfig") -> Weights:
@@ -40,7 +41,7 @@ def gguf_quant_weights_iterator(path: str, hf_config: "PretrainedConfig") -> Wei
             yield from _packed_experts(tensor, name, shape)
             _release(tensor.data)
             continue
-        if len(shape) != 2 or not name.endswith(".weight") or tensor.name.endswith(_MOE_ROUTER):
+        if len(shape) != 2 or not name.endswith(".weight") or tensor.name.endswith(_MOE_ROUTERS):
             data = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
             yield from split_experts(name, unpermute(
                 torch.from_numpy(np.ascontiguousarray(data).reshape(shape)).float()))

@@ -42,9 +42,15 @@ _GGUF_MIXTRAL_BLOCK_NAMES = {**_GGUF_BLOCK_NAMES, "ffn_gate_inp": "block_sparse_
 _GGUF_QWEN_MOE_BLOCK_NAMES = {**_GGUF_BLOCK_NAMES, "ffn_gate_inp": "mlp.gate",
                               **{f"ffn_{p}_exps": f"mlp.experts.{{}}.{p}_proj"
                                  for p in ("gate", "up", "down")}}
+# Qwen2-MoE adds a shared expert (an MLP) and its sigmoid gate (one row, stored 1-D).
+_GGUF_QWEN2_MOE_BLOCK_NAMES = {**_GGUF_QWEN_MOE_BLOCK_NAMES,
+                               "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
+                               **{f"ffn_{p}_shexp": f"mlp.shared_expert.{p}_proj"
+                                  for p in ("gate", "up", "down")}}
 _GGUF_ARCH_BLOCK_NAMES = {"gemma2": _GGUF_GEMMA2_BLOCK_NAMES, "gemma3": _GGUF_GEMMA2_BLOCK_NAMES,
                           "phi3": _GGUF_PHI3_BLOCK_NAMES, "llama": _GGUF_MIXTRAL_BLOCK_NAMES,
-                          "qwen3moe": _GGUF_QWEN_MOE_BLOCK_NAMES}
+                          "qwen3moe": _GGUF_QWEN_MOE_BLOCK_NAMES,
+                          "qwen2moe": _GGUF_QWEN2_MOE_BLOCK_NAMES}
 # Archs whose converter stored every RMSNorm weight as `1 + w` (Gemma's norms add the 1 back).
 _GGUF_NORM_SHIFT_ARCHS = ("gemma", "gemma2", "gemma3")
 _GGUF_BLOCK_RE = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias)$")
@@ -113,6 +119,8 @@ def gguf_tensors(path: str, hf_config: "PretrainedConfig") -> Iterator[tuple]:
         name = _gguf_to_hf_name(tensor.name, _GGUF_ARCH_BLOCK_NAMES.get(arch, _GGUF_BLOCK_NAMES))
         # GGUF lists dims fastest-first, so the HF shape is the reverse.
         shape = tuple(int(d) for d in reversed(tensor.shape))
+        if name.endswith("shared_expert_gate.weight") and len(shape) == 1:
+            shape = (1, shape[0])               # llama.cpp's 1-D gate is the HF [1, H] row
         heads = None
         if arch in _GGUF_NORM_SHIFT_ARCHS and name.endswith("norm.weight"):
             yield tensor, name, shape, _minus_one

@@ -1,6 +1,8 @@
-"""GGUF files of Mixtral (llama.cpp's "llama" with experts) and Qwen3-MoE ("qwen3moe") as
-llama.cpp's converter writes them: each layer's router `ffn_gate_inp` and its experts stacked in
-three 3-D tensors `ffn_{gate,up,down}_exps` [E, rows, cols], all in Q8_0. Packed (the linears
+"""GGUF files of Mixtral (llama.cpp's "llama" with experts), Qwen3-MoE ("qwen3moe") and
+Qwen2-MoE ("qwen2moe": q/k/v biases, a shared expert `ffn_*_shexp` with its 1-D sigmoid gate
+`ffn_gate_inp_shexp`) as llama.cpp's converter writes them: each layer's router `ffn_gate_inp`
+and its experts stacked in three 3-D tensors `ffn_{gate,up,down}_exps` [E, rows, cols], all in
+Q8_0. Packed (the linears
 and the experts keep their blocks, routers are dequantised at load) and dequantised, they give
 transformers' greedy tokens on the same dequantised weights; packed bf16 decode steps replay as
 CPU graphs; expert parallelism over packed experts equals one process, and a TP size that would
@@ -12,7 +14,8 @@ import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from transformers import MixtralConfig, MixtralForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
+from transformers import (MixtralConfig, MixtralForCausalLM, Qwen2MoeConfig, Qwen2MoeForCausalLM,
+                          Qwen3MoeConfig, Qwen3MoeForCausalLM)
 
 from minivllm import LLM
 from tests._parallel_helpers import engine_kwargs, greedy_run
@@ -35,11 +38,20 @@ FAMILIES = {   # GGUF arch -> (config class, model class, overrides, MoE module,
                   dict(moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2,
                        head_dim=32, norm_topk_prob=True),
                   "mlp", {"gate": "gate_proj", "up": "up_proj", "down": "down_proj"}),
+    # Qwen2 attention (q/k/v biases) + routed experts + a sigmoid-gated shared expert
+    "qwen2_moe": ("qwen2moe", Qwen2MoeConfig, Qwen2MoeForCausalLM,
+                  dict(moe_intermediate_size=32, shared_expert_intermediate_size=64,
+                       num_experts=4, num_experts_per_tok=2, norm_topk_prob=False,
+                       rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
+                  "mlp", {"gate": "gate_proj", "up": "up_proj", "down": "down_proj"}),
 }
 _DENSE = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
           "self_attn.o_proj": "attn_output", "input_layernorm": "attn_norm",
           "post_attention_layernorm": "ffn_norm", "self_attn.q_norm": "attn_q_norm",
-          "self_attn.k_norm": "attn_k_norm"}
+          "self_attn.k_norm": "attn_k_norm", "mlp.shared_expert.gate_proj": "ffn_gate_shexp",
+          "mlp.shared_expert.up_proj": "ffn_up_shexp",
+          "mlp.shared_expert.down_proj": "ffn_down_shexp",
+          "mlp.shared_expert_gate": "ffn_gate_inp_shexp"}
 _GLOBAL = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
            "lm_head.weight": "output.weight"}
 
@@ -66,7 +78,10 @@ def _gguf_tensors(state: dict[str, torch.Tensor], config: dict, arch: str, moe: 
             out[_GLOBAL[name]] = w
         else:
             _, _, layer, rest = name.split(".", 3)
-            out[f"blk.{layer}.{_DENSE[rest.rsplit('.', 1)[0]]}.weight"] = w
+            module, kind = rest.rsplit(".", 1)
+            if module == "mlp.shared_expert_gate":
+                w = w.reshape(-1)           # llama.cpp stores this one-row gate 1-D
+            out[f"blk.{layer}.{_DENSE[module]}.{kind}"] = w
     return out
 
 
@@ -89,6 +104,9 @@ def write_moe_gguf(folder: str, family: str, **overrides) -> tuple[str, str]:
         writer.add_expert_feed_forward_length(config["moe_intermediate_size"])
         writer.add_key_length(config["head_dim"])
         writer.add_value_length(config["head_dim"])
+    if arch == "qwen2moe":
+        writer.add_expert_feed_forward_length(config["moe_intermediate_size"])
+        writer.add_expert_shared_feed_forward_length(config["shared_expert_intermediate_size"])
     dequantised = {}
     for name, w in _gguf_tensors(dict(state), config, arch, moe, experts).items():
         if w.ndim >= 2:              # matrices and expert stacks in Q8_0
@@ -117,9 +135,11 @@ def _to_hf(tensors: dict[str, np.ndarray], state: dict[str, torch.Tensor], confi
     for name in state:
         if ".experts." in name or name.endswith(f"{moe}.gate.weight"):
             continue
-        gguf_name = _GLOBAL.get(name) or (
-            f"blk.{name.split('.')[2]}.{_DENSE[name.split('.', 3)[3].rsplit('.', 1)[0]]}.weight")
-        w = tensors[gguf_name]
+        gguf_name = _GLOBAL.get(name)
+        if gguf_name is None:
+            module, kind = name.split(".", 3)[3].rsplit(".", 1)
+            gguf_name = f"blk.{name.split('.')[2]}.{_DENSE[module]}.{kind}"
+        w = tensors[gguf_name].reshape(state[name].shape)
         if arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
             heads = config["num_attention_heads" if "q_proj" in name else "num_key_value_heads"]
             w = _unpermute(w, heads)
@@ -161,6 +181,11 @@ def test_moe_gguf_config_states_the_experts(moe_gguf):
     if family == "mixtral":
         assert config.architectures == ["MixtralForCausalLM"]
         assert (config.num_local_experts, config.intermediate_size) == (4, 32)
+    elif family == "qwen2_moe":
+        assert config.architectures == ["Qwen2MoeForCausalLM"]
+        assert (config.num_experts, config.moe_intermediate_size,
+                config.shared_expert_intermediate_size) == (4, 32, 64)
+        assert config.norm_topk_prob is False
     else:
         assert config.architectures == ["Qwen3MoeForCausalLM"]
         assert (config.num_experts, config.moe_intermediate_size, config.head_dim) == (4, 32, 32)
