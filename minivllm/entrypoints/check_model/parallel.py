@@ -3,9 +3,17 @@ multi-process dry run that builds and loads every rank and runs one step."""
 
 import contextlib
 import os
+from collections.abc import Callable
+
+from torch import nn
 
 from minivllm.config.vllm import valid_tp_sizes
 from minivllm.distributed.utils import get_pp_indices
+from minivllm.model_executor.kernels.gguf_linear import gguf_block_shape
+from minivllm.model_executor.layers.fused_moe import FusedMoE
+from minivllm.model_executor.layers.linear import RowParallelLinear
+from minivllm.model_executor.layers.quantization.gguf import GGUFLinearMethod
+from minivllm.model_executor.layers.quantization.gguf_moe import GGUFMoEMethod
 from minivllm.model_executor.layers.vocab_parallel_embedding import pad_vocab_size
 from minivllm.model_executor.models import interfaces as itf
 
@@ -16,13 +24,17 @@ _SHOWN_PP_SIZES = (2, 4)
 
 
 def parallel_section(section: Section, target: CheckTarget, tp: int = 1, pp: int = 1,
-                     dry_run: bool = True) -> None:
+                     dry_run: bool = True, model: nn.Module | None = None) -> None:
+    """`model`: the built (and loaded) model, whose layers may limit TP further."""
     mc = target.vllm_config.model_config
     heads, kv_heads = mc.get_num_attention_heads(), mc.get_total_num_kv_heads()
     valid = valid_tp_sizes(mc)
     inter = getattr(mc.hf_text_config, "intermediate_size", None)
     if isinstance(inter, int):     # MergedColumnParallelLinear splits it evenly too
         valid = [t for t in valid if inter % t == 0]
+    limits = layer_tp_limits(model)
+    valid = [t for t in valid if all(accepts(t) for accepts in limits.values())]
+    section.data["layer_limits"] = list(limits)
     padded = pad_vocab_size(mc.get_vocab_size())
     section.data["valid_tp_sizes"] = valid
     section.data["tp_shapes"] = {t: {"heads_per_rank": heads // t,
@@ -43,9 +55,11 @@ def parallel_section(section: Section, target: CheckTarget, tp: int = 1, pp: int
                 section.error("pp_partition", str(err))
     section.data["VLLM_PP_LAYER_PARTITION"] = os.environ.get("VLLM_PP_LAYER_PARTITION")
     if tp not in valid:
+        refusing = [what for what, accepts in limits.items() if not accepts(tp)]
+        by = f"; refused by {', '.join(refusing)}" if refusing else ""
         section.error("tp_size", f"tensor_parallel_size {tp} does not split this model "
                       f"({heads} heads, {kv_heads} KV heads, padded vocab {padded}, "
-                      f"intermediate {inter}); valid sizes: {valid}")
+                      f"intermediate {inter}{by}); valid sizes: {valid}")
     if pp > 1 and not supports_pp:
         section.error("pp_support", f"{target.model_class.__name__} does not support pipeline "
                       "parallelism (SupportsPP and forward(intermediate_tensors=...))")
@@ -59,11 +73,37 @@ def parallel_section(section: Section, target: CheckTarget, tp: int = 1, pp: int
         + (" (replicated)" if s["kv_heads_replicated"] else "")
         + f", {s['vocab_rows_per_rank']} vocab rows per rank"
         for t, s in section.data["tp_shapes"].items())
+    if limits:
+        section.text_rows.append("layers limiting TP: " + "; ".join(limits))
     section.text_rows.extend(
         f"PP {size}: layers " + ", ".join(f"[{a}, {b})" for a, b in split)
         for size, split in section.data["pp_layer_partition"].items())
     if dry_run and tp * pp > 1 and not section.errors():
         _dry_run(section, target, tp, pp)
+
+
+def layer_tp_limits(model: nn.Module | None) -> dict[str, Callable[[int], bool]]:
+    """{layer and its constraint: accepts(tp)} for layers whose own shapes limit TP beyond the
+    config's sizes: a MoE layer's intermediate size (each expert is split; not under expert
+    parallelism) and, for GGUF weights, whole blocks per rank of the input that a row-parallel
+    layer or a MoE down projection splits. One entry per distinct constraint (its first layer)."""
+    limits: dict[tuple, tuple[str, Callable[[int], bool]]] = {}
+    for name, module in model.named_modules() if model is not None else ():
+        method = getattr(module, "quant_method", None)
+        if isinstance(module, FusedMoE) and not module.use_ep:
+            size, what = module.intermediate_size, "MoE intermediate"
+            qtype = getattr(module, "w2_qweight_type", None) if isinstance(
+                method, GGUFMoEMethod) else None
+        elif isinstance(module, RowParallelLinear) and isinstance(method, GGUFLinearMethod):
+            size, what, qtype = module.input_size, "input", module.qweight_type
+        else:
+            continue
+        elems = gguf_block_shape(qtype)[0] if qtype is not None else 1
+        blocks = f", {elems}-value GGUF blocks" if elems > 1 else ""
+        limits.setdefault((what, size, elems), (
+            f"{name} ({what} {size}{blocks})",
+            lambda t, n=size, e=elems: n % t == 0 and (n // t) % e == 0))
+    return dict(limits.values())
 
 
 def _dry_run(section: Section, target: CheckTarget, tp: int, pp: int) -> None:

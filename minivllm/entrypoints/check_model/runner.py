@@ -54,7 +54,7 @@ def run_checks(opts: CheckOptions) -> Report:
     _weights(report, target, model)
     quantization_section(report.section("quantization"), model, target.vllm_config.quant_config)
     parallel_section(report.section("parallel"), target, opts.tensor_parallel_size,
-                     opts.pipeline_parallel_size)
+                     opts.pipeline_parallel_size, model=model)
     numerics = report.section("numerics")
     if not opts.hf:
         numerics.skip("pass --hf to compare every layer with transformers")

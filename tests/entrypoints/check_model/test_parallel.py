@@ -80,3 +80,37 @@ def test_pp_needs_support_and_enough_layers(tiny_llama_factory, tmp_path):
     no_pp = _section(tiny_llama_factory(), pp=2, model_file=f"{tmp_path / 'no_pp.py'}:NoPP")
     assert [e.check for e in no_pp.errors()] == ["pp_support"]
     assert [e.check for e in _section(tiny_llama_factory(), pp=3).errors()] == ["pp_size"]
+
+
+def test_gguf_blocks_and_moe_experts_limit_tp(tmp_path):
+    """A packed MoE GGUF: the experts' intermediate size (32, one Q8_0 block) cannot be split,
+    the row-parallel o_proj (64 inputs) only in halves; the report names the layer that refuses
+    and the loaded model's limits, while the config alone would allow 1, 2 and 4."""
+    from tests.model_executor.model_loader.test_gguf_loader_moe import write_moe_gguf
+
+    path, _ = write_moe_gguf(str(tmp_path), "qwen2_moe")
+    assert _section(path).data["valid_tp_sizes"] == [1, 2, 4]       # no model: config only
+    report = run_checks(CheckOptions(path, tensor_parallel_size=2))
+    parallel = report.sections["parallel"]
+    assert parallel.data["valid_tp_sizes"] == [1]
+    assert any(limit.startswith("model.layers.0.self_attn.o_proj (input 64, 32-value GGUF")
+               for limit in parallel.data["layer_limits"])
+    [error] = parallel.errors()
+    assert error.check == "tp_size"
+    assert ("refused by model.layers.0.mlp.experts (MoE intermediate 32, 32-value GGUF "
+            "blocks)") in error.message and "valid sizes: [1]" in error.message
+
+
+def test_unquantized_moe_limits_tp_by_its_intermediate_size(tmp_path):
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    from tests.model_executor.models._family_helpers import write_tiny_checkpoint
+
+    path = write_tiny_checkpoint(tmp_path, Qwen3MoeConfig, Qwen3MoeForCausalLM,
+                                 moe_intermediate_size=18, num_experts=4, num_experts_per_tok=2,
+                                 head_dim=32)
+    report = run_checks(CheckOptions(path))
+    parallel = report.sections["parallel"]
+    # 4 heads, 2 KV heads, intermediate 128: 1, 2, 4; the experts' 18 rules out 4
+    assert parallel.data["valid_tp_sizes"] == [1, 2]
+    assert parallel.data["layer_limits"] == ["model.layers.0.mlp.experts (MoE intermediate 18)"]
