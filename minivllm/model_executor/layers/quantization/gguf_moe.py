@@ -18,6 +18,7 @@ biases) loops over the active experts with `gguf_matmul`, as the packed linears 
 
 from typing import Any
 
+import gguf
 import torch
 from torch import nn
 
@@ -143,8 +144,6 @@ class GGUFMoEMethod(FusedMoEMethodBase):
 
 
 def _type_name(qtype: int) -> str:
-    import gguf
-
     return gguf.GGMLQuantizationType(qtype).name
 
 
