@@ -41,7 +41,8 @@ def synthetic_vocabulary(size: int) -> list[str]:
 def _gguf_tensors(state: dict[str, torch.Tensor], num_layers: int,
                   num_experts: int) -> dict[str, np.ndarray]:
     """llama.cpp's fp32 tensors of a Qwen3-MoE state dict (experts stacked per layer)."""
-    out = {gguf_name: state[hf_name].float().numpy() for hf_name, gguf_name in _GLOBAL_NAMES.items()}
+    out = {gguf_name: state[hf_name].float().numpy()
+           for hf_name, gguf_name in _GLOBAL_NAMES.items()}
     for layer in range(num_layers):
         prefix = f"model.layers.{layer}."
         for hf, name in _BLOCK_NAMES.items():

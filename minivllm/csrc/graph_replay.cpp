@@ -18,7 +18,8 @@ constexpr int64_t kRecordSlots = 26;  // opcode + up to 25 arguments (paged deco
 enum Op : int64_t {
   kPagedDecodeBf16, kPagedDecodeF32, kGemvBf16, kGemmAmxBf16, kGemmAmxSiluMulBf16,
   kSiluMulBf16, kRmsNormBf16, kPrefillAttentionBf16, kArgmaxBf16, kGgufGemm, kGgufGemmAmxBf16,
-  kGgufDequant, kRotaryEmbeddingBf16, kGatherRows, kMoeTopk, kFusedExpertsBf16, kLoraShrinkExpandBf16, kFusedExpertsGguf, kNumOps
+  kGgufDequant, kRotaryEmbeddingBf16, kGatherRows, kMoeTopk, kFusedExpertsBf16,
+  kLoraShrinkExpandBf16, kFusedExpertsGguf, kNumOps
 };
 const char* const kOpNames[kNumOps] = {
     "minivllm_paged_decode_bf16", "minivllm_paged_decode_f32", "minivllm_gemv_bf16",

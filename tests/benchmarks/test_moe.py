@@ -110,7 +110,8 @@ def test_moe_bench_gguf_argument_errors(capsys):
 def test_moe_bench_llama_cpp_decodes_the_same_file(tmp_path):
     """--compare llama.cpp: llama.cpp loads the written qwen3moe file and decodes batch-1 in
     the same rounds (its greedy tokens on the tiny random model are not compared)."""
-    pytest.importorskip("llama_cpp", reason="llama-cpp-python is optional (pip install llama-cpp-python)")
+    pytest.importorskip("llama_cpp",
+                        reason="llama-cpp-python is optional (pip install llama-cpp-python)")
     out = tmp_path / "moe.json"
     tiny = [*TINY[:TINY.index("--vocab-size")], "--vocab-size", "300",
             *TINY[TINY.index("--vocab-size") + 2:]]
