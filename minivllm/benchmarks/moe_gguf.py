@@ -11,6 +11,7 @@ token ids, so only the vocabulary's size matters, and both minivllm and llama.cp
 
 import os
 
+import gguf
 import numpy as np
 import torch
 
@@ -75,8 +76,6 @@ def write_moe_gguf(config, state: dict[str, torch.Tensor], path: str, type_name:
 
 
 def _write_legacy(config, state: dict[str, torch.Tensor], path: str, qtype, file_type) -> str:
-    import gguf
-
     writer = gguf.GGUFWriter(path, "qwen3moe")
     _add_metadata(writer, config, file_type)
     for name, w in _gguf_tensors(state, config.num_hidden_layers, config.num_experts).items():
@@ -93,8 +92,6 @@ def _write_legacy(config, state: dict[str, torch.Tensor], path: str, qtype, file
 
 
 def _add_metadata(writer, config, file_type) -> None:
-    import gguf
-
     writer.add_file_type(file_type)
     writer.add_block_count(config.num_hidden_layers)
     writer.add_context_length(config.max_position_embeddings)

@@ -9,7 +9,7 @@ from torch import nn
 
 from minivllm.config.vllm import valid_tp_sizes
 from minivllm.distributed.utils import get_pp_indices
-from minivllm.model_executor.kernels.gguf_linear import gguf_block_shape
+from minivllm.model_executor.kernels.gguf_linear import gguf_block_shape, splits_whole_blocks
 from minivllm.model_executor.layers.fused_moe import FusedMoE
 from minivllm.model_executor.layers.linear import RowParallelLinear
 from minivllm.model_executor.layers.quantization.gguf import GGUFLinearMethod
@@ -102,7 +102,7 @@ def layer_tp_limits(model: nn.Module | None) -> dict[str, Callable[[int], bool]]
         blocks = f", {elems}-value GGUF blocks" if elems > 1 else ""
         limits.setdefault((what, size, elems), (
             f"{name} ({what} {size}{blocks})",
-            lambda t, n=size, e=elems: n % t == 0 and (n // t) % e == 0))
+            lambda t, n=size, e=elems: splits_whole_blocks(n, e, t)))
     return dict(limits.values())
 
 

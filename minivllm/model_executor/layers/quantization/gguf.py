@@ -18,8 +18,8 @@ import torch.nn.functional as F
 
 from minivllm.model_executor.kernels.cpu_linear import dispatch_linear, pack_for_cpu
 from minivllm.model_executor.kernels.gguf_linear import (GGUF_FLOAT_TYPES, check_gguf_type,
-                                                         gguf_block_shape, gguf_embedding,
-                                                         gguf_linear, gguf_matmul)
+                                                         gguf_embedding, gguf_linear,
+                                                         gguf_matmul, gguf_split_columns)
 from minivllm.model_executor.layers.quantization.base_config import (QuantizationConfig,
                                                                      QuantizeMethodBase,
                                                                      is_layer_skipped)
@@ -91,22 +91,10 @@ def _shard_rows(layer: nn.Module, shard_id: Any, full_rows: int) -> tuple[int, i
 def _input_columns(layer: nn.Module, qtype: int, row_width: int) -> slice:
     """This rank's columns of a row (bytes for block types, elements for float types):
     row-parallel layers split the input, in whole blocks (else a ValueError naming valid sizes)."""
-    if type(layer).__name__ != "RowParallelLinear" or layer.tp_size == 1:
+    if type(layer).__name__ != "RowParallelLinear":
         return slice(0, row_width)
-    in_features = layer.input_size
-    block_elems, block_bytes = (1, row_width // in_features) if qtype in GGUF_FLOAT_TYPES \
-        else gguf_block_shape(qtype)
-    per_rank = in_features // layer.tp_size
-    if in_features % layer.tp_size or per_rank % block_elems:
-        valid = [t for t in range(1, in_features + 1)
-                 if in_features % t == 0 and (in_features // t) % block_elems == 0]
-        raise ValueError(
-            f"tensor_parallel_size={layer.tp_size} would split a "
-            f"{gguf.GGMLQuantizationType(qtype).name} block ({block_elems} values) of "
-            f"{layer._gguf_prefix} (input size {in_features}); valid tensor_parallel_size "
-            f"values for this layer: {valid}")
-    width = per_rank // block_elems * (block_bytes if qtype not in GGUF_FLOAT_TYPES else 1)
-    return slice(layer.tp_rank * width, (layer.tp_rank + 1) * width)
+    return gguf_split_columns(qtype, row_width, layer.input_size, layer.tp_size, layer.tp_rank,
+                              f"{layer._gguf_prefix} (input size {layer.input_size})")
 
 
 def _store(layer: nn.Module, qtype: int, offset: int, part: torch.Tensor) -> None:

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from minivllm.model_executor.kernels.gguf_linear import (GGUF_FLOAT_TYPES, check_gguf_type,
-                                                         gguf_block_shape, gguf_matmul)
+                                                         gguf_matmul, gguf_split_columns)
 from minivllm.model_executor.kernels.op_library import register_op
 from minivllm.model_executor.layers.fused_moe.cpu_fused_moe import fused_experts_gguf
 from minivllm.model_executor.layers.fused_moe.fused_moe import (fused_experts, fused_experts_fake,
@@ -85,19 +85,11 @@ class GGUFMoEMethod(FusedMoEMethodBase):
 
     def _columns(self, layer: nn.Module, qtype: int, row_width: int) -> slice:
         """This rank's part of a down row (bytes for block types, elements for float ones)."""
-        if layer.tp_size == 1:
-            return slice(0, row_width)
-        inter, i_p = layer.intermediate_size, layer.intermediate_size_per_partition
-        elems, nbytes = (1, 1) if qtype in GGUF_FLOAT_TYPES else gguf_block_shape(qtype)
-        if i_p % elems:
-            valid = [t for t in range(1, inter + 1) if inter % t == 0 and (inter // t) % elems == 0]
-            raise ValueError(
-                f"tensor_parallel_size={layer.tp_size} would split a GGUF block ({elems} values) "
-                f"of the experts' down projection in {self.prefix} (intermediate size {inter}); "
-                f"valid tensor_parallel_size values for this layer: {valid}, or use "
-                f"--enable-expert-parallel")
-        width = i_p // elems * nbytes
-        return slice(layer.tp_rank * width, (layer.tp_rank + 1) * width)
+        inter = layer.intermediate_size
+        return gguf_split_columns(
+            qtype, row_width, inter, layer.tp_size, layer.tp_rank,
+            f"the experts' down projection in {self.prefix} (intermediate size {inter})",
+            hint=", or use --enable-expert-parallel")
 
     def _store(self, layer: nn.Module, name: str, qtype: int, local: int, row: int,
                part: torch.Tensor, weight_name: str) -> None:
