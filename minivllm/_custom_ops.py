@@ -7,7 +7,7 @@ OpenMP runtime is the one torch already loaded. Everything works without them: w
 no compiler, the build fails, or `MINIVLLM_CPU_KERNEL=0`, callers keep their pure-PyTorch paths.
 
 - `paged_decode_attention`: one query per sequence, K/V read in place through the block table.
-- `gemv_bf16`: one-token bf16 linear (batch-1 decode), faster than oneDNN at M = 1.
+- `gemv_bf16`: decode-sized bf16 linear (1..GEMV_MAX_ROWS rows), faster than oneDNN there.
 - `gemm_bf16`: bf16 linear with AMX tiles (decode steps; prompt chunks of small weights), faster
   than oneDNN there; `gemm_silu_mul_bf16` the same with SiluAndMul applied to gate_up's output.
 - `silu_and_mul_bf16`: SiluAndMul on bf16 rows (~3x faster than inductor's kernel at [64, 3072]).
@@ -81,6 +81,10 @@ _has_amx = False
 # each 64-row chunk finds it there (measured: 15-25% faster than oneDNN at 256-1024 rows, about
 # even at 2048, where oneDNN keeps them). Larger weights (an LM head) stay with oneDNN.
 GEMM_MAX_ROWS = 64
+# Rows of x the bf16 GEMV takes on CPUs without AMX (batched decode steps): it streams the weight
+# once for all of them, where oneDNN's bf16 GEMM (without AVX-512 BF16 on Ice Lake) is 3-4x
+# slower at 2-8 rows, and as native calls these steps replay as CPU graphs.
+GEMV_MAX_ROWS = 8
 GEMM_PROMPT_ROWS = 1024
 GEMM_PROMPT_WEIGHT = 1 << 21
 
@@ -209,30 +213,33 @@ def paged_decode_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_ta
 
 def gemv_supports_weight(weight: torch.Tensor) -> bool:
     """True when `gemv_bf16` can multiply by `weight`: bf16 [N, K] on CPU, unit-stride rows,
-    K % 32 == 0, and the kernel built with AVX-512 BF16. (Layers check once, after loading.)"""
+    K % 32 == 0, and the kernel built with AVX-512 (F + BW). (Layers check once, after loading.)"""
     return (weight.dtype == torch.bfloat16 and weight.device.type == "cpu" and weight.dim() == 2
             and weight.stride(1) == 1 and weight.shape[1] % 32 == 0 and native_available()
             and _has_gemv)
 
 
 def gemv_supported(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """True when `gemv_bf16` can compute `F.linear(x, weight)`: one bf16 row on CPU."""
-    return (x.dtype == torch.bfloat16 and x.dim() == 2 and x.shape[0] == 1
+    """True when `gemv_bf16` can compute `F.linear(x, weight)`: 1..`GEMV_MAX_ROWS` bf16 rows on
+    CPU."""
+    return (x.dtype == torch.bfloat16 and x.dim() == 2 and 0 < x.shape[0] <= GEMV_MAX_ROWS
             and x.device.type == "cpu" and gemv_supports_weight(weight))
 
 
 def gemv_bf16(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """`F.linear(x, weight, bias)` for x [1, K] (see `gemv_supported`); returns [1, N]."""
-    x = x.contiguous()
+    """`F.linear(x, weight, bias)` for x [m, K] (see `gemv_supported`); returns [m, N]."""
+    if x.stride(-1) != 1:
+        x = x.contiguous()
     if bias is not None:
         bias = bias.to(torch.bfloat16).contiguous()
     n, k = weight.shape
-    y = x.new_empty(1, n)
-    rc = _lib.minivllm_gemv_bf16(x.data_ptr(), weight.data_ptr(), weight.stride(0),
-                                 None if bias is None else bias.data_ptr(), y.data_ptr(), n, k,
-                                 torch.get_num_threads())
+    m = x.shape[0]
+    y = x.new_empty(m, n)
+    rc = _lib.minivllm_gemv_bf16(x.data_ptr(), x.stride(0), weight.data_ptr(), weight.stride(0),
+                                 None if bias is None else bias.data_ptr(), y.data_ptr(),
+                                 y.stride(0), m, n, k, torch.get_num_threads())
     if rc != 0:
-        raise ValueError(f"gemv_bf16 needs K % 32 == 0 and AVX-512 BF16, got K={k}")
+        raise ValueError(f"gemv_bf16 needs K % 32 == 0 and AVX-512, got K={k}")
     return y
 
 

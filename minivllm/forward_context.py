@@ -6,9 +6,20 @@ Only the model runner sets it, with `set_forward_context(...)`; layers read it w
 
 import contextlib
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Iterator, NamedTuple
 
 from minivllm.config import CUDAGraphMode, VllmConfig
+
+
+class BatchDescriptor(NamedTuple):
+    """The shape of a step's batch (vLLM's fields): num_tokens scheduled, num_reqs requests,
+    uniform when every request has the same query length (the model runners set it for
+    decode-only steps: one token each), has_lora."""
+
+    num_tokens: int
+    num_reqs: int | None = None
+    uniform: bool = False
+    has_lora: bool = False
 
 
 @dataclass
@@ -74,6 +85,13 @@ def get_forward_context() -> ForwardContext:
 
 def is_forward_context_available() -> bool:
     return _forward_context is not None
+
+
+def is_decode_only_step() -> bool:
+    """True inside a forward pass whose requests each bring one token (a decode step)."""
+    ctx = _forward_context
+    batch = None if ctx is None else ctx.batch_descriptor
+    return batch is not None and batch.uniform and batch.num_tokens == batch.num_reqs
 
 
 def in_piecewise_cudagraph() -> bool:

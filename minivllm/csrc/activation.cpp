@@ -9,7 +9,7 @@
 
 #include "cpu_math.h"
 
-#if defined(__AVX512BF16__)
+#if MINIVLLM_BF16_SIMD
 #include <immintrin.h>
 
 namespace {
@@ -23,7 +23,7 @@ void silu_mul_row(const uint16_t* x, int64_t d, uint16_t* y) {
   for (int64_t j = 0; j < d; j += 16) {
     const __mmask16 live = d - j >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (d - j)) - 1);
     const __m512 r = minivllm::silu_mul16(load_bf16(x + j, live), load_bf16(x + d + j, live));
-    _mm256_mask_storeu_epi16(y + j, live, (__m256i)_mm512_cvtneps_pbh(r));
+    _mm256_mask_storeu_epi16(y + j, live, minivllm::cvt_bf16x16(r));
   }
 }
 
@@ -49,7 +49,7 @@ int minivllm_silu_mul_bf16(const uint16_t* x, int64_t x_stride, uint16_t* y, int
 extern "C" {
 int minivllm_silu_mul_bf16(const uint16_t*, int64_t, uint16_t*, int64_t, int64_t, int64_t,
                            int32_t) {
-  return 2;  // no AVX512-BF16: callers keep torch's silu
+  return 2;  // no AVX-512 (F + BW): callers keep torch's silu
 }
 }  // extern "C"
 

@@ -66,12 +66,57 @@ inline __m512 exp_nonpositive16(__m512 x) {
   return _mm512_scalef_ps(p, k);
 }
 
+#if defined(__AVX512BW__)
+// bf16 vector kernels run on every AVX-512 CPU (F + BW): with the AVX-512 BF16 instructions
+// where the CPU has them (Sapphire Rapids, Zen 4), else with the same arithmetic in integer and
+// fp32 ops (Skylake-X, Cascade Lake, Ice Lake: a few more ops, still far ahead of the torch
+// fallbacks there).
+#define MINIVLLM_BF16_SIMD 1
+
+// 16 floats -> 16 bf16, nearest even; NaN -> 0x7fc0 (torch's bits) when emulated.
+inline __m256i cvt_bf16x16(__m512 v) {
 #if defined(__AVX512BF16__)
-// 16 floats rounded to bf16 (nearest even) and widened back: what a bf16 tensor would hold.
-inline __m512 round_bf16_16(__m512 v) {
-  const __m256i h = (__m256i)_mm512_cvtneps_pbh(v);
+  return (__m256i)_mm512_cvtneps_pbh(v);
+#else
+  const __m512i u = _mm512_castps_si512(v);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
+  r = _mm512_srli_epi32(r, 16);
+  r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_set1_epi32(0x7fc0));
+  return _mm512_cvtepi32_epi16(r);
+#endif
+}
+
+// 32 floats -> 32 bf16 (lo: words 0-15), as _mm512_cvtne2ps_pbh(hi, lo).
+inline __m512i cvt_bf16x32(__m512 hi, __m512 lo) {
+#if defined(__AVX512BF16__)
+  return (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
+#else
+  return _mm512_inserti64x4(_mm512_castsi256_si512(cvt_bf16x16(lo)), cvt_bf16x16(hi), 1);
+#endif
+}
+
+// acc[i] += a[2i] b[2i] + a[2i+1] b[2i+1] for 32 bf16 in a and b (as _mm512_dpbf16_ps).
+inline __m512 dot_bf16x32(__m512 acc, __m512i a, __m512i b) {
+#if defined(__AVX512BF16__)
+  return _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)b);
+#else
+  const __m512i high = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
+  // the odd pair first, as the instruction's definition adds them
+  acc = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_and_si512(a, high)),
+                        _mm512_castsi512_ps(_mm512_and_si512(b, high)), acc);
+  return _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(a, 16)),
+                         _mm512_castsi512_ps(_mm512_slli_epi32(b, 16)), acc);
+#endif
+}
+
+// 16 bf16 -> 16 floats (exact).
+inline __m512 widen_bf16x16(__m256i h) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
+
+// 16 floats rounded to bf16 (nearest even) and widened back: what a bf16 tensor would hold.
+inline __m512 round_bf16_16(__m512 v) { return widen_bf16x16(cvt_bf16x16(v)); }
 
 // silu(g) * u as eager bf16 computes it from bf16 g, u: silu in fp32 rounded to bf16, then the
 // product (rounded by the caller's store). sigmoid(g) from t = exp(-|g|) <= 1 (no overflow):
@@ -85,7 +130,7 @@ inline __m512 silu_mul16(__m512 g, __m512 u) {
   const __m512 sig = _mm512_maskz_div_ps(live, num, _mm512_add_ps(_mm512_set1_ps(1.0f), t));
   return _mm512_mul_ps(round_bf16_16(_mm512_mul_ps(g, sig)), u);
 }
-#endif  // __AVX512BF16__
+#endif  // __AVX512BW__
 
 // out[j] = sum of the 16 lanes of v[j], j < 16: a transpose-add tree (~3 ops per vector instead
 // of ~8 for one horizontal sum each); each level halves the vectors, the last permute restores

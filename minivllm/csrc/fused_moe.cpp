@@ -29,8 +29,8 @@
 #include "cpu_math.h"
 #include "kernels.h"
 
-#if defined(__AVX512BF16__)
-#define MINIVLLM_MOE_NATIVE 1  // the expert kernels: AVX-512 BF16 dot products, AMX when here
+#if MINIVLLM_BF16_SIMD
+#define MINIVLLM_MOE_NATIVE 1  // the expert kernels: bf16 dot products (cpu_math.h), AMX when here
 #include <immintrin.h>
 #include <omp.h>
 #endif
@@ -98,14 +98,15 @@ inline __m512 load16(const uint16_t* p) {  // 16 bf16 -> fp32 lanes
 }
 
 inline void store16(uint16_t* p, __m512 v) {
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), (__m256i)_mm512_cvtneps_pbh(v));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), minivllm::cvt_bf16x16(v));
 }
 
 constexpr int64_t kRowsPerExpert = 32;  // average rows per active expert for whole experts
 
 // y [m, n] (rows y_stride apart, bf16) = x [m, k] W^T for bf16 x, W [n, k] (rows x_stride /
-// w_stride apart), k % 32 == 0, with AVX-512 BF16 dot products (vdpbf16ps, fp32 sums, one bf16
-// rounding): the expert GEMM on CPUs without AMX (AMD Zen 4, Ice Lake). Four weight rows at a
+// w_stride apart), k % 32 == 0, with bf16 pair dot products (vdpbf16ps or its emulation in
+// cpu_math.h; fp32 sums, one bf16 rounding): the expert GEMM on CPUs without AMX (AMD Zen 4,
+// Ice Lake). Four weight rows at a
 // time (16 KB at k = 2048: they stay in L1 while every row of x meets them), so the weight
 // streams from memory once whatever m is.
 void gemm_dot(const uint16_t* x, int64_t x_stride, const uint16_t* w, int64_t w_stride,
@@ -117,10 +118,10 @@ void gemm_dot(const uint16_t* x, int64_t x_stride, const uint16_t* w, int64_t w_
       __m512 acc[kRows];
       for (int r = 0; r < kRows; ++r) acc[r] = _mm512_setzero_ps();
       for (int64_t c = 0; c < k; c += 32) {
-        const __m512bh xv = (__m512bh)_mm512_loadu_si512(x + i * x_stride + c);
+        const __m512i xv = _mm512_loadu_si512(x + i * x_stride + c);
         for (int r = 0; r < rows; ++r)
-          acc[r] = _mm512_dpbf16_ps(
-              acc[r], (__m512bh)_mm512_loadu_si512(w + (n0 + r) * w_stride + c), xv);
+          acc[r] = minivllm::dot_bf16x32(
+              acc[r], _mm512_loadu_si512(w + (n0 + r) * w_stride + c), xv);
       }
       for (int r = 0; r < rows; ++r)
         minivllm::store(_mm512_reduce_add_ps(acc[r]), y + i * y_stride + n0 + r);
@@ -341,8 +342,8 @@ extern "C" {
 // x [T, H] (rows x_stride apart), w13 [E_local, 2I, H] and w2 [E_local, H, I] contiguous bf16,
 // ids [T, k] int64 global expert ids, weights [T, k] fp32, expert_map [num_global] int64
 // (global -> local, -1: not here) or null, out [T, H] (rows out_stride apart).
-// use_amx 0: the AVX-512 BF16 GEMMs even where AMX is usable (what CPUs without it run).
-// Needs H % 32 == 0, I % 32 == 0 and AVX-512 BF16: 1 bad sizes, 2 no AVX-512 BF16 in this build,
+// use_amx 0: the AVX-512 bf16 dot GEMMs even where AMX is usable (what CPUs without it run).
+// Needs H % 32 == 0, I % 32 == 0 and AVX-512 (F + BW): 1 bad sizes, 2 no AVX-512 in this build,
 // 3 out of memory.
 int minivllm_fused_experts_bf16(const uint16_t* x, int64_t x_stride, const uint16_t* w13,
                                 const uint16_t* w2, const int64_t* ids, const float* weights,
@@ -353,7 +354,7 @@ int minivllm_fused_experts_bf16(const uint16_t* x, int64_t x_stride, const uint1
   if (h % 32 != 0 || inter % 32 != 0 || k < 1 || t_count < 0) return 1;
 #ifndef MINIVLLM_MOE_NATIVE
   (void)use_amx;
-  return 2;  // no AVX-512 BF16 in this build: the torch path keeps the experts
+  return 2;  // no AVX-512 in this build: the torch path keeps the experts
 #else
   const ExpertWeights a{reinterpret_cast<const uint8_t*>(w13), -1, 2 * inter * h * 2, h * 2};
   const ExpertWeights b{reinterpret_cast<const uint8_t*>(w2), -1, h * inter * 2, inter * 2};
@@ -367,7 +368,7 @@ int minivllm_fused_experts_bf16(const uint16_t* x, int64_t x_stride, const uint1
 // w2 [E_local, H, row bytes of I] of w2_type, uint8 block rows w13_row_bytes / w2_row_bytes
 // apart, experts contiguous. Each expert's rows take the int8 dot kernel (up to 4) or the AMX
 // strips. Needs H and I multiples of both types' block sizes and of 32: 1 bad sizes or type,
-// 2 no AVX-512 BF16 in this build, 3 out of memory.
+// 2 no AVX-512 in this build, 3 out of memory.
 int minivllm_fused_experts_gguf(const uint16_t* x, int64_t x_stride, const uint8_t* w13,
                                 int32_t w13_type, int64_t w13_row_bytes, const uint8_t* w2,
                                 int32_t w2_type, int64_t w2_row_bytes, const int64_t* ids,

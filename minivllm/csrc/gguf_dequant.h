@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "cpu_math.h"
 #include "gguf_activation.h"
 #include "gguf_blocks.h"
 
@@ -41,14 +42,7 @@ inline void store32(void* out, int64_t at, int dt, __m512 lo, __m512 hi) {
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + 16), _mm512_cvtps_ph(hi, kRound));
     return;
   }
-#if defined(__AVX512BF16__)
-  _mm512_storeu_si512(o, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));  // one op for 32 roundings
-#else
-  alignas(64) float f[32];
-  _mm512_store_ps(f, lo);
-  _mm512_store_ps(f + 16, hi);
-  for (int i = 0; i < 32; ++i) minivllm::store(f[i], o + i);
-#endif
+  _mm512_storeu_si512(o, minivllm::cvt_bf16x32(hi, lo));  // one op for 32 roundings
 }
 
 // fma(a, u, b) for the 16 quants at u (lanes of a, b: one value for all 16).
@@ -98,7 +92,7 @@ void dequant_row_vnni(const Unit<Q>& unit, const uint8_t* w, RowShape rs, int64_
   (void)cols;
 }
 
-#if defined(__AVX512BF16__)
+#if MINIVLLM_BF16_SIMD
 // One row of a 4/5-bit legacy type as bf16 by table lookup: per block the 32 values fma(a, t, b)
 // (t = 0..31; 4-bit: t % 16) are formed and rounded to bf16 once, in one register, and each
 // element fetches its own with one word permute (vpermw, index u). Per 32 elements that is one
@@ -124,7 +118,7 @@ void dequant_row_table_bf16(const NibbleUnit<Q>& unit, const uint8_t* w, RowShap
       const __m512 aj = _mm512_set1_ps(ab[0][4 * j]), bj = _mm512_set1_ps(ab[1][4 * j]);
       const __m512 lo = _mm512_fmadd_ps(aj, t_lo, bj);
       const __m512 hi = NibbleUnit<Q>::kFive ? _mm512_fmadd_ps(aj, t_hi, bj) : lo;
-      const __m512i table = (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
+      const __m512i table = minivllm::cvt_bf16x32(hi, lo);
       const __m512i idx = _mm512_maskz_permutex2var_epi8(0x5555555555555555ull, u[0], pick[j],
                                                          u[1]);
       _mm512_storeu_si512(out + 32 * (4 * un + j), _mm512_permutexvar_epi16(idx, table));
@@ -162,7 +156,7 @@ void dequant_row_q4_bf16(const uint8_t* w, RowShape rs, uint16_t* out) {
       const __m512i bytes = _mm512_maskz_permutex2var_epi8(0x5555555555555555ull, lo, pick[j], hi);
       const __m512i idx = _mm512_mask_srli_epi16(bytes, 0xFFFF0000u, bytes, 4);
       const __m512 t = _mm512_fmadd_ps(_mm512_set1_ps(ab[j]), t16, _mm512_set1_ps(ab[4 + j]));
-      const __m512i table = (__m512i)_mm512_cvtne2ps_pbh(t, t);
+      const __m512i table = minivllm::cvt_bf16x32(t, t);
       _mm512_storeu_si512(out + 32 * (4 * un + j), _mm512_permutexvar_epi16(idx, table));
     }
   }
@@ -187,18 +181,18 @@ inline void dequant_row_q8_bf16(const Q8Unit& unit, const uint8_t* w, RowShape r
       const __m512 hi = _mm512_cvtepi32_ps(
           _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(q + 16))));
       _mm512_storeu_si512(out + 32 * (4 * un + j),
-                          (__m512i)_mm512_cvtne2ps_pbh(_mm512_mul_ps(hi, dj),
+                          minivllm::cvt_bf16x32(_mm512_mul_ps(hi, dj),
                                                        _mm512_mul_ps(lo, dj)));
     }
   }
 }
-#endif  // __AVX512BF16__
+#endif  // MINIVLLM_BF16_SIMD
 
 // One row into bf16 out[0, cols): the fastest of the above for the type.
 template <int Q>
 inline void dequant_row_bf16(const Unit<Q>& unit, const uint8_t* w, RowShape rs, int64_t cols,
                              uint16_t* out) {
-#if defined(__AVX512BF16__)
+#if MINIVLLM_BF16_SIMD
   if constexpr (Q == kQ8_0) return dequant_row_q8_bf16(unit, w, rs, out);
   if constexpr (Q == kQ4_0 || Q == kQ4_1) return dequant_row_q4_bf16<Q>(w, rs, out);
   if constexpr (Q == kQ5_0 || Q == kQ5_1) return dequant_row_table_bf16<Q>(unit, w, rs, out);

@@ -22,6 +22,7 @@
 #include "cpu_math.h"
 #include "gguf_activation.h"  // MINIVLLM_GGUF_VNNI, element access, x's int8 quantization
 #include "gguf_blocks.h"
+#include "gguf_tiles.h"
 
 namespace {
 
@@ -169,18 +170,40 @@ void gemm_rows_scalar(int qtype, const uint8_t* w, int64_t w_stride, const Activ
     }
 }
 
-void gemm_rows(int qtype, const uint8_t* w, int64_t w_stride, const Activation& act,
+#if MINIVLLM_GGUF_VNNI
+// Rows of x from which the tiles of gguf_tiles.h beat the dot kernel (one full group of 16).
+constexpr int64_t kTileMinRows = 16;
+
+template <int Q>
+bool gemm_rows_simd(const uint8_t* w, int64_t w_stride, const Activation& act, RowShape rs,
+                    int64_t m, int64_t n0, int64_t n1, const void* bias, void* y,
+                    int64_t y_stride, int dt, TiledActivation* tiled) {
+  if (m < kTileMinRows) {
+    gemm_rows_vnni<Q>(w, w_stride, act, rs, m, n0, n1, bias, y, y_stride, dt);
+    return true;
+  }
+  if (!tile_activation<Q>(act, rs, m, tiled)) return false;
+  gemm_rows_tiled<Q>(w, w_stride, *tiled, rs, m, n0, n1, bias, y, y_stride, dt);
+  return true;
+}
+#endif
+
+// false: out of memory.
+bool gemm_rows(int qtype, const uint8_t* w, int64_t w_stride, const Activation& act,
                RowShape rs, int64_t k, int64_t m, int64_t n0, int64_t n1, const void* bias,
-               void* y, int64_t y_stride, int dt) {
+               void* y, int64_t y_stride, int dt, TiledActivation* tiled) {
 #if MINIVLLM_GGUF_VNNI
   switch (qtype) {
-#define MINIVLLM_GGUF_CASE(Q)                                                         \
-  case Q: return gemm_rows_vnni<Q>(w, w_stride, act, rs, m, n0, n1, bias, y, y_stride, dt);
+#define MINIVLLM_GGUF_CASE(Q)                                                                \
+  case Q:                                                                                    \
+    return gemm_rows_simd<Q>(w, w_stride, act, rs, m, n0, n1, bias, y, y_stride, dt, tiled);
     MINIVLLM_GGUF_BLOCK_TYPES(MINIVLLM_GGUF_CASE)
 #undef MINIVLLM_GGUF_CASE
   }
 #endif
+  (void)tiled;
   gemm_rows_scalar(qtype, w, w_stride, act, rs, k, m, n0, n1, bias, y, y_stride, dt);
+  return true;
 }
 
 }  // namespace
@@ -213,16 +236,15 @@ int minivllm_gguf_gemm(int32_t qtype, const void* x, int64_t x_stride, int32_t d
 #pragma omp parallel num_threads(num_threads)
   {
     static thread_local Activation act;
+    static thread_local TiledActivation tiled;
     const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
     const int64_t n0 = std::min(n, groups * t / threads * rows_per_step);
     const int64_t n1 = std::min(n, groups * (t + 1) / threads * rows_per_step);
-    if (n0 < n1) {
-      if (!quantize_rows(x, x_stride, dt, m, k, rs, &act)) {
+    if (n0 < n1 && (!quantize_rows(x, x_stride, dt, m, k, rs, &act) ||
+                    !gemm_rows(qtype, w, w_stride, act, rs, k, m, n0, n1, bias, y, y_stride,
+                               dt, &tiled))) {
 #pragma omp atomic write
-        failed = 1;
-      } else {
-        gemm_rows(qtype, w, w_stride, act, rs, k, m, n0, n1, bias, y, y_stride, dt);
-      }
+      failed = 1;
     }
   }
   return failed ? 3 : 0;

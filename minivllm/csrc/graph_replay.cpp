@@ -60,7 +60,9 @@ int run(const int64_t* record) {
   switch (record[0]) {
     case kPagedDecodeBf16: return paged_decode<uint16_t>(minivllm_paged_decode_bf16, a);
     case kPagedDecodeF32: return paged_decode<float>(minivllm_paged_decode_f32, a);
-    case kGemvBf16: return minivllm_gemv_bf16(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7]);
+    case kGemvBf16:
+      return minivllm_gemv_bf16(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9],
+                                a[10]);
     case kGemmAmxBf16:
       return minivllm_gemm_amx_bf16(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9],
                                     a[10]);

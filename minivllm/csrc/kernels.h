@@ -30,9 +30,9 @@ int minivllm_paged_decode_f32(const float* q, int64_t q_row_stride, float* k_cac
                               int32_t block_size, int32_t window, float scale,
                               int32_t num_threads, const float* k_new, int64_t k_stride,
                               const float* v_new, int64_t v_stride, const int64_t* slots);
-int minivllm_gemv_bf16(const uint16_t* x, const uint16_t* w, int64_t w_row_stride,
-                       const uint16_t* bias, uint16_t* y, int64_t n, int64_t k,
-                       int32_t num_threads);
+int minivllm_gemv_bf16(const uint16_t* x, int64_t x_stride, const uint16_t* w,
+                       int64_t w_row_stride, const uint16_t* bias, uint16_t* y,
+                       int64_t y_stride, int64_t m, int64_t n, int64_t k, int32_t num_threads);
 int minivllm_gemm_amx_bf16(const uint16_t* x, int64_t x_stride, const uint16_t* w,
                            int64_t w_stride, const uint16_t* bias, uint16_t* y, int64_t y_stride,
                            int64_t m, int64_t n, int64_t k, int32_t num_threads);

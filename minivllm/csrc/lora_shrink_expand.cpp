@@ -38,13 +38,13 @@ void shrink_rows(const uint16_t* a, const uint16_t* x, int64_t x_stride, int g,
   for (int64_t j = 0; j < rank_rows; ++j) {
     const uint16_t* row = a + j * in_dim;
     int64_t i = 0;
-#if defined(__AVX512BF16__)
+#if MINIVLLM_BF16_SIMD
     __m512 acc[kGroup];
     for (int r = 0; r < g; ++r) acc[r] = _mm512_setzero_ps();
     for (; i + 32 <= in_dim; i += 32) {  // bf16 pair dot products, fp32 sums
-      const __m512bh av = (__m512bh)_mm512_loadu_si512(row + i);
+      const __m512i av = _mm512_loadu_si512(row + i);
       for (int r = 0; r < g; ++r)
-        acc[r] = _mm512_dpbf16_ps(acc[r], av, (__m512bh)_mm512_loadu_si512(x + r * x_stride + i));
+        acc[r] = minivllm::dot_bf16x32(acc[r], av, _mm512_loadu_si512(x + r * x_stride + i));
     }
     float sums[kGroup];
     for (int r = 0; r < g; ++r) sums[r] = _mm512_reduce_add_ps(acc[r]);

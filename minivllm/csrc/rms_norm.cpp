@@ -9,7 +9,9 @@
 #include <cstdint>
 #include "kernels.h"
 
-#if defined(__AVX512BF16__)
+#include "cpu_math.h"
+
+#if MINIVLLM_BF16_SIMD
 #include <immintrin.h>
 
 namespace {
@@ -20,7 +22,7 @@ inline __m512 load_bf16(const uint16_t* p, __mmask16 live) {
 }
 
 inline void store_bf16(uint16_t* p, __mmask16 live, __m512 v) {
-  _mm256_mask_storeu_epi16(p, live, (__m256i)_mm512_cvtneps_pbh(v));
+  _mm256_mask_storeu_epi16(p, live, minivllm::cvt_bf16x16(v));
 }
 
 inline __mmask16 live_mask(int64_t left) {
@@ -85,7 +87,7 @@ int minivllm_rms_norm_bf16(const uint16_t* x, int64_t x_stride, int64_t group,
 extern "C" {
 int minivllm_rms_norm_bf16(const uint16_t*, int64_t, int64_t, const uint16_t*, int64_t, uint16_t*,
                            const uint16_t*, uint16_t*, int64_t, int64_t, float, int32_t) {
-  return 2;  // no AVX512-BF16: callers keep torch.rms_norm
+  return 2;  // no AVX-512 (F + BW): callers keep torch.rms_norm
 }
 }  // extern "C"
 

@@ -10,7 +10,7 @@
 #include "kernels.h"
 
 #include <omp.h>
-#if defined(__AVX512BF16__)
+#if MINIVLLM_BF16_SIMD
 #include <immintrin.h>
 #endif
 
@@ -27,7 +27,7 @@ inline float round_bf16(float x) {
   return to_float(b);
 }
 
-#if defined(__AVX512BF16__)
+#if MINIVLLM_BF16_SIMD
 inline __m512 load16(const uint16_t* p, __mmask16 live) {
   const __m256i raw = _mm256_maskz_loadu_epi16(live, p);
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
@@ -45,8 +45,8 @@ inline void rotate_neox16(uint16_t* x, const uint16_t* cos, const uint16_t* sin,
                                     round_bf16_16(_mm512_mul_ps(x2, s)));
     const __m512 o2 = _mm512_add_ps(round_bf16_16(_mm512_mul_ps(x2, c)),
                                     round_bf16_16(_mm512_mul_ps(x1, s)));
-    _mm256_mask_storeu_epi16(x + i, live, (__m256i)_mm512_cvtneps_pbh(o1));
-    _mm256_mask_storeu_epi16(x + i + half, live, (__m256i)_mm512_cvtneps_pbh(o2));
+    _mm256_mask_storeu_epi16(x + i, live, minivllm::cvt_bf16x16(o1));
+    _mm256_mask_storeu_epi16(x + i + half, live, minivllm::cvt_bf16x16(o2));
   }
 }
 #endif
@@ -55,7 +55,7 @@ inline void rotate_neox16(uint16_t* x, const uint16_t* cos, const uint16_t* sin,
 // NeoX pairs element i with i + rotary_dim / 2; GPT-J pairs 2i with 2i + 1.
 inline void rotate_head(uint16_t* x, const uint16_t* cos, const uint16_t* sin, int half,
                         bool neox) {
-#if defined(__AVX512BF16__)
+#if MINIVLLM_BF16_SIMD
   if (neox) {
     rotate_neox16(x, cos, sin, half);
     return;

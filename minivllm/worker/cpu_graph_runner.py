@@ -14,7 +14,7 @@ import torch
 from minivllm import _custom_ops as ops
 from minivllm.compilation.cpu_graph import CPUGraph
 from minivllm.config import CompilationMode, CUDAGraphMode, VllmConfig
-from minivllm.forward_context import set_forward_context
+from minivllm.forward_context import BatchDescriptor, set_forward_context
 from minivllm.logger import init_logger
 from minivllm.model_executor.layers.attention.backends.cpu_attn_metadata import (
     CommonAttentionMetadata, TorchAttentionMetadataBuilder)
@@ -98,7 +98,9 @@ class CPUGraphRunner:
             max_seq_len=int(entry.seq_lens.max()))
         entry.metadata = self.builder.build_for_cudagraph_capture(common)
         slot_mapping = {name: entry.slot_mapping for name in self.attn_layer_names}
-        with set_forward_context(entry.metadata, self.vllm_config, slot_mapping=slot_mapping):
+        batch = BatchDescriptor(num_reqs, num_reqs, uniform=True)     # decode rows only
+        with set_forward_context(entry.metadata, self.vllm_config, slot_mapping=slot_mapping,
+                                 batch_descriptor=batch):
             with entry.graph.capture():
                 output = model(input_ids=entry.input_ids, positions=entry.positions,
                                intermediate_tensors=None)

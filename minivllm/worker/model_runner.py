@@ -3,7 +3,7 @@
 import torch
 
 from minivllm.config import CompilationMode, VllmConfig
-from minivllm.forward_context import set_forward_context
+from minivllm.forward_context import BatchDescriptor, set_forward_context
 from minivllm.logger import init_logger
 from minivllm.lora.worker_manager import WorkerLoRAManager
 from minivllm.model_executor.layers.attention.backends.cpu_attn_metadata import (
@@ -156,7 +156,10 @@ class ModelRunner:
             max_seq_len=max(inputs.seq_lens_list))
         attn_metadata = self.attn_builder.build(common)
         slot_mapping = {name: inputs.slot_mapping for name in self.attn_layers}
-        with set_forward_context(attn_metadata, self.vllm_config, slot_mapping=slot_mapping):
+        num_tokens, num_reqs = len(inputs.input_ids), len(inputs.req_ids)
+        batch = BatchDescriptor(num_tokens, num_reqs, uniform=num_tokens == num_reqs)
+        with set_forward_context(attn_metadata, self.vllm_config, slot_mapping=slot_mapping,
+                                 batch_descriptor=batch):
             return self.model(input_ids=inputs.input_ids.to(self.device),
                               positions=inputs.positions.to(self.device),
                               intermediate_tensors=intermediate_tensors)

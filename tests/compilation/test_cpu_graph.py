@@ -19,7 +19,7 @@ def _step(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 def _kernels_or_skip():
     if ops.rms_norm_bf16(torch.zeros(1, 16, dtype=torch.bfloat16),
                          torch.ones(16, dtype=torch.bfloat16), 1e-6) is None:
-        pytest.skip("no AVX512-BF16 here: RMSNorm stays torch.rms_norm")
+        pytest.skip("no AVX-512 here: RMSNorm stays torch.rms_norm")
 
 
 def _captured(rows: int = 3):

@@ -1,4 +1,4 @@
-"""The MoE kernel's path for CPUs without AMX (`csrc/fused_moe.cpp`, AVX-512 BF16 dot products):
+"""The MoE kernel's path for CPUs without AMX (`csrc/fused_moe.cpp`, bf16 dot products):
 forced with use_amx=False, it equals fp32 maths within bf16 rounding and the AMX path within a
 rounding of its own, in the decode layout (slices of every expert) and the prompt layout (whole
 experts per thread), with idle experts and other ranks' experts."""
@@ -9,7 +9,8 @@ import torch
 from minivllm import _custom_ops as ops
 from minivllm.model_executor.layers.fused_moe.cpu_fused_moe import fused_experts_bf16
 
-from tests.csrc._moe_helpers import E, expert_weights, fused_moe_py, routed_tokens
+from tests.csrc._moe_helpers import (E, expert_weights, fused_moe_py, rounded_reference,
+                                     routed_tokens)
 
 pytestmark = pytest.mark.requires_native
 
@@ -25,7 +26,7 @@ _routing = routed_tokens
 def _dot(x, w1, w2, w, ids, expert_map=None) -> torch.Tensor:
     out = fused_experts_bf16(x, w1, w2, w, ids, expert_map, use_amx=False)
     if out is None:
-        pytest.skip("this build has no AVX-512 BF16: the torch expert loop stays in use")
+        pytest.skip("this build has no AVX-512: the torch expert loop stays in use")
     return out
 
 
@@ -36,9 +37,9 @@ def test_matches_fp32_and_the_amx_path(weights, num_tokens):
     out = _dot(x, w1, w2, w, ids)
     fp32 = fused_moe_py.fused_experts(x.float(), w1.float(), w2.float(), w, ids)
     torch.testing.assert_close(out.float(), fp32, rtol=0.03, atol=0.02)
-    # the torch loop rounds as the kernel does (bf16 gate/up, h, down): a few bf16 ulps apart
-    torch.testing.assert_close(out, fused_moe_py.fused_experts(x, w1, w2, w, ids),
-                               rtol=2 ** -6, atol=2 ** -8)
+    # fp32 GEMMs rounded where the kernel rounds (bf16 gate/up, h, down): a few bf16 ulps apart
+    torch.testing.assert_close(out, rounded_reference(x, w1, w2, w, ids), rtol=2 ** -6,
+                               atol=2 ** -8)
     if ops._has_amx:   # both paths sum in fp32, in another order: a bf16 rounding or so apart
         amx = fused_experts_bf16(x, w1, w2, w, ids)
         torch.testing.assert_close(out.float(), amx.float(), rtol=2 ** -6, atol=2 ** -8)
@@ -68,7 +69,7 @@ def test_without_amx_decode_steps_take_the_dot_kernel_and_prompts_the_torch_loop
     kernel declines and fused_experts runs the torch loop."""
     w1, w2 = weights
     x, w, ids = _routing(40, 2, seed=9)                       # 80 pairs over 8 experts: 10 each
-    _dot(x, w1, w2, w, ids)                                   # skips without AVX-512 BF16
+    _dot(x, w1, w2, w, ids)                                   # skips without AVX-512
     monkeypatch.setattr(ops, "_has_amx", False)
     assert fused_experts_bf16(x, w1, w2, w, ids) is None
     small = fused_experts_bf16(x[:3], w1, w2, w[:3], ids[:3])  # 6 pairs: under 1 per expert

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from gguf import GGMLQuantizationType as T, GGUFReader, quants
 
 from minivllm import _custom_ops as ops
+from minivllm.forward_context import BatchDescriptor, ForwardContext, override_forward_context
 from minivllm.model_executor.kernels import gguf_linear as gl
 
 pytestmark = pytest.mark.requires_native
@@ -80,8 +81,8 @@ def test_linear_within_activation_quantization_bound(qtype, m):
         x = torch.randn(m, cols, generator=gen).to(dtype)
         bias = torch.randn(96, generator=gen).to(dtype)
         y = gl.gguf_linear(x, qw, qtype, bias)
-        if m <= gl.GGUF_DOT_MAX_ROWS:
-            check_linear(y, x, w, bias)
+        if dtype == torch.bfloat16 and m <= gl.gguf_int8_max_rows():
+            check_linear(y, x, w, bias)           # int8 dot kernel, or x^T tiles from 16 rows
         else:                # dequantised tiles: bf16 weights, fp32 sums (no int8 step)
             ref = F.linear(x.float(), w.to(dtype).float(), bias.float())
             torch.testing.assert_close(y.float(), ref, atol=2e-2, rtol=1e-2)
@@ -152,8 +153,10 @@ def test_amx_path_equals_bf16_gemm_of_dequantised_weight(qtype, monkeypatch):
 
 
 def test_long_prompt_chunks_use_dequantised_tiles(monkeypatch):
-    """Past GGUF_AMX_MAX_ROWS rows bf16 x takes dequantised tiles + F.linear (oneDNN)."""
+    """Past GGUF_AMX_MAX_ROWS rows (and the int8 kernels' limit) bf16 x takes dequantised tiles
+    + F.linear (oneDNN)."""
     monkeypatch.setattr(gl, "GGUF_AMX_MAX_ROWS", 16)
+    monkeypatch.setattr(gl, "GGUF_TILE_MAX_ROWS", gl.GGUF_DOT_MAX_ROWS)
     monkeypatch.setattr(gl, "_FALLBACK_TILE", 64 * 576)       # 64-row tiles: several of them
     qw = torch.from_numpy(random_weight(T.Q4_1, 208, 576))
     w = gl.gguf_dequantize(qw, T.Q4_1, torch.bfloat16)
@@ -169,13 +172,63 @@ def test_long_prompt_chunks_use_dequantised_tiles(monkeypatch):
     assert tiles == ([] if ops._has_amx else [64, 64, 64, 16])  # without AMX)
 
 
-def test_prompt_path_without_amx_uses_dequantised_tiles(monkeypatch):
-    monkeypatch.setattr(gl._Native, "amx", False)             # as on Zen 4: no AMX
+def _step(num_tokens: int, num_reqs: int):
+    """A forward context for one step of num_reqs requests holding num_tokens tokens."""
+    return override_forward_context(ForwardContext(
+        no_compile_layers={}, attn_metadata=None,
+        batch_descriptor=BatchDescriptor(num_tokens, num_reqs, uniform=num_tokens == num_reqs)))
+
+
+def test_prompt_rows_without_amx(monkeypatch):
+    """No AMX (Ice Lake, Zen 4): with VNNI a decode step of any size takes the int8 kernels (x^T
+    tiles from 16 rows), within the activation quantization's bound; a step with prompt tokens,
+    no step at all, or a build without VNNI, dequantised tiles + F.linear (bf16 weights)."""
+    monkeypatch.setattr(gl._Native, "amx", False)
     monkeypatch.setattr(gl, "_FALLBACK_TILE", 64 * 576)       # 64-row tiles: several of them
     qw = torch.from_numpy(random_weight(T.Q4_1, 200, 576))
-    w = gl.gguf_dequantize(qw, T.Q4_1, torch.bfloat16)
+    w = gl.gguf_dequantize(qw, T.Q4_1, torch.float32)
     x, b = torch.randn(40, 576).bfloat16(), torch.randn(200).bfloat16()
-    torch.testing.assert_close(gl.gguf_linear(x, qw, T.Q4_1, b), F.linear(x, w) + b)
+    exact = F.linear(x, w.bfloat16()) + b
+    if gl._Native.vnni:
+        with _step(40, 40):                                   # 40 decode rows
+            assert gl.gguf_int8_max_rows() >= 1 << 20
+            y = gl.gguf_linear(x, qw, T.Q4_1, b)
+        check_linear(y, x, w, b)
+        assert not torch.equal(y, exact)
+    with _step(40, 3):                                        # prompt chunks in the step
+        torch.testing.assert_close(gl.gguf_linear(x, qw, T.Q4_1, b), exact)
+    assert gl.gguf_int8_max_rows() == gl.GGUF_DOT_MAX_ROWS    # outside a forward pass
+    monkeypatch.setattr(gl._Native, "vnni", False)
+    with _step(40, 40):
+        assert gl.gguf_int8_max_rows() == gl.GGUF_DOT_MAX_ROWS
+        torch.testing.assert_close(gl.gguf_linear(x, qw, T.Q4_1, b), exact)
+
+
+@pytest.mark.parametrize("qtype", LEGACY + K_QUANTS, ids=lambda t: T(t).name)
+def test_int8_tiles_within_the_bound(qtype, monkeypatch):
+    """The x^T tiles of 16 tokens (csrc/gguf_tiles.h, 16+ rows): ragged token groups (17, 33),
+    a second block of 256 tokens (300), rows not a multiple of 4, bias, a strided output, and
+    the same values on one thread."""
+    if not gl._resolve() or not gl._Native.vnni:
+        pytest.skip("no AVX-512 VNNI here: the scalar dot loop has no tiles")
+    monkeypatch.setattr(gl, "GGUF_DOT_MAX_ROWS", 1 << 62)     # AMX CPUs too: the int8 kernels
+    cols = 512 if qtype in K_QUANTS else 608                # 19 legacy blocks: ragged unit
+    qw = torch.from_numpy(random_weight(qtype, 98, cols, seed=3))
+    w = torch.from_numpy(quants.dequantize(qw.numpy(), qtype))
+    gen = torch.Generator().manual_seed(int(qtype))
+    for m in (16, 17, 33, 300):
+        x = torch.randn(m, cols, generator=gen).bfloat16()
+        bias = torch.randn(98, generator=gen).bfloat16()
+        out = torch.zeros(m, 130, dtype=torch.bfloat16)
+        y = gl.gguf_linear(x, qw, qtype, bias, out=out[:, 10:108])
+        check_linear(y, x, w, bias)
+        assert out[:, :10].eq(0).all() and out[:, 108:].eq(0).all()
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert torch.equal(gl.gguf_linear(x, qw, qtype, bias), y)
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _portable_library(tmp_path) -> ctypes.CDLL:

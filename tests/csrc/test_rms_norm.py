@@ -11,7 +11,7 @@ pytestmark = pytest.mark.requires_native
 def _kernel_or_skip():
     x = torch.zeros(1, 16, dtype=torch.bfloat16)
     if ops.rms_norm_bf16(x, torch.ones(16, dtype=torch.bfloat16), 1e-6) is None:
-        pytest.skip("no AVX512-BF16 here: RMSNorm stays torch.rms_norm")
+        pytest.skip("no AVX-512 here: RMSNorm stays torch.rms_norm")
 
 
 @pytest.mark.parametrize("d", [64, 100, 576, 2048])

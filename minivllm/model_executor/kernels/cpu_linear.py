@@ -4,7 +4,7 @@ bf16 weights on CPU get, once after loading (`pack_for_cpu`), a oneDNN-blocked c
 eligibility flags; each call then picks (`cpu_linear`, x [T, in] -> [T, out]):
 - T <= `weight._amx_rows` (decode steps; prompt chunks of <= 1024 rows for weights that fit two
   cores' L2): the native AMX GEMM on the plain row-major weight (`csrc/gemm_amx.cpp`);
-- T == 1 on CPUs without AMX: the native AVX-512 BF16 GEMV (`csrc/gemv.cpp`);
+- T <= `GEMV_MAX_ROWS` (8) on CPUs without AMX: the native AVX-512 bf16 GEMV (`csrc/gemv.cpp`);
 - otherwise (long prompt chunks, the LM head): oneDNN's matmul on the packed copy.
 fp32 weights and other devices use `F.linear`. Quantized kernels (int8 / int4 / GGUF) belong
 beside this module.
@@ -46,14 +46,14 @@ def cpu_linear(x: torch.Tensor, weight: torch.Tensor,
                bias: torch.Tensor | None) -> torch.Tensor:
     """`F.linear` for x [T, in]. bf16 on CPU: up to `weight._amx_rows` rows (decode steps, bound
     by streaming the weight once; prompt chunks of up to 1024 rows for a weight that fits L2)
-    through the native AMX GEMM, else one row through the native GEMV; more rows (prefill)
+    through the native AMX GEMM, else up to 8 rows through the native GEMV; more (prefill)
     through oneDNN's packed copy of `weight`."""
     packed = getattr(weight, "_mkldnn_packed", None)
     if packed is not None and x.dtype == torch.bfloat16 and x.dim() == 2:
         rows = x.shape[0]
         if 0 < rows <= weight._amx_rows:
             return ops.gemm_bf16(x, weight, bias)
-        if rows == 1 and weight._gemv_ok:
+        if rows <= ops.GEMV_MAX_ROWS and weight._gemv_ok:
             return ops.gemv_bf16(x, weight, bias)
         return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
     return F.linear(x, weight, bias)

@@ -2,10 +2,12 @@
 
 - `gguf_linear` on CPU with the native kernels (`csrc/gguf_gemm.cpp`): up to `GGUF_DOT_MAX_ROWS`
   bf16 / fp16 rows of x (decode steps) multiply the packed blocks directly, x quantized to int8
-  per 32 elements (AVX-512 VNNI, else a scalar loop); more rows (batched decode steps, prompt
-  chunks up to `GGUF_AMX_MAX_ROWS`) go to `csrc/gguf_amx.cpp`, which dequantises 16 weight rows
-  at a time into a bf16 strip and runs AMX tile products on it (longer chunks, no AMX, or fp16
-  x: dequantised tiles through `F.linear`). fp32 x, the reference precision, always takes the
+  per 32 elements (AVX-512 VNNI, else a scalar loop). With AMX, more rows (batched decode
+  steps, prompt chunks up to `GGUF_AMX_MAX_ROWS`) go to `csrc/gguf_amx.cpp`, which dequantises
+  16 weight rows at a time into a bf16 strip and runs AMX tile products on it (longer chunks or
+  fp16 x: dequantised tiles through `F.linear`). With VNNI but no AMX the int8 kernels take
+  decode steps of every size (`GGUF_TILE_MAX_ROWS`: from 16 rows, x^T tiles of 16 tokens) and
+  prompt chunks the dequantised tiles. fp32 x, the reference precision, always takes the
   dequantised tiles (exact weights, no int8 step). The whole weight is never widened at once.
 - other devices, or no native kernels: `gguf_dequantize` + `F.linear` (correct, not fast).
 - `gguf_dequantize`: native on CPU, else the pure-PyTorch dequantisers of `gguf_dequant`.
@@ -18,6 +20,7 @@ import torch.nn.functional as F
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from minivllm import _custom_ops as ops
+from minivllm.forward_context import is_decode_only_step
 from minivllm.model_executor.kernels.embedding import gather_rows
 from minivllm.model_executor.kernels.gguf_dequant import DEQUANTIZERS, dequantize_torch
 from minivllm.model_executor.kernels.op_library import register_op
@@ -36,6 +39,12 @@ _DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 # model's Q4_1 linears, so weights come from memory as in a step) the dot wins at 4 rows, the two
 # are even at 5-6 and the strips win from 8; the Q8_0 LM head takes the strips from 5 rows.
 GGUF_DOT_MAX_ROWS = 4
+# Rows of bf16 / fp16 x the int8 kernels take in decode steps on CPUs with VNNI but no AMX (Ice
+# Lake, Zen 4): from 16 rows gguf_gemm.cpp multiplies x^T tiles of 16 tokens (csrc/gguf_tiles.h),
+# measured on the 2-core Ice Lake box at 170-250 GFLOP/s for 16-1024 rows of the default model's
+# linears: 3-4x dequantised tiles + oneDNN in bf16 (no AVX-512 BF16 there), and level with or
+# ahead of oneDNN in fp32 on a weight already dequantised. So decode steps of any size take them.
+GGUF_TILE_MAX_ROWS = 1 << 62
 # Rows of x up to which the AMX strips beat dequantised tiles + oneDNN (`F.linear`): the strips
 # re-read x^T from L2 for every 32 weight rows, which oneDNN's blocking avoids; measured as
 # above: strips 1.0-1.2x the bf16 path's speed at 256-512 rows, oneDNN tiles ahead from 768.
@@ -59,6 +68,19 @@ def _resolve() -> ctypes.CDLL | None:
         _Native.amx = ops._has_amx
         _Native.vnni = bool(_Native.lib.minivllm_gguf_has_vnni())
     return _Native.lib
+
+
+def gguf_int8_max_rows() -> int:
+    """Rows of bf16 / fp16 x up to which `gguf_linear` runs the int8 kernels on this CPU and step
+    (more: the AMX strips or dequantised tiles). Only decode-only steps give more than
+    `GGUF_DOT_MAX_ROWS` rows to the int8 tiles: int8 activations over a whole prompt flipped the
+    default model's first chat token (a near tie in bf16), which bf16 weights keep, and prompts
+    then compute as on every CPU."""
+    if not _Native.resolved:
+        _resolve()
+    if _Native.amx or not _Native.vnni or not is_decode_only_step():
+        return GGUF_DOT_MAX_ROWS
+    return GGUF_TILE_MAX_ROWS
 
 
 def gguf_block_shape(qtype: int) -> tuple[int, int]:
@@ -162,7 +184,7 @@ def gguf_linear(x: torch.Tensor, qweight: torch.Tensor, qtype: int,
     if out is not None and (out.shape != (m, n) or out.dtype != x.dtype or out.stride(1) != 1):
         raise ValueError(f"out must be a [{m}, {n}] {x.dtype} tensor with unit-stride rows, got "
                          f"{out.dtype} {list(out.shape)} strides {out.stride()}")
-    if m > GGUF_DOT_MAX_ROWS or code == 0:
+    if code == 0 or m > gguf_int8_max_rows():
         # fp32 x is the reference precision (runs checked against transformers): no int8 step,
         # whatever the row count, so results do not depend on how rows were batched.
         return _prompt_linear(lib, x, qweight, qtype, bias, out)

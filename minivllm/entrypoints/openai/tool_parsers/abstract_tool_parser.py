@@ -62,7 +62,8 @@ def tool_choice_schema(tools: list[dict[str, Any]] | None, tool_choice: Any,
             "parameters", {"type": "object"})
     if mode != "required":
         return None
-    calls = [{"type": "object", "required": ["name", "parameters"],
+    # exactly {name, parameters}: a call with extra keys is no call the parser could return
+    calls = [{"type": "object", "required": ["name", "parameters"], "additionalProperties": False,
               "properties": {"name": {"const": t["function"]["name"]},
                              "parameters": t["function"].get("parameters", {"type": "object"})}}
              for t in tools if isinstance(t.get("function"), dict) and "name" in t["function"]]

@@ -2,7 +2,7 @@
 
 `moe_topk` is `fused_topk`'s softmax/sigmoid routing in C; `fused_experts_bf16` runs every
 selected expert of every token (pairs sorted by expert, one GEMM pair per active expert on its
-contiguous rows: AMX tiles, or AVX-512 BF16 dot products on CPUs without AMX; the weighted top-k
+contiguous rows: AMX tiles, or AVX-512 bf16 dot products on CPUs without AMX; the weighted top-k
 sum fused) with no Python between experts. Both are native calls only, so a decode step whose
 MoE goes through them can be recorded and replayed as a CPU graph (`compilation/cpu_graph.py`).
 Each returns None when the kernels cannot take the inputs; the callers then keep the torch path
@@ -25,7 +25,7 @@ DOT_MAX_ROWS_PER_EXPERT = 8
 def experts_supported(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> bool:
     """True when `fused_experts_bf16` takes these operands: bf16 CPU rows, contiguous stacked
     weights w1 [E, 2I, H] / w2 [E, H, I] with H % 32 == I % 32 == 0, and the native kernels
-    (AMX tiles where usable, else AVX-512 BF16 dot products; a build without either refuses at
+    (AMX tiles where usable, else AVX-512 bf16 dot products; a build without either refuses at
     the call)."""
     return (hidden_states.dtype == torch.bfloat16 and hidden_states.device.type == "cpu"
             and hidden_states.dim() == 2 and hidden_states.stride(-1) == 1
@@ -63,7 +63,7 @@ def fused_experts_bf16(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.
     (SiLU-gated experts, no biases; see `experts_supported`); None when the kernel refuses.
 
     topk_ids: global ids, mapped by `expert_map` [E_global] (-1: another rank's expert, skipped).
-    use_amx: None picks: AMX tiles where usable, else the AVX-512 BF16 dot kernel while the
+    use_amx: None picks: AMX tiles where usable, else the AVX-512 bf16 dot kernel while the
     step has fewer than `DOT_MAX_ROWS_PER_EXPERT` rows per expert on average (else None: the
     torch loop over oneDNN); False forces the dot kernel (what CPUs without AMX run).
     """

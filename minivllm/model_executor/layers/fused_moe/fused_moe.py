@@ -8,7 +8,7 @@ experts in `num_expert_group` groups, only the best `topk_group` groups may be c
 `fused_experts` runs the experts: the (token, expert) pairs are sorted by expert, each active
 expert multiplies its contiguous rows with one GEMM pair (gate_up, activation, down), and the
 weighted rows are added back to their tokens. SiLU experts without biases in bf16 on CPU run in
-one native call (`cpu_fused_moe.py`: AMX tiles; without AMX, AVX-512 BF16 dot products on
+one native call (`cpu_fused_moe.py`: AMX tiles; without AMX, AVX-512 bf16 dot products on
 decode-sized steps); otherwise a Python loop over the active experts (never over tokens) calls
 the AMX GEMMs (`csrc/gemm_amx.cpp`) up to 1024 rows per expert, or `F.linear` (oneDNN).
 """
