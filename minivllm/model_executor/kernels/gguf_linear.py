@@ -74,8 +74,8 @@ def gguf_int8_max_rows() -> int:
     """Rows of bf16 / fp16 x up to which `gguf_linear` runs the int8 kernels on this CPU and step
     (more: the AMX strips or dequantised tiles). Only decode-only steps give more than
     `GGUF_DOT_MAX_ROWS` rows to the int8 tiles: int8 activations over a whole prompt flipped the
-    default model's first chat token (a near tie in bf16), which bf16 weights keep, and prompts
-    then compute as on every CPU."""
+    default model's first chat token (a near tie in bf16), so prompt steps keep the dequantised
+    bf16 weights, as on every CPU."""
     if not _Native.resolved:
         _resolve()
     if _Native.amx or not _Native.vnni or not is_decode_only_step():
@@ -184,7 +184,7 @@ def gguf_linear(x: torch.Tensor, qweight: torch.Tensor, qtype: int,
     if out is not None and (out.shape != (m, n) or out.dtype != x.dtype or out.stride(1) != 1):
         raise ValueError(f"out must be a [{m}, {n}] {x.dtype} tensor with unit-stride rows, got "
                          f"{out.dtype} {list(out.shape)} strides {out.stride()}")
-    if code == 0 or m > gguf_int8_max_rows():
+    if code == 0 or (m > GGUF_DOT_MAX_ROWS and m > gguf_int8_max_rows()):
         # fp32 x is the reference precision (runs checked against transformers): no int8 step,
         # whatever the row count, so results do not depend on how rows were batched.
         return _prompt_linear(lib, x, qweight, qtype, bias, out)

@@ -10,6 +10,7 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as T
 
+from minivllm.forward_context import BatchDescriptor, ForwardContext, override_forward_context
 from minivllm.model_executor.kernels.gguf_linear import gguf_dequantize, gguf_matmul
 from minivllm.model_executor.layers.fused_moe.cpu_fused_moe import fused_experts_gguf
 from minivllm.model_executor.layers.fused_moe.fused_moe import (fused_experts, fused_topk,
@@ -54,16 +55,20 @@ def _packed_loop(x, w13, q13, w2, q2, weights, ids, expert_map=None):
 @pytest.mark.parametrize("q13,q2", TYPE_PAIRS, ids=lambda q: T(q).name)
 @pytest.mark.parametrize("num_tokens", [1, 3, 40])
 def test_native_experts_match_dequantised_and_the_packed_loop(q13, q2, num_tokens):
-    """bf16 x: the int8 dot kernels (up to 4 rows per expert) or AMX strips, within the error of
-    int8 activations plus bf16 roundings (~1%) of the exact experts, and within the roundings
-    (~0.3%) of the per-expert loop of the same kernels."""
+    """bf16 x: the int8 kernels (up to 4 rows per expert, every row count without AMX) or AMX
+    strips, within the error of int8 activations plus bf16 roundings (~1%) of the exact experts,
+    and within the roundings (~0.3%) of the per-expert loop of the same kernels (its linears in a
+    decode step, where they take the int8 kernels without AMX too)."""
     w13, w2, r13, r2 = _experts(q13, q2)
     x, weights, ids = _tokens(num_tokens, seed=num_tokens)
     ref = fused_experts(x, r13, r2, weights, ids)
     native = fused_experts_gguf(x.bfloat16(), w13, int(q13), w2, int(q2), weights, ids)
     assert native is not None and native.dtype == torch.bfloat16
     assert _relative(native, ref) < 0.03
-    loop = _packed_loop(x.bfloat16(), w13, int(q13), w2, int(q2), weights, ids)
+    with override_forward_context(ForwardContext(
+            no_compile_layers={}, attn_metadata=None,
+            batch_descriptor=BatchDescriptor(num_tokens, num_tokens, uniform=True))):
+        loop = _packed_loop(x.bfloat16(), w13, int(q13), w2, int(q2), weights, ids)
     assert _relative(native, loop.float()) < 0.01
     # The layer's entry point takes the same native call.
     entry = gguf_fused_experts(x.bfloat16(), w13, int(q13), w2, int(q2), weights, ids, None,
