@@ -19,6 +19,7 @@ no compiler, the build fails, or `MINIVLLM_CPU_KERNEL=0`, callers keep their pur
 """
 
 import ctypes
+import functools
 import hashlib
 import os
 import re
@@ -97,6 +98,12 @@ def _cpu_flags() -> str:
     except OSError:
         pass
     return os.uname().machine
+
+
+@functools.lru_cache(maxsize=None)
+def cpu_has(flag: str) -> bool:
+    """True when /proc/cpuinfo lists `flag` (e.g. "avx512_bf16") for this CPU."""
+    return flag in _cpu_flags().split()
 
 
 def cxx_compiler() -> str | None:

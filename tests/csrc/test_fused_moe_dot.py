@@ -64,13 +64,17 @@ def test_idle_experts_and_expert_map(weights):
 
 def test_without_amx_decode_steps_take_the_dot_kernel_and_prompts_the_torch_loop(weights,
                                                                                  monkeypatch):
-    """The choice a CPU without AMX makes (use_amx=None): below 8 rows per expert on average the
-    dot kernel answers, at 8 or more (prompt-sized steps, where oneDNN's blocked GEMMs win) the
-    kernel declines and fused_experts runs the torch loop."""
+    """The choice a CPU without AMX makes (use_amx=None): with AVX-512 BF16 (Zen 4), below 8
+    rows per expert on average the dot kernel answers, at 8 or more (prompt-sized steps, where
+    oneDNN's blocked GEMMs win) the kernel declines and fused_experts runs the torch loop;
+    without AVX-512 BF16 (Ice Lake) the kernel answers at every size."""
     w1, w2 = weights
     x, w, ids = _routing(40, 2, seed=9)                       # 80 pairs over 8 experts: 10 each
-    _dot(x, w1, w2, w, ids)                                   # skips without AVX-512
+    whole = _dot(x, w1, w2, w, ids)                           # skips without AVX-512
     monkeypatch.setattr(ops, "_has_amx", False)
+    monkeypatch.setattr(ops, "cpu_has", lambda flag: False)   # as on Ice Lake
+    assert torch.equal(fused_experts_bf16(x, w1, w2, w, ids), whole)
+    monkeypatch.setattr(ops, "cpu_has", lambda flag: flag == "avx512_bf16")   # as on Zen 4
     assert fused_experts_bf16(x, w1, w2, w, ids) is None
     small = fused_experts_bf16(x[:3], w1, w2, w[:3], ids[:3])  # 6 pairs: under 1 per expert
     assert small is not None and torch.equal(small, _dot(x[:3], w1, w2, w[:3], ids[:3]))

@@ -16,9 +16,11 @@ from minivllm import _custom_ops as ops
 _SCORING = {"softmax": 0, "sigmoid": 1}
 _LOGIT_DTYPES = {torch.bfloat16: 0, torch.float32: 1}
 # Without AMX the kernel's dot products stream each active expert's weights once, at vector
-# speed: they beat the torch loop over oneDNN on decode steps and lose on prompts. One layer of
-# 128 experts (2048 x 768, top-8) on the 2-core box: 2.5x at 1 token, 1.4x at 64, even at 128
-# (8 rows per expert), 0.5x at 512.
+# speed: with AVX-512 BF16 (Zen 4) they beat the torch loop over oneDNN on decode steps and lose
+# on prompts. One layer of 128 experts (2048 x 768, top-8) on the 2-core box: 2.5x at 1 token,
+# 1.4x at 64, even at 128 (8 rows per expert), 0.5x at 512. Without AVX-512 BF16 (Ice Lake:
+# emulated pairs, and oneDNN's bf16 GEMM at ~1/3 of its fp32 speed) the kernel wins at every
+# size: 2.5x at 16 rows per expert, 2.0x at 64 (32 experts of 2048 x 768, top-8).
 DOT_MAX_ROWS_PER_EXPERT = 8
 
 
@@ -63,9 +65,9 @@ def fused_experts_bf16(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.
     (SiLU-gated experts, no biases; see `experts_supported`); None when the kernel refuses.
 
     topk_ids: global ids, mapped by `expert_map` [E_global] (-1: another rank's expert, skipped).
-    use_amx: None picks: AMX tiles where usable, else the AVX-512 bf16 dot kernel while the
-    step has fewer than `DOT_MAX_ROWS_PER_EXPERT` rows per expert on average (else None: the
-    torch loop over oneDNN); False forces the dot kernel (what CPUs without AMX run).
+    use_amx: None picks: AMX tiles where usable, else the AVX-512 bf16 dot kernel (on CPUs with
+    AVX-512 BF16 only while the step has fewer than `DOT_MAX_ROWS_PER_EXPERT` rows per expert on
+    average, else None: the torch loop over oneDNN); False forces the dot kernel.
     """
     lib = ops.native_lib()
     if lib is None:
@@ -73,7 +75,8 @@ def fused_experts_bf16(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.
     num_tokens, top_k = topk_ids.shape
     if use_amx is None:
         use_amx = ops._has_amx
-        if not use_amx and num_tokens * top_k >= DOT_MAX_ROWS_PER_EXPERT * w1.shape[0]:
+        if (not use_amx and ops.cpu_has("avx512_bf16")
+                and num_tokens * top_k >= DOT_MAX_ROWS_PER_EXPERT * w1.shape[0]):
             return None
     ids, weights, expert_map = _routing_args(topk_ids, topk_weights, expert_map)
     num_local, hidden = w1.shape[0], w1.shape[2]
