@@ -14,15 +14,10 @@
 
 namespace {
 
-inline __m512 load_bf16(const uint16_t* p, __mmask16 live) {
-  const __m256i raw = _mm256_maskz_loadu_epi16(live, p);
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
-}
-
 void silu_mul_row(const uint16_t* x, int64_t d, uint16_t* y) {
   for (int64_t j = 0; j < d; j += 16) {
     const __mmask16 live = d - j >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (d - j)) - 1);
-    const __m512 r = minivllm::silu_mul16(load_bf16(x + j, live), load_bf16(x + d + j, live));
+    const __m512 r = minivllm::silu_mul16(minivllm::load_bf16x16(x + j, live), minivllm::load_bf16x16(x + d + j, live));
     _mm256_mask_storeu_epi16(y + j, live, minivllm::cvt_bf16x16(r));
   }
 }

@@ -24,7 +24,7 @@ extern "C" int minivllm_argmax_bf16(const uint16_t* x, int64_t rows, int64_t col
     int64_t c = 0;
     for (; c + 16 <= cols; c += 16) {
       const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + c));
-      const __m512 v = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+      const __m512 v = minivllm::widen_bf16x16(raw);
       const __mmask16 gt = _mm512_cmp_ps_mask(v, best, _CMP_GT_OQ);
       best = _mm512_mask_mov_ps(best, gt, v);
       best_idx = _mm512_mask_mov_epi32(best_idx, gt, idx);

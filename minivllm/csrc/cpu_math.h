@@ -50,6 +50,11 @@ inline float exp_nonpositive(float x) {
 }
 
 #if defined(__AVX512F__)
+// 16 bf16 -> 16 floats (exact: the high halves of fp32 words).
+inline __m512 widen_bf16x16(__m256i h) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
 // exp_nonpositive on 16 lanes: 2^k by scalef (exact), 2^f by the same polynomial.
 inline __m512 exp_nonpositive16(__m512 x) {
   x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
@@ -110,9 +115,9 @@ inline __m512 dot_bf16x32(__m512 acc, __m512i a, __m512i b) {
 #endif
 }
 
-// 16 bf16 -> 16 floats (exact).
-inline __m512 widen_bf16x16(__m256i h) {
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+// 16 bf16 at p (lanes outside `live` zero, never read) -> 16 floats.
+inline __m512 load_bf16x16(const uint16_t* p, __mmask16 live = 0xFFFF) {
+  return widen_bf16x16(_mm256_maskz_loadu_epi16(live, p));
 }
 
 // 16 floats rounded to bf16 (nearest even) and widened back: what a bf16 tensor would hold.

@@ -93,8 +93,7 @@ struct Groups {
 
 #ifdef MINIVLLM_MOE_NATIVE
 inline __m512 load16(const uint16_t* p) {  // 16 bf16 -> fp32 lanes
-  return _mm512_castsi512_ps(_mm512_slli_epi32(
-      _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
+  return minivllm::widen_bf16x16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
 
 inline void store16(uint16_t* p, __m512 v) {

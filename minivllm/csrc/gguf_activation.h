@@ -68,7 +68,7 @@ inline __m512 load16(const void* x, int64_t at, int dt) {
   if (dt == kF32) return _mm512_loadu_ps(static_cast<const float*>(x) + at);
   const __m256i h = _mm256_loadu_si256((const __m256i*)(static_cast<const uint16_t*>(x) + at));
   if (dt == kF16) return _mm512_cvtph_ps(h);
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  return minivllm::widen_bf16x16(h);
 }
 
 // quantize_block below, vectorised (the same values: round to nearest even either way).

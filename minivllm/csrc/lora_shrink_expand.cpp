@@ -27,8 +27,7 @@ constexpr int kGroup = 4;
 
 #if defined(__AVX512F__)
 inline __m512 load16_bf16(const uint16_t* p) {  // 16 bf16 -> 16 fp32
-  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+  return minivllm::widen_bf16x16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
 #endif
 

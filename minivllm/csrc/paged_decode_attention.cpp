@@ -134,8 +134,7 @@ struct Prefetch {
 // 16 elements as fp32 lanes.
 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
 inline __m512 load16(const uint16_t* p) {  // bf16: zero-extend to 32 bits, shift into the high half
-  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+  return minivllm::widen_bf16x16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
 
 // The same computation as attend_one with G query heads per KV head and head size D known at

@@ -16,11 +16,6 @@
 
 namespace {
 
-inline __m512 load_bf16(const uint16_t* p, __mmask16 live) {
-  const __m256i raw = _mm256_maskz_loadu_epi16(live, p);
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
-}
-
 inline void store_bf16(uint16_t* p, __mmask16 live, __m512 v) {
   _mm256_mask_storeu_epi16(p, live, minivllm::cvt_bf16x16(v));
 }
@@ -37,21 +32,21 @@ void norm_row(const uint16_t* x, const uint16_t* residual, uint16_t* new_residua
   if (residual != nullptr) {
     for (int64_t j = 0; j < d; j += 16) {
       const __mmask16 live = live_mask(d - j);
-      const __m512 sum = _mm512_add_ps(load_bf16(x + j, live), load_bf16(residual + j, live));
+      const __m512 sum = _mm512_add_ps(minivllm::load_bf16x16(x + j, live), minivllm::load_bf16x16(residual + j, live));
       store_bf16(new_residual + j, live, sum);   // rounded: the norm reads the bf16 sum
     }
     src = new_residual;
   }
   for (int64_t j = 0; j < d; j += 16) {
-    const __m512 v = load_bf16(src + j, live_mask(d - j));
+    const __m512 v = minivllm::load_bf16x16(src + j, live_mask(d - j));
     acc = _mm512_fmadd_ps(v, v, acc);
   }
   const float rstd = 1.0f / std::sqrt(_mm512_reduce_add_ps(acc) / static_cast<float>(d) + eps);
   const __m512 scale = _mm512_set1_ps(rstd);
   for (int64_t j = 0; j < d; j += 16) {
     const __mmask16 live = live_mask(d - j);
-    const __m512 v = _mm512_mul_ps(_mm512_mul_ps(load_bf16(src + j, live), scale),
-                                   load_bf16(w + j, live));
+    const __m512 v = _mm512_mul_ps(_mm512_mul_ps(minivllm::load_bf16x16(src + j, live), scale),
+                                   minivllm::load_bf16x16(w + j, live));
     store_bf16(out + j, live, v);
   }
 }

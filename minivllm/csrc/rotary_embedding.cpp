@@ -28,18 +28,13 @@ inline float round_bf16(float x) {
 }
 
 #if MINIVLLM_BF16_SIMD
-inline __m512 load16(const uint16_t* p, __mmask16 live) {
-  const __m256i raw = _mm256_maskz_loadu_epi16(live, p);
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
-}
-
 // NeoX halves 16 pairs at a time: the same roundings as the scalar loop below.
 inline void rotate_neox16(uint16_t* x, const uint16_t* cos, const uint16_t* sin, int half) {
   int i = 0;
   for (; i < half; i += 16) {
     const __mmask16 live = half - i >= 16 ? 0xFFFF : (__mmask16)((1u << (half - i)) - 1);
-    const __m512 x1 = load16(x + i, live), x2 = load16(x + i + half, live);
-    const __m512 c = load16(cos + i, live), s = load16(sin + i, live);
+    const __m512 x1 = minivllm::load_bf16x16(x + i, live), x2 = minivllm::load_bf16x16(x + i + half, live);
+    const __m512 c = minivllm::load_bf16x16(cos + i, live), s = minivllm::load_bf16x16(sin + i, live);
     using minivllm::round_bf16_16;
     const __m512 o1 = _mm512_sub_ps(round_bf16_16(_mm512_mul_ps(x1, c)),
                                     round_bf16_16(_mm512_mul_ps(x2, s)));
