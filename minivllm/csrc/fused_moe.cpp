@@ -28,6 +28,7 @@
 
 #include "cpu_math.h"
 #include "kernels.h"
+#include "work_split.h"
 
 #if MINIVLLM_BF16_SIMD
 #define MINIVLLM_MOE_NATIVE 1  // the expert kernels: bf16 dot products (cpu_math.h), AMX when here
@@ -298,6 +299,7 @@ int run_experts(const uint16_t* x, int64_t x_stride, const ExpertWeights& w13,
     if (g.offsets[e + 1] > g.offsets[e]) active.push_back(e);
   const bool by_expert = static_cast<int64_t>(active.size()) >= 4 * num_threads &&
                          n >= kRowsPerExpert * static_cast<int64_t>(active.size());
+  minivllm::WorkSplit gate_up_split(inter / 16, num_threads), down_split(h / 16, num_threads);
   int failed = 0;
   // One parallel region for the whole layer (a region per expert GEMM cost a wake-up each,
   // and on a busy box a descheduled thread stalls every one of them).
@@ -315,12 +317,12 @@ int run_experts(const uint16_t* x, int64_t x_stride, const ExpertWeights& w13,
         const int r = whole_expert(amx, xs, w13, w2, g, active[i], h, inter, gu, hs, ys);
         if (r != 0) rc = r;
       }
-    } else {          // a slice of every expert per thread
-      share(inter, t, threads, &b, &e);
-      rc = gate_up_slice(amx, xs, w13, g, num_local, h, inter, b, e, gu, hs);
+    } else {          // slices of every expert, 16 columns a unit, stolen when one is done
+      while (rc == 0 && gate_up_split.next(t, &b, &e))
+        rc = gate_up_slice(amx, xs, w13, g, num_local, h, inter, 16 * b, 16 * e, gu, hs);
 #pragma omp barrier
-      share(h, t, threads, &b, &e);
-      if (rc == 0) rc = down_slice(amx, hs, w2, g, num_local, h, inter, b, e, ys);
+      while (rc == 0 && down_split.next(t, &b, &e))
+        rc = down_slice(amx, hs, w2, g, num_local, h, inter, 16 * b, 16 * e, ys);
 #pragma omp barrier
     }
     share(h, t, threads, &b, &e);

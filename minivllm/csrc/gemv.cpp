@@ -11,11 +11,37 @@
 #include "kernels.h"
 
 #include "cpu_math.h"
+#include "work_split.h"
 
 #if MINIVLLM_BF16_SIMD
 #include <immintrin.h>
+#include <omp.h>
 
 constexpr int kRows = 4;  // rows per step: 4 independent accumulators hide the FMA latency
+
+// Rows [r0, r0 + kRows) of y (fewer at the end) for all m rows of x.
+inline void gemv_rows(const uint16_t* x, int64_t x_stride, const uint16_t* w,
+                      int64_t w_row_stride, const uint16_t* bias, uint16_t* y, int64_t y_stride,
+                      int64_t m, int64_t n, int64_t chunks, int64_t r0) {
+  const int rows = n - r0 < kRows ? static_cast<int>(n - r0) : kRows;
+  for (int64_t i = 0; i < m; ++i) {
+    const uint16_t* xi = x + i * x_stride;
+    __m512 acc[kRows];
+    for (int r = 0; r < kRows; ++r) acc[r] = _mm512_setzero_ps();
+    for (int64_t c = 0; c < chunks; ++c) {
+      const __m512i xv = _mm512_loadu_si512(xi + c * 32);
+      for (int r = 0; r < rows; ++r) {
+        const __m512i wv = _mm512_loadu_si512(w + (r0 + r) * w_row_stride + c * 32);
+        acc[r] = minivllm::dot_bf16x32(acc[r], wv, xv);
+      }
+    }
+    for (int r = 0; r < rows; ++r) {
+      float s = _mm512_reduce_add_ps(acc[r]);
+      if (bias != nullptr) s += minivllm::to_float(bias[r0 + r]);
+      minivllm::store(s, y + i * y_stride + r0 + r);
+    }
+  }
+}
 
 extern "C" {
 
@@ -30,26 +56,13 @@ int minivllm_gemv_bf16(const uint16_t* x, int64_t x_stride, const uint16_t* w,
                        int64_t y_stride, int64_t m, int64_t n, int64_t k, int32_t num_threads) {
   if (k % 32 != 0 || m < 1) return 1;
   const int64_t chunks = k / 32;
-#pragma omp parallel for num_threads(num_threads) schedule(static)
-  for (int64_t r0 = 0; r0 < n; r0 += kRows) {
-    const int rows = n - r0 < kRows ? static_cast<int>(n - r0) : kRows;
-    for (int64_t i = 0; i < m; ++i) {
-      const uint16_t* xi = x + i * x_stride;
-      __m512 acc[kRows];
-      for (int r = 0; r < kRows; ++r) acc[r] = _mm512_setzero_ps();
-      for (int64_t c = 0; c < chunks; ++c) {
-        const __m512i xv = _mm512_loadu_si512(xi + c * 32);
-        for (int r = 0; r < rows; ++r) {
-          const __m512i wv = _mm512_loadu_si512(w + (r0 + r) * w_row_stride + c * 32);
-          acc[r] = minivllm::dot_bf16x32(acc[r], wv, xv);
-        }
-      }
-      for (int r = 0; r < rows; ++r) {
-        float s = _mm512_reduce_add_ps(acc[r]);
-        if (bias != nullptr) s += minivllm::to_float(bias[r0 + r]);
-        minivllm::store(s, y + i * y_stride + r0 + r);
-      }
-    }
+  minivllm::WorkSplit split((n + kRows - 1) / kRows, num_threads);
+#pragma omp parallel num_threads(num_threads)
+  {
+    int64_t g0, g1;
+    while (split.next(omp_get_thread_num(), &g0, &g1))
+      for (int64_t r0 = g0 * kRows; r0 < n && r0 < g1 * kRows; r0 += kRows)
+        gemv_rows(x, x_stride, w, w_row_stride, bias, y, y_stride, m, n, chunks, r0);
   }
   return 0;
 }

@@ -23,10 +23,15 @@
 #include "gguf_activation.h"  // MINIVLLM_GGUF_VNNI, element access, x's int8 quantization
 #include "gguf_blocks.h"
 #include "gguf_tiles.h"
+#include "work_split.h"
 
 namespace {
 
 using namespace minivllm::gguf;
+using minivllm::WorkSplit;
+
+// Output rows per unit of work a thread takes (the dot kernel's 4-row groups).
+constexpr int64_t kGroupRows = 4;
 
 // out[r][mm] = sum over k of row (n0 + r) of the weight times token (m0 + mm) of x, for
 // r < rows and mm < mc, from the int8 sums (scalar: any CPU).
@@ -176,33 +181,38 @@ constexpr int64_t kTileMinRows = 16;
 
 template <int Q>
 bool gemm_rows_simd(const uint8_t* w, int64_t w_stride, const Activation& act, RowShape rs,
-                    int64_t m, int64_t n0, int64_t n1, const void* bias, void* y,
-                    int64_t y_stride, int dt, TiledActivation* tiled) {
-  if (m < kTileMinRows) {
-    gemm_rows_vnni<Q>(w, w_stride, act, rs, m, n0, n1, bias, y, y_stride, dt);
-    return true;
+                    int64_t m, int64_t n, const void* bias, void* y, int64_t y_stride, int dt,
+                    WorkSplit* split, int t, TiledActivation* tiled) {
+  const bool tiles = m >= kTileMinRows;
+  if (tiles && !tile_activation<Q>(act, rs, m, tiled)) return false;
+  int64_t g0, g1;
+  while (split->next(t, &g0, &g1)) {
+    const int64_t n0 = g0 * kGroupRows, n1 = std::min(n, g1 * kGroupRows);
+    if (tiles) gemm_rows_tiled<Q>(w, w_stride, *tiled, rs, m, n0, n1, bias, y, y_stride, dt);
+    else gemm_rows_vnni<Q>(w, w_stride, act, rs, m, n0, n1, bias, y, y_stride, dt);
   }
-  if (!tile_activation<Q>(act, rs, m, tiled)) return false;
-  gemm_rows_tiled<Q>(w, w_stride, *tiled, rs, m, n0, n1, bias, y, y_stride, dt);
   return true;
 }
 #endif
 
-// false: out of memory.
+// Thread t's share of the n output rows (row groups from `split`) into y. false: out of memory.
 bool gemm_rows(int qtype, const uint8_t* w, int64_t w_stride, const Activation& act,
-               RowShape rs, int64_t k, int64_t m, int64_t n0, int64_t n1, const void* bias,
-               void* y, int64_t y_stride, int dt, TiledActivation* tiled) {
+               RowShape rs, int64_t k, int64_t m, int64_t n, const void* bias, void* y,
+               int64_t y_stride, int dt, WorkSplit* split, int t, TiledActivation* tiled) {
 #if MINIVLLM_GGUF_VNNI
   switch (qtype) {
-#define MINIVLLM_GGUF_CASE(Q)                                                                \
-  case Q:                                                                                    \
-    return gemm_rows_simd<Q>(w, w_stride, act, rs, m, n0, n1, bias, y, y_stride, dt, tiled);
+#define MINIVLLM_GGUF_CASE(Q)                                                                   \
+  case Q:                                                                                       \
+    return gemm_rows_simd<Q>(w, w_stride, act, rs, m, n, bias, y, y_stride, dt, split, t, tiled);
     MINIVLLM_GGUF_BLOCK_TYPES(MINIVLLM_GGUF_CASE)
 #undef MINIVLLM_GGUF_CASE
   }
 #endif
   (void)tiled;
-  gemm_rows_scalar(qtype, w, w_stride, act, rs, k, m, n0, n1, bias, y, y_stride, dt);
+  int64_t g0, g1;
+  while (split->next(t, &g0, &g1))
+    gemm_rows_scalar(qtype, w, w_stride, act, rs, k, m, g0 * kGroupRows,
+                     std::min(n, g1 * kGroupRows), bias, y, y_stride, dt);
   return true;
 }
 
@@ -230,19 +240,16 @@ int minivllm_gguf_gemm(int32_t qtype, const void* x, int64_t x_stride, int32_t d
   const Geometry g = geometry(qtype);
   if (g.elems == 0 || k % g.elems != 0 || m < 1 || dt < 0 || dt > 2) return 1;
   const RowShape rs = row_shape(qtype, k, minivllm_gguf_has_vnni());
-  const int64_t rows_per_step = 4;  // threads take whole 4-row groups
-  const int64_t groups = (n + rows_per_step - 1) / rows_per_step;
+  WorkSplit split((n + kGroupRows - 1) / kGroupRows, num_threads);
   int failed = 0;
 #pragma omp parallel num_threads(num_threads)
   {
     static thread_local Activation act;
     static thread_local TiledActivation tiled;
-    const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
-    const int64_t n0 = std::min(n, groups * t / threads * rows_per_step);
-    const int64_t n1 = std::min(n, groups * (t + 1) / threads * rows_per_step);
-    if (n0 < n1 && (!quantize_rows(x, x_stride, dt, m, k, rs, &act) ||
-                    !gemm_rows(qtype, w, w_stride, act, rs, k, m, n0, n1, bias, y, y_stride,
-                               dt, &tiled))) {
+    const int t = omp_get_thread_num();
+    if (!quantize_rows(x, x_stride, dt, m, k, rs, &act) ||
+        !gemm_rows(qtype, w, w_stride, act, rs, k, m, n, bias, y, y_stride, dt, &split, t,
+                   &tiled)) {
 #pragma omp atomic write
       failed = 1;
     }

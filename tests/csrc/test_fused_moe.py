@@ -95,9 +95,16 @@ def test_idle_experts_and_thread_counts(weights):
     try:
         torch.set_num_threads(1)
         one = fused_experts_bf16(x, w1, w2, w, ids)
+        decode = fused_experts_bf16(x[:1], w1, w2, w[:1], ids[:1])
     finally:
         torch.set_num_threads(threads)
     assert torch.equal(fused_experts_bf16(x, w1, w2, w, ids), one)
+    try:
+        torch.set_num_threads(3)        # more threads than cores: slices taken by other threads
+        assert torch.equal(fused_experts_bf16(x, w1, w2, w, ids), one)
+        assert torch.equal(fused_experts_bf16(x[:1], w1, w2, w[:1], ids[:1]), decode)
+    finally:
+        torch.set_num_threads(threads)
 
 
 def test_expert_map_halves_sum_to_the_whole(weights):

@@ -31,6 +31,13 @@ def test_gemv_matches_fp32_linear(n, k, with_bias, m):
     assert y.shape == (m, n) and y.dtype == torch.bfloat16
     # fp32 accumulation, one rounding to bf16: within one bf16 ulp of the exact result
     torch.testing.assert_close(y.float(), ref, atol=1e-3, rtol=8e-3)
+    threads = torch.get_num_threads()
+    try:
+        for count in (1, 3):            # row groups split, and stolen, any way: the same rows
+            torch.set_num_threads(count)
+            assert torch.equal(ops.gemv_bf16(x, w, b), y)
+    finally:
+        torch.set_num_threads(threads)
 
 
 def test_strided_weight_rows_and_unsupported_shapes():

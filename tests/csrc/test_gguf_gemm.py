@@ -108,10 +108,15 @@ def test_row_slices_strided_x_and_thread_count(monkeypatch):
     part = qw[40:136]                                    # a TP shard of rows
     y = gl.gguf_linear(x, part, T.Q4_1, None)
     check_linear(y, x, w[40:136], None)
+    one_row = gl.gguf_linear(x[:1], part, T.Q4_1, None)
     threads = torch.get_num_threads()
     try:
-        torch.set_num_threads(1)                         # same per-row arithmetic
-        assert torch.equal(gl.gguf_linear(x, part, T.Q4_1, None), y)
+        # same per-row arithmetic however the row groups are split and stolen: one thread, and
+        # more threads than cores (ranges of 4-5 groups, some taken by other threads)
+        for count in (1, 3, 5):
+            torch.set_num_threads(count)
+            assert torch.equal(gl.gguf_linear(x, part, T.Q4_1, None), y)
+            assert torch.equal(gl.gguf_linear(x[:1], part, T.Q4_1, None), one_row)
     finally:
         torch.set_num_threads(threads)
 
