@@ -106,6 +106,14 @@ def cpu_has(flag: str) -> bool:
     return flag in _cpu_flags().split()
 
 
+def bf16_gemm_in_software() -> bool:
+    """True on CPUs without bf16 matrix instructions (neither AMX nor AVX-512 BF16: Ice Lake,
+    Skylake-X, AVX2-only CPUs), where oneDNN's bf16 GEMMs convert in software: on the 2-core
+    Ice Lake box they ran at ~1/3 of its fp32 speed, so long bf16 prompt chunks widen to fp32
+    (`cpu_linear.FP32_TILE_MIN_ROWS`)."""
+    return not (cpu_has("amx_bf16") or cpu_has("avx512_bf16"))
+
+
 def cxx_compiler() -> str | None:
     """The C++ compiler the kernels build with: `$CXX`, else g++ or c++ on PATH (None: none)."""
     return os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")

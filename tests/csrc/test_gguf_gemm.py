@@ -13,7 +13,7 @@ from gguf import GGMLQuantizationType as T, GGUFReader, quants
 
 from minivllm import _custom_ops as ops
 from minivllm.forward_context import BatchDescriptor, ForwardContext, override_forward_context
-from minivllm.model_executor.kernels import gguf_linear as gl
+from minivllm.model_executor.kernels import cpu_linear, gguf_linear as gl
 
 pytestmark = pytest.mark.requires_native
 
@@ -83,8 +83,10 @@ def test_linear_within_activation_quantization_bound(qtype, m):
         y = gl.gguf_linear(x, qw, qtype, bias)
         if dtype == torch.bfloat16 and m <= gl.gguf_int8_max_rows():
             check_linear(y, x, w, bias)           # int8 dot kernel, or x^T tiles from 16 rows
-        else:                # dequantised tiles: bf16 weights, fp32 sums (no int8 step)
-            ref = F.linear(x.float(), w.to(dtype).float(), bias.float())
+        else:   # dequantised tiles: weights in x's dtype (fp32 where bf16 GEMMs are software
+                # and m >= FP32_TILE_MIN_ROWS), fp32 sums (no int8 step)
+            wide = gl._Native.widen_prompts and m >= cpu_linear.FP32_TILE_MIN_ROWS
+            ref = F.linear(x.float(), (w if wide else w.to(dtype)).float(), bias.float())
             torch.testing.assert_close(y.float(), ref, atol=2e-2, rtol=1e-2)
 
 
@@ -207,6 +209,33 @@ def test_prompt_rows_without_amx(monkeypatch):
     with _step(40, 40):
         assert gl.gguf_int8_max_rows() == gl.GGUF_DOT_MAX_ROWS
         torch.testing.assert_close(gl.gguf_linear(x, qw, T.Q4_1, b), exact)
+
+
+def test_fp32_prompt_tiles_without_amx_or_avx512_bf16(monkeypatch):
+    """No AMX and no AVX-512 BF16 (Ice Lake): prompt chunks of FP32_TILE_MIN_ROWS+ rows
+    multiply fp32 tiles (the exact dequantised weight, one rounding of the result), shorter ones
+    bf16 tiles; fp32 tiles are the closer to fp32 maths."""
+    gl._resolve()                                              # before the capabilities are set
+    monkeypatch.setattr(gl._Native, "amx", False)
+    monkeypatch.setattr(gl._Native, "widen_prompts", True)
+    monkeypatch.setattr(cpu_linear, "FP32_TILE_ELEMS", 64 * 576)  # 64-row tiles: several
+    qw = torch.from_numpy(random_weight(T.Q4_1, 200, 576))
+    w = gl.gguf_dequantize(qw, T.Q4_1, torch.float32)
+    gen = torch.Generator().manual_seed(11)
+    m = cpu_linear.FP32_TILE_MIN_ROWS + 9
+    x, b = torch.randn(m, 576, generator=gen).bfloat16(), torch.randn(200, generator=gen).bfloat16()
+    fp32 = F.linear(x.float(), w, b.float())
+    with _step(m, 3):                                          # a prompt step
+        y = gl.gguf_linear(x, qw, T.Q4_1, b)
+        short = gl.gguf_linear(x[:40], qw, T.Q4_1, b)
+    assert y.dtype == torch.bfloat16
+    torch.testing.assert_close(y, fp32.bfloat16(), rtol=2 ** -8, atol=1e-5)  # one rounding
+    bf16_tiles = F.linear(x, w.bfloat16()) + b
+    torch.testing.assert_close(short, bf16_tiles[:40])          # below the bound: bf16 tiles
+    assert (y.float() - fp32).abs().mean() < (bf16_tiles.float() - fp32).abs().mean()
+    monkeypatch.setattr(gl._Native, "widen_prompts", False)       # AVX-512 BF16 or AMX: bf16 tiles
+    with _step(m, 3):
+        torch.testing.assert_close(gl.gguf_linear(x, qw, T.Q4_1, b), bf16_tiles)
 
 
 @pytest.mark.parametrize("qtype", LEGACY + K_QUANTS, ids=lambda t: T(t).name)

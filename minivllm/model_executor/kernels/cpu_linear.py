@@ -5,7 +5,8 @@ eligibility flags; each call then picks (`cpu_linear`, x [T, in] -> [T, out]):
 - T <= `weight._amx_rows` (decode steps; prompt chunks of <= 1024 rows for weights that fit two
   cores' L2): the native AMX GEMM on the plain row-major weight (`csrc/gemm_amx.cpp`);
 - T <= `GEMV_MAX_ROWS` (8) on CPUs without AMX: the native AVX-512 bf16 GEMV (`csrc/gemv.cpp`);
-- otherwise (long prompt chunks, the LM head): oneDNN's matmul on the packed copy.
+- otherwise (long prompt chunks, the LM head): oneDNN's matmul on the packed copy, or from
+  `FP32_TILE_MIN_ROWS` rows on CPUs whose bf16 GEMMs run in software, fp32 tiles of the weight.
 fp32 weights and other devices use `F.linear`. Quantized kernels (int8 / int4 / GGUF) belong
 beside this module.
 """
@@ -17,6 +18,30 @@ import torch.nn.functional as F
 from minivllm import _custom_ops as ops
 from minivllm.model_executor.kernels.activation import silu_and_mul
 from minivllm.model_executor.kernels.op_library import register_op
+
+
+# Rows of bf16 x from which CPUs without bf16 matrix instructions (`ops.bf16_gemm_in_software`)
+# multiply in fp32: x widened, the weight widened one tile of `FP32_TILE_ELEMS` at a time, one
+# rounding of the result. On the 2-core Ice Lake box, the default model's linears at 64-256 rows:
+# 2.0-3.0x oneDNN's packed bf16 GEMM (the 49152-row LM head: 0.8x at 64, 1.8x at 256; prompt
+# steps give it a row per sequence only). Below 64 rows the gain was 1.3-1.5x at best.
+FP32_TILE_MIN_ROWS = 64
+FP32_TILE_ELEMS = 1 << 20        # 4 MB of fp32 weight per tile
+
+
+def fp32_tiles(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+               widen=lambda rows: rows.float()) -> torch.Tensor:
+    """x [T, in] (bf16 / fp16) @ W^T (+ bias) in fp32, rounded once to x.dtype. `widen` maps a
+    slice of rows of `weight` to their fp32 values (GGUF blocks: dequantisation), so the whole
+    weight is never widened at once."""
+    xf = x.float()
+    tile = max(16, FP32_TILE_ELEMS // x.shape[1])
+    n = weight.shape[0]
+    parts = [F.linear(xf, widen(weight[n0:n0 + tile])) for n0 in range(0, n, tile)]
+    y = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+    if bias is not None:
+        y = y + bias.float()
+    return y.to(x.dtype)
 
 
 def pack_for_cpu(layer: nn.Module) -> None:
@@ -32,7 +57,7 @@ def pack_for_cpu(layer: nn.Module) -> None:
     if weight is None:
         return
     weight._mkldnn_packed = None
-    weight._gemv_ok, weight._amx_rows = False, 0
+    weight._gemv_ok, weight._amx_rows, weight._fp32_rows = False, 0, 1 << 62
     if (weight.device.type != "cpu" or weight.dtype != torch.bfloat16
             or not torch.backends.mkldnn.is_available()):
         return
@@ -40,6 +65,8 @@ def pack_for_cpu(layer: nn.Module) -> None:
     # Checked once here rather than per call: one-token steps call ~120 linears each.
     weight._gemv_ok = ops.gemv_supports_weight(weight)
     weight._amx_rows = ops.gemm_rows(weight)
+    if ops.bf16_gemm_in_software():
+        weight._fp32_rows = FP32_TILE_MIN_ROWS
 
 
 def cpu_linear(x: torch.Tensor, weight: torch.Tensor,
@@ -47,7 +74,7 @@ def cpu_linear(x: torch.Tensor, weight: torch.Tensor,
     """`F.linear` for x [T, in]. bf16 on CPU: up to `weight._amx_rows` rows (decode steps, bound
     by streaming the weight once; prompt chunks of up to 1024 rows for a weight that fits L2)
     through the native AMX GEMM, else up to 8 rows through the native GEMV; more (prefill)
-    through oneDNN's packed copy of `weight`."""
+    through oneDNN's packed copy of `weight` (fp32 tiles where bf16 GEMMs run in software)."""
     packed = getattr(weight, "_mkldnn_packed", None)
     if packed is not None and x.dtype == torch.bfloat16 and x.dim() == 2:
         rows = x.shape[0]
@@ -55,6 +82,8 @@ def cpu_linear(x: torch.Tensor, weight: torch.Tensor,
             return ops.gemm_bf16(x, weight, bias)
         if rows <= ops.GEMV_MAX_ROWS and weight._gemv_ok:
             return ops.gemv_bf16(x, weight, bias)
+        if rows >= weight._fp32_rows:
+            return fp32_tiles(x, weight, bias)
         return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
     return F.linear(x, weight, bias)
 

@@ -7,7 +7,8 @@
   16 weight rows at a time into a bf16 strip and runs AMX tile products on it (longer chunks or
   fp16 x: dequantised tiles through `F.linear`). With VNNI but no AMX the int8 kernels take
   decode steps of every size (`GGUF_TILE_MAX_ROWS`: from 16 rows, x^T tiles of 16 tokens) and
-  prompt chunks the dequantised tiles. fp32 x, the reference precision, always takes the
+  prompt chunks the dequantised tiles (fp32 tiles from `FP32_TILE_MIN_ROWS` rows where the
+  CPU lacks AVX-512 BF16 too). fp32 x, the reference precision, always takes the
   dequantised tiles (exact weights, no int8 step). The whole weight is never widened at once.
 - other devices, or no native kernels: `gguf_dequantize` + `F.linear` (correct, not fast).
 - `gguf_dequantize`: native on CPU, else the pure-PyTorch dequantisers of `gguf_dequant`.
@@ -21,6 +22,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from minivllm import _custom_ops as ops
 from minivllm.forward_context import is_decode_only_step
+from minivllm.model_executor.kernels.cpu_linear import FP32_TILE_MIN_ROWS, fp32_tiles
 from minivllm.model_executor.kernels.embedding import gather_rows
 from minivllm.model_executor.kernels.gguf_dequant import DEQUANTIZERS, dequantize_torch
 from minivllm.model_executor.kernels.op_library import register_op
@@ -51,6 +53,13 @@ GGUF_TILE_MAX_ROWS = 1 << 62
 GGUF_AMX_MAX_ROWS = 512
 # Elements of a dequantised tile on the `F.linear` fallback path.
 _FALLBACK_TILE = 1 << 22
+# Prompt chunks from `cpu_linear.FP32_TILE_MIN_ROWS` (64) rows multiply fp32 tiles on CPUs whose
+# bf16 GEMMs run in software (`ops.bf16_gemm_in_software`): 2.3-3.5x the bf16 tiles on Ice Lake
+# for the default model's Q4_1 linears at 64-512 rows, and fp32 products of the exact
+# dequantised weight are closer to the fp32 reference. Shorter chunks keep bf16 tiles (1.3-1.5x
+# at 36 rows), which also keeps the default model's answer to its 36-token chat prompt: its first
+# token is a near tie that fp32 tiles (with bf16 activations) flip to "L'Étoile", as llama.cpp
+# answers, where transformers' fp32 reference says "The capital".
 
 
 class _Native:
@@ -59,6 +68,7 @@ class _Native:
     lib: ctypes.CDLL | None = None
     amx = False
     vnni = False
+    widen_prompts = False  # bf16 / fp16 prompt tiles in fp32 (no AMX, no AVX-512 BF16)
 
 
 def _resolve() -> ctypes.CDLL | None:
@@ -67,6 +77,7 @@ def _resolve() -> ctypes.CDLL | None:
         _Native.lib = ops.native_lib()
         _Native.amx = ops._has_amx
         _Native.vnni = bool(_Native.lib.minivllm_gguf_has_vnni())
+        _Native.widen_prompts = not _Native.amx and ops.bf16_gemm_in_software()
     return _Native.lib
 
 
@@ -222,7 +233,8 @@ def _into(out: torch.Tensor | None, y: torch.Tensor) -> torch.Tensor:
 def _prompt_linear(lib: ctypes.CDLL, x: torch.Tensor, qweight: torch.Tensor, qtype: int,
                    bias: torch.Tensor | None, out: torch.Tensor | None = None) -> torch.Tensor:
     """Many rows of x: bf16 AMX strips up to `GGUF_AMX_MAX_ROWS` rows, else the weight dequantised
-    one tile of rows at a time (never all of it) into `F.linear`."""
+    one tile of rows at a time (never all of it) into `F.linear` (in fp32 from
+    `FP32_TILE_MIN_ROWS` rows where bf16 GEMMs run in software: `cpu_linear.fp32_tiles`)."""
     (m, k), n = x.shape, qweight.shape[0]
     if _Native.amx and x.dtype == torch.bfloat16 and n % 16 == 0 and m <= GGUF_AMX_MAX_ROWS:
         y = x.new_empty(m, n) if out is None else out
@@ -232,6 +244,9 @@ def _prompt_linear(lib: ctypes.CDLL, x: torch.Tensor, qweight: torch.Tensor, qty
             torch.get_num_threads())
         if rc == 0:
             return y
+    if _Native.widen_prompts and x.dtype != torch.float32 and m >= FP32_TILE_MIN_ROWS:
+        y = fp32_tiles(x, qweight, bias, lambda rows: gguf_dequantize(rows, qtype, torch.float32))
+        return _into(out, y)
     tile_rows = max(16, _FALLBACK_TILE // k)
     parts = [F.linear(x, gguf_dequantize(qweight[n0:n0 + tile_rows], qtype, x.dtype))
              for n0 in range(0, n, tile_rows)]

@@ -49,3 +49,27 @@ def test_cpu_linear_op_matches_the_layer(dtype):
     x = torch.randn(5, 64, dtype=dtype)
     out, _ = layer(x)
     assert torch.equal(torch.ops.minivllm.cpu_linear(x, layer.weight, layer.bias), out)
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="needs oneDNN (x86 CPU wheel)")
+def test_long_bf16_chunks_take_fp32_tiles_where_bf16_gemms_are_software(monkeypatch):
+    """CPUs without AMX or AVX-512 BF16: chunks of FP32_TILE_MIN_ROWS+ rows multiply fp32 tiles
+    (one rounding of the fp32 result), shorter ones oneDNN's bf16 GEMM; elsewhere never."""
+    from minivllm import _custom_ops as ops
+    from minivllm.model_executor.kernels import cpu_linear as cl
+
+    monkeypatch.setattr(cl, "FP32_TILE_ELEMS", 7 * 64)          # 16-row tiles: several of them
+    real, calls = cl.fp32_tiles, []
+    monkeypatch.setattr(cl, "fp32_tiles", lambda *a: calls.append(a[0].shape[0]) or real(*a))
+    for software in (True, False):
+        monkeypatch.setattr(ops, "bf16_gemm_in_software", lambda: software)
+        layer = _layer(torch.bfloat16)
+        x = torch.randn(cl.FP32_TILE_MIN_ROWS + 3, 64, dtype=torch.bfloat16)
+        exact = F.linear(x.float(), layer.weight.float(), layer.bias.float())
+        calls.clear()
+        out = cl.cpu_linear(x, layer.weight, layer.bias)
+        cl.cpu_linear(x[:cl.FP32_TILE_MIN_ROWS - 1], layer.weight, layer.bias)
+        assert calls == ([x.shape[0]] if software else [])
+        # fp32 sums of the exact products, rounded once (bf16 GEMMs: within bf16 error)
+        torch.testing.assert_close(out, exact.bfloat16(), rtol=2 ** -8 if software else 2e-2,
+                                   atol=1e-5 if software else 0.1)
