@@ -3,18 +3,23 @@
 Each round starts a new interpreter that runs `minivllm generate PROMPT` (imports, model load,
 chat template, the answer printed) and waits for it to exit; `--compare llama.cpp` alternates
 with a fresh interpreter that loads the same GGUF in llama.cpp (llama-cpp-python) and answers the
-same chat turn, greedy, with as many threads. Wall time to exit bounds the time to the first
-token from above; peak RSS is the child's own (its VmHWM). Medians over the rounds.
+same chat turn, greedy, with as many threads. Both stream their answer to stdout, so the time
+to the first printed character is the time to the first token; the time to exit is measured
+too. Peak RSS is the child's own (its VmHWM). Medians over the rounds. minivllm's modules are
+byte-compiled first (`precompile_bytecode`), as in an installed package.
 """
 
 from __future__ import annotations
 
 import argparse
+import compileall
 import json
 import os
+import selectors
 import shlex
 import subprocess
 import sys
+import tempfile
 import time
 from typing import Any
 
@@ -44,9 +49,15 @@ spec = importlib.util.spec_from_file_location("_minivllm_llama_cpp_child", sys.a
 module = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(module)
 model = module.LlamaCppModel(job["model"], job["n_ctx"], job["threads"])
-out = model.llm.create_completion(job["prompt_token_ids"], max_tokens=job["max_tokens"],
-                                  temperature=0.0, top_k=1)
-print(out["choices"][0]["text"].strip())
+text = ""
+for chunk in model.llm.create_completion(job["prompt_token_ids"], max_tokens=job["max_tokens"],
+                                         temperature=0.0, top_k=1, stream=True):
+    piece = chunk["choices"][0]["text"]
+    if text.strip() or piece.strip():
+        sys.stdout.write(piece if text.strip() else piece.lstrip())
+        sys.stdout.flush()
+    text += piece
+print()
 """
 
 
@@ -65,29 +76,56 @@ def add_startup_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
 
 
 def _timed_child(cmd: list[str]) -> dict[str, Any]:
-    """Runs `cmd` (a Python child ending with `REPORT_PEAK_RSS`) to its end: wall seconds, its
-    peak RSS and the last line it printed."""
+    """Runs `cmd` (a Python child ending with `REPORT_PEAK_RSS`) to its end: wall seconds to
+    its first printed character (the answer's first token, as both sides stream it) and to its
+    exit, its peak RSS and the last line it printed."""
     start = time.perf_counter()
-    try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        raise RuntimeError(f"{' '.join(cmd[:4])} ... ran past {_TIMEOUT_S:.0f} s") from None
-    wall = time.perf_counter() - start
-    if done.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd[:4])} ... failed ({done.returncode}): "
-                           f"{done.stderr[-2000:]}")
-    peaks = [line.split()[1] for line in done.stderr.splitlines() if line.startswith(_PEAK_TAG)]
+    with tempfile.TemporaryFile() as err:   # a file: a full stderr pipe would block the child
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err)
+        out, first = _read_until_exit(proc, start, " ".join(cmd[:4]))
+        wall = time.perf_counter() - start
+        err.seek(0)
+        stderr = err.read().decode(errors="replace")
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd[:4])} ... failed ({proc.returncode}): "
+                           f"{stderr[-2000:]}")
+    peaks = [line.split()[1] for line in stderr.splitlines() if line.startswith(_PEAK_TAG)]
     if not peaks:
         raise RuntimeError(f"{' '.join(cmd[:4])} ... reported no peak RSS")
-    lines = done.stdout.strip().splitlines()
-    return {"wall_s": wall, "peak_rss_bytes": int(peaks[-1]) * 1024,
-            "answer": lines[-1] if lines else ""}
+    lines = out.decode(errors="replace").strip().splitlines()
+    return {"wall_s": wall, "first_output_s": wall if first is None else first,
+            "peak_rss_bytes": int(peaks[-1]) * 1024, "answer": lines[-1] if lines else ""}
+
+
+def _read_until_exit(proc: subprocess.Popen, start: float, name: str) -> tuple[bytes, float | None]:
+    """The child's whole stdout, and the seconds from `start` to its first non-blank byte;
+    killed (an error) past _TIMEOUT_S."""
+    chunks: list[bytes] = []
+    first = None
+    with selectors.DefaultSelector() as sel:
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        while True:
+            left = _TIMEOUT_S - (time.perf_counter() - start)
+            if left <= 0 or not sel.select(timeout=left):
+                proc.kill()
+                proc.wait()
+                raise RuntimeError(f"{name} ... ran past {_TIMEOUT_S:.0f} s")
+            data = os.read(proc.stdout.fileno(), 65536)
+            if not data:
+                break
+            if first is None and data.strip():
+                first = time.perf_counter() - start
+            chunks.append(data)
+    proc.stdout.close()
+    proc.wait()
+    return b"".join(chunks), first
 
 
 def minivllm_cmd(args: argparse.Namespace) -> list[str]:
-    """`minivllm generate` as a fresh interpreter runs it (the console script's entry point)."""
-    code = ("from minivllm.entrypoints.cli import main\nrc = main()" + REPORT_PEAK_RSS +
-            "_sys.exit(rc)\n")
+    """`minivllm generate` as a fresh interpreter runs it (the console script's `main` and
+    `finish`, with the peak RSS reported between them)."""
+    code = ("from minivllm.entrypoints.cli import finish, main\nimport sys\nrc = main()" +
+            REPORT_PEAK_RSS + "finish(rc, sys.argv[1:])\n")
     cmd = [sys.executable, "-c", code, "generate", args.prompt, "--max-tokens",
            str(args.max_tokens)]
     if args.model:
@@ -128,6 +166,7 @@ def run_startup(args: argparse.Namespace) -> dict[str, Any]:
         from minivllm.transformers_utils.tokenizer import get_tokenizer
 
         tokenizer = get_tokenizer(model)
+    print(f"minivllm's bytecode: {precompile_bytecode()}", flush=True)
     sides = {"minivllm": minivllm_cmd(args)}
     rounds: dict[str, list[dict[str, Any]]] = {"minivllm": []}
     if tokenizer is not None:
@@ -136,7 +175,8 @@ def run_startup(args: argparse.Namespace) -> dict[str, Any]:
         for name in rounds:   # alternating: drift on the host hits both sides
             rounds[name].append(_timed_child(sides[name]))
             row = rounds[name][-1]
-            print(f"round {r} {name}: {row['wall_s']:.2f} s, peak RSS "
+            print(f"round {r} {name}: first token {row['first_output_s']:.2f} s, exit "
+                  f"{row['wall_s']:.2f} s, peak RSS "
                   f"{row['peak_rss_bytes'] / 2**20:.0f} MiB: {row['answer'][:60]!r}", flush=True)
             if tokenizer is not None and "llama.cpp" not in sides:   # after minivllm's first
                 sides["llama.cpp"] = llama_cpp_cmd(args, model, tokenizer, row["answer"])
@@ -149,19 +189,34 @@ def run_startup(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
+def precompile_bytecode() -> str:
+    """Writes the .pyc files of minivllm's modules where they are missing, as `pip install`
+    does for an installed package: with PYTHONDONTWRITEBYTECODE set (as on the CI hosts), an
+    editable checkout would otherwise compile every module from source at each start (~1 s
+    on 2 cores), which no installed copy does. Returns what it did, for the report."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if not os.access(package, os.W_OK):
+        return f"not written ({package} is read-only)"
+    ok = compileall.compile_dir(package, quiet=2)
+    return "precompiled, as an installed package has it" if ok else "precompiling failed"
+
+
 def _median(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return {"wall_s": float(np.median([r["wall_s"] for r in rows])),
+            "first_output_s": float(np.median([r["first_output_s"] for r in rows])),
             "peak_rss_bytes": int(np.median([r["peak_rss_bytes"] for r in rows])),
             "answer": rows[-1]["answer"]}
 
 
 def _report(result: dict[str, Any]) -> None:
     mini = result["minivllm"]
-    print(f"minivllm generate, cold: {mini['wall_s']:.2f} s to exit (median), peak RSS "
-          f"{mini['peak_rss_bytes'] / 2**20:.0f} MiB")
+    print(f"minivllm generate, cold: first token {mini['first_output_s']:.2f} s, exit "
+          f"{mini['wall_s']:.2f} s (medians), peak RSS {mini['peak_rss_bytes'] / 2**20:.0f} MiB")
     other = result.get("llama.cpp")
     if other is not None:
-        print(f"llama.cpp, cold: {other['wall_s']:.2f} s, peak RSS "
-              f"{other['peak_rss_bytes'] / 2**20:.0f} MiB; minivllm / llama.cpp: wall "
+        print(f"llama.cpp, cold: first token {other['first_output_s']:.2f} s, exit "
+              f"{other['wall_s']:.2f} s, peak RSS {other['peak_rss_bytes'] / 2**20:.0f} MiB; "
+              f"minivllm / llama.cpp: first token "
+              f"{mini['first_output_s'] / other['first_output_s']:.2f}x, exit "
               f"{mini['wall_s'] / other['wall_s']:.2f}x, peak RSS "
               f"{mini['peak_rss_bytes'] / other['peak_rss_bytes']:.2f}x")

@@ -1,7 +1,9 @@
 """The `minivllm` command: generate, chat, serve, bench, check-model."""
 
 import argparse
+import os
 import sys
+from typing import NoReturn
 
 from minivllm.engine.arg_utils import EngineArgs, apply_torchrun_env
 
@@ -31,14 +33,20 @@ def _make_llm(args: argparse.Namespace):
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
+    from minivllm.entrypoints.chat import StrippedStream, stream_prompt
+
     params = _sampling_params(args)     # bad sampling flags fail before the model loads
     llm = _make_llm(args)
     use_chat = not args.no_chat_template and getattr(llm.get_tokenizer(), "chat_template", None)
-    if use_chat:
-        outputs = llm.chat([{"role": "user", "content": args.prompt}], params, use_tqdm=False)
-    else:
-        outputs = llm.generate(args.prompt, params, use_tqdm=False)
-    print(outputs[0].outputs[0].text.strip())
+    prompt = (llm.apply_chat_template([{"role": "user", "content": args.prompt}]) if use_chat
+              else args.prompt)
+    # the answer streams as it is produced (the text print(answer.strip()) would show)
+    stream = StrippedStream(sys.stdout)
+    try:
+        stream_prompt(llm, prompt, params, "generate-0", stream)
+    finally:
+        llm.shutdown()                  # workers of a parallel run end here, not at teardown
+    stream.close()
     return 0
 
 
@@ -121,5 +129,23 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
+def finish(rc: int, argv: list[str]) -> NoReturn:
+    """Ends the process with `rc` after `main(argv)`. A one-shot `generate` skips the
+    interpreter's teardown: with torch loaded, freeing every module's objects took 0.5-1.1 s
+    of CPU on 2 cores after the answer was printed, and by then nothing is left to clean up
+    (the engine and its workers are shut down; the streams are flushed here)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if argv[:1] == ["generate"]:
+        os._exit(rc)
+    sys.exit(rc)
+
+
+def console_main() -> None:
+    """The `minivllm` console script."""
+    argv = sys.argv[1:]
+    finish(main(argv), argv)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    console_main()

@@ -28,6 +28,15 @@ def test_each_child_reports_its_own_peak_rss_and_last_line():
     assert 0 < small["wall_s"] and 0 < big["wall_s"]
 
 
+def test_first_output_is_timed_apart_from_the_exit():
+    row = _timed_child(["python3", "-c", "import sys, time\nprint('  ', flush=True)\n"
+                        "time.sleep(0.3)\nprint('first', flush=True)\ntime.sleep(0.6)\n"
+                        "print('last')" + REPORT_PEAK_RSS])
+    # the blank line does not count; the first word comes >= 0.6 s before the exit
+    assert 0.3 <= row["first_output_s"] <= row["wall_s"] - 0.6
+    assert row["answer"] == "last"
+
+
 def test_a_failing_child_is_an_error_with_its_stderr():
     with pytest.raises(RuntimeError, match="failed \\(3\\).*went wrong"):
         _timed_child(["python3", "-c", "import sys; sys.stderr.write('went wrong'); sys.exit(3)"])
@@ -48,6 +57,7 @@ def test_cold_generate_answers_as_the_offline_engine_does(tiny_checkpoint, tmp_p
     assert len(rows) == 2 and expected and all(r["answer"] == expected for r in rows)
     # A fresh interpreter with torch loaded: well above 100 MiB, well below this machine's RAM.
     assert all(100 * 2**20 < r["peak_rss_bytes"] < 8 * 2**30 for r in rows)
+    assert all(0 < r["first_output_s"] <= r["wall_s"] for r in rows)
     assert min(r["wall_s"] for r in rows) <= result["minivllm"]["wall_s"] <= max(
         r["wall_s"] for r in rows)
     assert out.read_text().count('"wall_s"') == 3   # the median and both rounds

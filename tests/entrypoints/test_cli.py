@@ -1,7 +1,13 @@
 """The `minivllm` command on the embedded default model."""
 
+import io
+import random
 import subprocess
 import sys
+
+import pytest
+
+from minivllm.entrypoints.chat import StrippedStream
 
 
 # What a cold `minivllm generate` on a GGUF model must not import (cost measured on 2 cores):
@@ -49,3 +55,53 @@ def test_torchrun_environment_reaches_node_0s_engine(monkeypatch):
     node1 = build_parser().parse_args(["serve", "some/model", "-tp", "2"])
     headless = _headless_engine_args(node1)
     assert headless is not None and (headless.node_rank, headless.model) == (1, "some/model")
+
+
+class _Recorder(io.StringIO):
+    """stdout that keeps each write."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes: list[str] = []
+
+    def write(self, text: str) -> int:
+        self.writes.append(text)
+        return super().write(text)
+
+
+def test_stripped_stream_shows_the_stripped_text_as_it_arrives():
+    rng = random.Random(0)
+    for text in ["  \nThe capital   \nof France.  \n", "\n\n", "x", " a b ", ""]:
+        cuts = sorted(rng.sample(range(len(text) + 1), k=min(4, len(text) + 1)))
+        deltas = [text[i:j] for i, j in zip([0] + cuts, cuts + [len(text)])]
+        out = _Recorder()
+        stream = StrippedStream(out)
+        for i, delta in enumerate(deltas):
+            stream.write(delta)
+            # each visible character is out as soon as its delta came, and no trailing blank
+            assert "".join(out.writes) == "".join(deltas[:i + 1]).strip()
+        stream.close()
+        assert out.getvalue() == text.strip() + "\n"
+
+
+def test_generate_streams_its_answer(monkeypatch):
+    from minivllm.entrypoints.cli import main
+
+    out = _Recorder()
+    monkeypatch.setattr(sys, "stdout", out)
+    assert main(["generate", "What is the capital of France?", "--max-tokens", "12"]) == 0
+    assert out.getvalue().startswith("The capital of France is Paris.")
+    assert out.getvalue().endswith("\n")
+    assert len([w for w in out.writes if w.strip()]) >= 5     # token by token, not one print
+
+
+@pytest.mark.parametrize("command,teardown", [("generate", False), ("serve", True)])
+def test_finish_skips_the_teardown_after_generate_only(command, teardown):
+    code = ("import atexit\natexit.register(print, 'teardown')\n"
+            "from minivllm.entrypoints.cli import finish\nprint('answer')\n"
+            f"finish(3, [{command!r}])\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 3
+    # the buffered answer is flushed either way; atexit handlers run only without the fast exit
+    assert proc.stdout == ("answer\nteardown\n" if teardown else "answer\n")
