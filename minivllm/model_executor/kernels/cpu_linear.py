@@ -11,6 +11,8 @@ fp32 weights and other devices use `F.linear`. Quantized kernels (int8 / int4 / 
 beside this module.
 """
 
+from collections.abc import Callable
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -30,7 +32,8 @@ FP32_TILE_ELEMS = 1 << 20        # 4 MB of fp32 weight per tile
 
 
 def fp32_tiles(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-               widen=lambda rows: rows.float()) -> torch.Tensor:
+               widen: Callable[[torch.Tensor], torch.Tensor] = torch.Tensor.float
+               ) -> torch.Tensor:
     """x [T, in] (bf16 / fp16) @ W^T (+ bias) in fp32, rounded once to x.dtype. `widen` maps a
     slice of rows of `weight` to their fp32 values (GGUF blocks: dequantisation), so the whole
     weight is never widened at once."""
