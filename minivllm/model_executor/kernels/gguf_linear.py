@@ -77,7 +77,7 @@ def _resolve() -> ctypes.CDLL | None:
         _Native.lib = ops.native_lib()
         _Native.amx = ops._has_amx
         _Native.vnni = bool(_Native.lib.minivllm_gguf_has_vnni())
-        _Native.widen_prompts = not _Native.amx and ops.bf16_gemm_in_software()
+        _Native.widen_prompts = ops.bf16_gemm_in_software()   # implies no AMX
     return _Native.lib
 
 
