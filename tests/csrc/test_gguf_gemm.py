@@ -205,7 +205,14 @@ def test_prompt_rows_without_amx(monkeypatch):
     with _step(40, 3):                                        # prompt chunks in the step
         torch.testing.assert_close(gl.gguf_linear(x, qw, T.Q4_1, b), exact)
     assert gl.gguf_int8_max_rows() == gl.GGUF_DOT_MAX_ROWS    # outside a forward pass
+    if gl._Native.vnni:
+        # LM head rows (one sampled position per request, after the forward pass): the int8
+        # tiles at any count, the same values as in a decode step
+        assert gl.gguf_int8_max_rows(independent_rows=True) >= 1 << 20
+        torch.testing.assert_close(gl.gguf_linear(x, qw, T.Q4_1, b, independent_rows=True), y,
+                                   rtol=0, atol=0)
     monkeypatch.setattr(gl._Native, "vnni", False)
+    assert gl.gguf_int8_max_rows(independent_rows=True) == gl.GGUF_DOT_MAX_ROWS
     with _step(40, 40):
         assert gl.gguf_int8_max_rows() == gl.GGUF_DOT_MAX_ROWS
         torch.testing.assert_close(gl.gguf_linear(x, qw, T.Q4_1, b), exact)

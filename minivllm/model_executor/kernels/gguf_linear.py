@@ -81,15 +81,17 @@ def _resolve() -> ctypes.CDLL | None:
     return _Native.lib
 
 
-def gguf_int8_max_rows() -> int:
+def gguf_int8_max_rows(independent_rows: bool = False) -> int:
     """Rows of bf16 / fp16 x up to which `gguf_linear` runs the int8 kernels on this CPU and step
     (more: the AMX strips or dequantised tiles). Only decode-only steps give more than
     `GGUF_DOT_MAX_ROWS` rows to the int8 tiles: int8 activations over a whole prompt flipped the
     default model's first chat token (a near tie in bf16), so prompt steps keep the dequantised
-    bf16 weights, as on every CPU."""
+    bf16 weights, as on every CPU. `independent_rows`: each row is one request's own product
+    (the LM head's sampled positions, computed after the forward pass), so the int8 tiles take
+    any count, and a request's logits do not depend on how many rows share its step."""
     if not _Native.resolved:
         _resolve()
-    if _Native.amx or not _Native.vnni or not is_decode_only_step():
+    if _Native.amx or not _Native.vnni or not (independent_rows or is_decode_only_step()):
         return GGUF_DOT_MAX_ROWS
     return GGUF_TILE_MAX_ROWS
 
@@ -165,11 +167,13 @@ def gguf_dequantize(qweight: torch.Tensor, qtype: int, dtype: torch.dtype) -> to
 
 
 def gguf_linear(x: torch.Tensor, qweight: torch.Tensor, qtype: int,
-                bias: torch.Tensor | None, out: torch.Tensor | None = None) -> torch.Tensor:
+                bias: torch.Tensor | None, out: torch.Tensor | None = None,
+                independent_rows: bool = False) -> torch.Tensor:
     """`F.linear(x, dequantized weight, bias)` for x [..., in] (bf16, fp16 or fp32) and a
     uint8 [out, row_bytes] GGUF weight (unit-stride rows; a row slice is fine); returns
     [..., out] in x.dtype. `out` (2-D x only): a [m, n] x.dtype view with unit-stride rows to
-    write into, e.g. a column slice of a fused layer's output (the kernels take its row stride)."""
+    write into, e.g. a column slice of a fused layer's output (the kernels take its row stride).
+    `independent_rows`: see `gguf_int8_max_rows` (the LM head)."""
     # NOTE: ~120 calls per decode step: the common path is a few attribute and dict lookups
     # (each tensor property read once).
     lib = _Native.lib if _Native.resolved else _resolve()
@@ -195,7 +199,7 @@ def gguf_linear(x: torch.Tensor, qweight: torch.Tensor, qtype: int,
     if out is not None and (out.shape != (m, n) or out.dtype != x.dtype or out.stride(1) != 1):
         raise ValueError(f"out must be a [{m}, {n}] {x.dtype} tensor with unit-stride rows, got "
                          f"{out.dtype} {list(out.shape)} strides {out.stride()}")
-    if code == 0 or (m > GGUF_DOT_MAX_ROWS and m > gguf_int8_max_rows()):
+    if code == 0 or (m > GGUF_DOT_MAX_ROWS and m > gguf_int8_max_rows(independent_rows)):
         # fp32 x is the reference precision (runs checked against transformers): no int8 step,
         # whatever the row count, so results do not depend on how rows were batched.
         return _prompt_linear(lib, x, qweight, qtype, bias, out)
@@ -211,14 +215,14 @@ def gguf_linear(x: torch.Tensor, qweight: torch.Tensor, qtype: int,
 
 
 def gguf_matmul(x: torch.Tensor, weight: torch.Tensor, qtype: int,
-                bias: torch.Tensor | None) -> torch.Tensor:
+                bias: torch.Tensor | None, independent_rows: bool = False) -> torch.Tensor:
     """x [T, in] @ W^T for one GGUF matrix: packed blocks (`gguf_linear`, an opaque op in
     compiled graphs) or a float type's plain [out, in] tensor (`F.linear`)."""
     if qtype in GGUF_FLOAT_TYPES:
         return F.linear(x, weight, bias)
     if torch.compiler.is_compiling():
         return torch.ops.minivllm.gguf_linear(x, weight, qtype, bias)
-    return gguf_linear(x, weight, qtype, bias)
+    return gguf_linear(x, weight, qtype, bias, independent_rows=independent_rows)
 
 
 def _unsupported(qtype: int) -> tuple[int, int]:

@@ -233,5 +233,7 @@ class GGUFEmbeddingMethod(_GGUFMethodBase):
 
     def apply(self, layer: nn.Module, x: torch.Tensor,
               bias: torch.Tensor | None = None) -> torch.Tensor:
+        # As an LM head: x holds the sampled positions, a row per request (int8 tiles for any
+        # count where decode steps take them: gguf_int8_max_rows).
         source = getattr(layer, "_gguf_tied_to", layer)
-        return gguf_matmul(x, source.qweight, source.qweight_type, bias)
+        return gguf_matmul(x, source.qweight, source.qweight_type, bias, independent_rows=True)

@@ -84,6 +84,25 @@ def test_weights_stay_packed_and_the_tied_head_shares_them(gguf_files):
     assert out[0].outputs[0].token_ids[:4] == ref[0].outputs[0].token_ids[:4]
 
 
+def test_the_lm_head_rows_are_independent(gguf_files, monkeypatch):
+    """The GGUF LM head multiplies the sampled positions (a row per request, after the forward
+    pass) as independent rows (gguf_linear's int8 tiles for any count of them where decode steps
+    take them); the body's linears do not claim that."""
+    from minivllm.model_executor.kernels import gguf_linear as gl
+
+    model = _model(LLM(model=gguf_files("Q4_1", tied=True), dtype="bfloat16"))
+    seen = []
+    real = gl.gguf_linear
+    monkeypatch.setattr(gl, "gguf_linear", lambda *a, independent_rows=False, **kw:
+                        seen.append(independent_rows) or real(*a, independent_rows=independent_rows,
+                                                              **kw))
+    x = torch.randn(6, 64).bfloat16()
+    logits = model.lm_head.quant_method.apply(model.lm_head, x)
+    assert seen == [True] and logits.shape[0] == 6
+    model.model.layers[0].self_attn.qkv_proj(x)
+    assert seen == [True, False]
+
+
 def test_quantization_choices_and_conflicts(gguf_files, tiny_llama_factory):
     path = gguf_files("Q8_0")
     with pytest.raises(ValueError, match=r"Invalid quantization method 'q9'.*gguf.*fp8"):
