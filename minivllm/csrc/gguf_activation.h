@@ -100,7 +100,7 @@ void quantize_block_simd(const void* x, int64_t at, int dt, int64_t blk, bool sp
 #endif
 
 // Block `blk` of one row of x (elements from `at`) into row buffers q, dx, s4.
-void quantize_block(const void* x, int64_t at, int dt, int64_t blk, bool split, int8_t* q,
+inline void quantize_block(const void* x, int64_t at, int dt, int64_t blk, bool split, int8_t* q,
                     float* dx, float* s4) {
 #if MINIVLLM_GGUF_VNNI
   return quantize_block_simd(x, at, dt, blk, split, q, dx, s4);
@@ -134,7 +134,7 @@ void quantize_block(const void* x, int64_t at, int dt, int64_t blk, bool split, 
 }
 
 // A padding block past k: q = 0 and finite scales (the weight's padding is zero: 0 * finite).
-void zero_block(int64_t blk, bool split, int8_t* q, float* dx, float* s4) {
+inline void zero_block(int64_t blk, bool split, int8_t* q, float* dx, float* s4) {
   const int64_t unit = blk / 4, jb = blk % 4;
   if (!split) {
     std::fill_n(q + 32 * blk, 32, 0);
@@ -148,22 +148,31 @@ void zero_block(int64_t blk, bool split, int8_t* q, float* dx, float* s4) {
   std::fill_n(s4 + 16 * unit + 4 * jb, 4, 0.0f);
 }
 
-bool quantize_rows(const void* x, int64_t x_stride, int dt, int64_t m, int64_t k, RowShape rs,
-                   Activation* act) {
-  try {  // NOTE: resize, then zero only the padding: every other entry is written below
+// Room for m rows of x in act (entries not yet written). false: out of memory.
+inline bool reserve_rows(int64_t m, RowShape rs, Activation* act) {
+  try {
     act->q.resize(m * rs.kp);
     act->dx.resize(m * rs.lanes);
     act->s4.resize(m * rs.lanes);
   } catch (...) {
     return false;
   }
-  for (int64_t r = 0; r < m; ++r) {
-    int8_t* q = act->q.data() + r * rs.kp;
-    float *dx = act->dx.data() + r * rs.lanes, *s4 = act->s4.data() + r * rs.lanes;
-    for (int64_t c = 0; c < k; c += 32)
-      quantize_block(x, r * x_stride + c, dt, c / 32, rs.split, q, dx, s4);
-    for (int64_t c = k; c < rs.kp; c += 32) zero_block(c / 32, rs.split, q, dx, s4);
-  }
+  return true;
+}
+
+// The row of x at element `at` (k elements) into row r of act (sized by reserve_rows).
+inline void quantize_row(const void* x, int64_t at, int dt, int64_t k, RowShape rs, int64_t r,
+                         Activation* act) {
+  int8_t* q = act->q.data() + r * rs.kp;
+  float *dx = act->dx.data() + r * rs.lanes, *s4 = act->s4.data() + r * rs.lanes;
+  for (int64_t c = 0; c < k; c += 32) quantize_block(x, at + c, dt, c / 32, rs.split, q, dx, s4);
+  for (int64_t c = k; c < rs.kp; c += 32) zero_block(c / 32, rs.split, q, dx, s4);
+}
+
+inline bool quantize_rows(const void* x, int64_t x_stride, int dt, int64_t m, int64_t k, RowShape rs,
+                   Activation* act) {
+  if (!reserve_rows(m, rs, act)) return false;
+  for (int64_t r = 0; r < m; ++r) quantize_row(x, r * x_stride, dt, k, rs, r, act);
   return true;
 }
 

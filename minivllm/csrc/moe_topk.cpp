@@ -2,7 +2,7 @@
 //
 // minivllm_moe_topk: router logits [T, E] -> (topk_ids [T, k] int64, topk_weights [T, k] fp32),
 // softmax or sigmoid scores, optionally renormalised over the k chosen, times a scaling factor.
-// The experts themselves run in fused_moe.cpp.
+// The experts themselves run in fused_moe.cpp (bf16) and fused_moe_gguf.cpp (GGUF blocks).
 
 #include <algorithm>
 #include <cmath>

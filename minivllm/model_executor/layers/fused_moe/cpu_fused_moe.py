@@ -1,4 +1,5 @@
-"""The native CPU MoE kernels (`csrc/fused_moe.cpp`): routing and all experts, one call each.
+"""The native CPU MoE kernels (`csrc/moe_topk.cpp`, `fused_moe.cpp`, `fused_moe_gguf.cpp`): routing
+and all experts, one call each.
 
 `moe_topk` is `fused_topk`'s softmax/sigmoid routing in C; `fused_experts_bf16` runs every
 selected expert of every token (pairs sorted by expert, one GEMM pair per active expert on its

@@ -1,5 +1,5 @@
 """GGUF MoE experts on their packed blocks (`quantization/gguf_moe.py`, the native
-`fused_experts_gguf` of `csrc/fused_moe.cpp`): the one-call kernel against the dequantised fp32
+`fused_experts_gguf` of `csrc/fused_moe_gguf.cpp`): the one-call kernel against the dequantised fp32
 experts and against the per-expert loop of packed linears, for legacy and K-quant types (mixed
 between gate_up and down, as llama.cpp's Q4_K_M files mix them), decode- and prompt-sized
 steps, and other ranks' experts; fp32 x (the reference precision) equal to the dequantised
@@ -74,6 +74,29 @@ def test_native_experts_match_dequantised_and_the_packed_loop(q13, q2, num_token
     entry = gguf_fused_experts(x.bfloat16(), w13, int(q13), w2, int(q2), weights, ids, None,
                                None, None, "silu", False)
     assert torch.equal(entry, native)
+
+
+@pytest.mark.requires_native
+@pytest.mark.parametrize("num_tokens", [1, 40, 200])
+def test_native_experts_do_not_depend_on_the_thread_count(num_tokens):
+    """1 and 40 tokens (a few rows per expert: x and h quantized once, pieces of weight rows
+    split over the threads, stolen by idle ones) and 200 (~50 rows per expert: whole experts per
+    thread) give the same bits on 1, 2, 3 and 5 threads (more threads than cores: other threads
+    take the pieces), with idle experts among them, and stay within the int8 bound."""
+    w13, w2, r13, r2 = _experts(T.Q4_1, T.Q8_0)
+    x, weights, ids = _tokens(num_tokens, seed=num_tokens)
+    ids = torch.remainder(ids, 6)                        # experts 6 and 7 idle
+    x = x.bfloat16()
+    threads = torch.get_num_threads()
+    outs = []
+    try:
+        for count in (1, 2, 3, 5):
+            torch.set_num_threads(count)
+            outs.append(fused_experts_gguf(x, w13, int(T.Q4_1), w2, int(T.Q8_0), weights, ids))
+    finally:
+        torch.set_num_threads(threads)
+    assert all(torch.equal(out, outs[0]) for out in outs[1:])
+    assert _relative(outs[0], fused_experts(x.float(), r13, r2, weights, ids)) < 0.03
 
 
 @pytest.mark.requires_native
