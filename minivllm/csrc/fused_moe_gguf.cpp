@@ -32,6 +32,8 @@ constexpr int64_t kGgufDotMaxRows = 4;
 // Weight rows a decode unit of work covers (a multiple of 16, the strips' row block).
 constexpr int64_t kPieceRows = 64;
 
+inline int64_t pieces_of(int64_t rows) { return (rows + kPieceRows - 1) / kPieceRows; }
+
 // One expert matrix set as the kernels read it: GGUF block rows of `qtype`, experts
 // `expert_bytes` and rows `row_bytes` apart.
 struct ExpertBlocks {
@@ -39,7 +41,9 @@ struct ExpertBlocks {
   int32_t qtype;
   int64_t expert_bytes, row_bytes;
 
-  const uint8_t* at(int64_t e) const { return base + e * expert_bytes; }
+  const uint8_t* at(int64_t e, int64_t row = 0) const {
+    return base + e * expert_bytes + row * row_bytes;
+  }
 };
 
 // The sizes and buffers of one layer's call.
@@ -50,28 +54,35 @@ struct Layer {
   uint16_t *xs, *gu, *hs, *ys;  // bf16 [N, H], [N, 2I], [N, I], [N, H]
 };
 
-// y [m, n] = x [m, k] W^T on one thread for rows [0, n) of expert e: the strips for more than
-// kGgufDotMaxRows rows on AMX, else gguf_gemm.cpp (x quantized in the call). 0 or its error.
-int expert_gemm(const Layer& L, const ExpertBlocks& w, int64_t e, const uint16_t* x,
+// Whether m rows of x take bf16 x (the AMX strips, gguf_gemm.cpp's x^T tiles) rather than the
+// dot kernel on x quantized once (decode pieces).
+inline bool from_bf16_rows(const Layer& L, int64_t m) {
+  return m >= kTileMinRows || (L.amx && m > kGgufDotMaxRows);
+}
+
+// y [m, n] = x [m, k] W^T on one thread for the n weight rows from `rows` (of w's type): the
+// strips for more than kGgufDotMaxRows rows on AMX, else gguf_gemm.cpp (x quantized in the
+// call). 0 or its error.
+int expert_gemm(const Layer& L, const ExpertBlocks& w, const uint8_t* rows, const uint16_t* x,
                 int64_t x_stride, uint16_t* y, int64_t y_stride, int64_t m, int64_t n,
                 int64_t k) {
   if (L.amx && m > kGgufDotMaxRows &&
-      minivllm_gguf_gemm_amx_bf16(w.qtype, x, x_stride, w.at(e), w.row_bytes, nullptr, y,
-                                  y_stride, m, n, k, 1) == 0)
+      minivllm_gguf_gemm_amx_bf16(w.qtype, x, x_stride, rows, w.row_bytes, nullptr, y, y_stride,
+                                  m, n, k, 1) == 0)
     return 0;
-  return minivllm_gguf_gemm(w.qtype, x, x_stride, 1, w.at(e), w.row_bytes, nullptr, y, y_stride,
-                            m, n, k, 1);
+  return minivllm_gguf_gemm(w.qtype, x, x_stride, 1, rows, w.row_bytes, nullptr, y, y_stride, m,
+                            n, k, 1);
 }
 
 // Expert e on all of its rows in this thread (prompts): gu, hs = SiluAndMul, ys.
 int whole_expert(const Layer& L, const Groups& g, int64_t e) {
   const int64_t begin = g.offsets[e], rows = g.rows(e), h = L.h, inter = L.inter;
-  int rc = expert_gemm(L, L.w13, e, L.xs + begin * h, h, L.gu + begin * 2 * inter, 2 * inter,
-                       rows, 2 * inter, h);
+  const int rc = expert_gemm(L, L.w13, L.w13.at(e), L.xs + begin * h, h,
+                             L.gu + begin * 2 * inter, 2 * inter, rows, 2 * inter, h);
   if (rc != 0) return rc;
   silu_mul_rows(L.gu + begin * 2 * inter, rows, inter, 0, inter, L.hs + begin * inter);
-  rc = expert_gemm(L, L.w2, e, L.hs + begin * inter, inter, L.ys + begin * h, h, rows, h, inter);
-  return rc;
+  return expert_gemm(L, L.w2, L.w2.at(e), L.hs + begin * inter, inter, L.ys + begin * h, h, rows,
+                     h, inter);
 }
 
 // Rows [r0, r1) of expert e's matrix w for its rows of x into y [rows, n] (from the expert's
@@ -81,11 +92,9 @@ int expert_piece(const Layer& L, const ExpertBlocks& w, const Groups& g, int64_t
                  const uint16_t* x, const Activation& act, RowShape rs, int64_t k, int64_t r0,
                  int64_t r1, uint16_t* y, int64_t y_stride) {
   const int64_t begin = g.offsets[e], rows = g.rows(e);
-  if (rows >= kTileMinRows || (L.amx && rows > kGgufDotMaxRows)) {
-    const ExpertBlocks part{w.at(e) + r0 * w.row_bytes, w.qtype, 0, w.row_bytes};
-    return expert_gemm(L, part, 0, x + begin * k, k, y + begin * y_stride + r0, y_stride, rows,
-                       r1 - r0, k);
-  }
+  if (from_bf16_rows(L, rows))
+    return expert_gemm(L, w, w.at(e, r0), x + begin * k, k, y + begin * y_stride + r0, y_stride,
+                       rows, r1 - r0, k);
   gguf_dot_rows(w.qtype, w.at(e), w.row_bytes, act, rs, k, begin, rows, r0, r1, nullptr,
                 y + begin * y_stride, y_stride, kBF16);
   return 0;
@@ -97,7 +106,7 @@ int projection(const Layer& L, const ExpertBlocks& w, const Groups& g,
                const std::vector<int64_t>& active, minivllm::WorkSplit* split, int t,
                const uint16_t* x, const Activation& act, RowShape rs, int64_t k, int64_t n,
                uint16_t* y, int64_t y_stride) {
-  const int64_t pieces = (n + kPieceRows - 1) / kPieceRows;
+  const int64_t pieces = pieces_of(n);
   int64_t b, e;
   while (split->next(t, &b, &e)) {
     for (int64_t u = b; u < e;) {
@@ -159,9 +168,9 @@ int run_experts(Layer L, const uint16_t* x, int64_t x_stride, const int64_t* ids
   // bf16 rows of x: whole experts' GEMMs, and decode pieces of experts with many rows
   int64_t most = 0;
   for (const int64_t e : active) most = std::max(most, g.rows(e));
-  const bool gather = by_expert || most >= kTileMinRows || (L.amx && most > kGgufDotMaxRows);
-  minivllm::WorkSplit gate_up(count * ((2 * inter + kPieceRows - 1) / kPieceRows), num_threads);
-  minivllm::WorkSplit down(count * ((h + kPieceRows - 1) / kPieceRows), num_threads);
+  const bool gather = by_expert || from_bf16_rows(L, most);
+  minivllm::WorkSplit gate_up(count * pieces_of(2 * inter), num_threads);
+  minivllm::WorkSplit down(count * pieces_of(h), num_threads);
   int failed = 0;
 #pragma omp parallel num_threads(num_threads)
   {

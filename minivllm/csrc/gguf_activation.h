@@ -169,8 +169,9 @@ inline void quantize_row(const void* x, int64_t at, int dt, int64_t k, RowShape 
   for (int64_t c = k; c < rs.kp; c += 32) zero_block(c / 32, rs.split, q, dx, s4);
 }
 
-inline bool quantize_rows(const void* x, int64_t x_stride, int dt, int64_t m, int64_t k, RowShape rs,
-                   Activation* act) {
+// m rows of x (x_stride elements apart) into act.
+inline bool quantize_rows(const void* x, int64_t x_stride, int dt, int64_t m, int64_t k,
+                          RowShape rs, Activation* act) {
   if (!reserve_rows(m, rs, act)) return false;
   for (int64_t r = 0; r < m; ++r) quantize_row(x, r * x_stride, dt, k, rs, r, act);
   return true;
