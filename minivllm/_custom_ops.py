@@ -228,7 +228,7 @@ def paged_decode_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_ta
 
 def gemv_supports_weight(weight: torch.Tensor) -> bool:
     """True when `gemv_bf16` can multiply by `weight`: bf16 [N, K] on CPU, unit-stride rows,
-    K % 32 == 0, and the kernel built with AVX-512 (F + BW). (Layers check once, after loading.)"""
+    K % 32 == 0, and the kernel built with AVX-512 (F + BW) or AVX2. (Layers check once, after loading.)"""
     return (weight.dtype == torch.bfloat16 and weight.device.type == "cpu" and weight.dim() == 2
             and weight.stride(1) == 1 and weight.shape[1] % 32 == 0 and native_available()
             and _has_gemv)
@@ -254,7 +254,7 @@ def gemv_bf16(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) 
                                  None if bias is None else bias.data_ptr(), y.data_ptr(),
                                  y.stride(0), m, n, k, torch.get_num_threads())
     if rc != 0:
-        raise ValueError(f"gemv_bf16 needs K % 32 == 0 and AVX-512, got K={k}")
+        raise ValueError(f"gemv_bf16 needs K % 32 == 0 and AVX-512 or AVX2, got K={k}")
     return y
 
 

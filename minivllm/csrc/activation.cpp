@@ -24,6 +24,20 @@ void silu_mul_row(const uint16_t* x, int64_t d, uint16_t* y) {
 
 }  // namespace
 
+#else
+
+namespace {
+
+// Without AVX-512: silu_mul1 (cpu_math.h), one value at a time.
+void silu_mul_row(const uint16_t* x, int64_t d, uint16_t* y) {
+  using minivllm::to_float;
+  for (int64_t j = 0; j < d; ++j) minivllm::store(minivllm::silu_mul1(to_float(x[j]), to_float(x[d + j])), y + j);
+}
+
+}  // namespace
+
+#endif
+
 extern "C" {
 
 // x [m, 2d] (rows x_stride apart) -> y [m, d] (rows y_stride apart), bf16.
@@ -39,13 +53,3 @@ int minivllm_silu_mul_bf16(const uint16_t* x, int64_t x_stride, uint16_t* y, int
 
 }  // extern "C"
 
-#else
-
-extern "C" {
-int minivllm_silu_mul_bf16(const uint16_t*, int64_t, uint16_t*, int64_t, int64_t, int64_t,
-                           int32_t) {
-  return 2;  // no AVX-512 (F + BW): callers keep torch's silu
-}
-}  // extern "C"
-
-#endif

@@ -9,6 +9,18 @@
 
 #include "cpu_math.h"
 
+// Columns [c0, cols) of row into the running maximum (*m, *arg): a later index wins only when
+// strictly larger (the first maximum).
+inline void first_max(const uint16_t* row, int64_t c0, int64_t cols, float* m, int64_t* arg) {
+  for (int64_t c = c0; c < cols; ++c) {
+    const float f = minivllm::to_float(row[c]);
+    if (f > *m) {
+      *m = f;
+      *arg = c;
+    }
+  }
+}
+
 #if defined(__AVX512F__)
 #include <immintrin.h>
 
@@ -41,13 +53,7 @@ extern "C" int minivllm_argmax_bf16(const uint16_t* x, int64_t rows, int64_t col
         m = vals[l];
         arg = ids[l];
       }
-    for (; c < cols; ++c) {  // tail: later indices win only when strictly larger
-      const float f = minivllm::to_float(row[c]);
-      if (f > m) {
-        m = f;
-        arg = c;
-      }
-    }
+    first_max(row, c, cols, &m, &arg);  // tail: later indices win only when strictly larger
     out[r] = arg;
   }
   return 0;
@@ -55,9 +61,18 @@ extern "C" int minivllm_argmax_bf16(const uint16_t* x, int64_t rows, int64_t col
 
 #else
 
-extern "C" int minivllm_argmax_bf16(const uint16_t*, int64_t, int64_t, int64_t, int64_t*,
-                                    int32_t) {
-  return 2;  // no AVX-512: torch's max keeps the job
+// Without AVX-512: the same first-maximum rule, one value at a time.
+extern "C" int minivllm_argmax_bf16(const uint16_t* x, int64_t rows, int64_t cols,
+                                    int64_t row_stride, int64_t* out, int32_t num_threads) {
+#pragma omp parallel for num_threads(num_threads) schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    const uint16_t* row = x + r * row_stride;
+    float m = -INFINITY;
+    int64_t arg = 0;
+    first_max(row, 0, cols, &m, &arg);
+    out[r] = arg;
+  }
+  return 0;
 }
 
 #endif

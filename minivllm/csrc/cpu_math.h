@@ -49,6 +49,17 @@ inline float exp_nonpositive(float x) {
   return p * scale2;
 }
 
+// silu(g) * u as eager bf16 computes it, one value (silu_mul16 below without AVX-512): silu in
+// fp32 rounded to bf16, then the product (rounded by the caller's store); the same polynomial
+// exp and branches as there.
+inline float silu_mul1(float g, float u) {
+  const float t = exp_nonpositive(-std::fabs(g));
+  const float sig = g >= -87.0f ? (g < 0.0f ? t : 1.0f) / (1.0f + t) : 0.0f;
+  uint16_t s;
+  store(g * sig, &s);
+  return to_float(s) * u;
+}
+
 #if defined(__AVX512F__)
 // 16 bf16 -> 16 floats (exact: the high halves of fp32 words).
 inline __m512 widen_bf16x16(__m256i h) {

@@ -3,7 +3,7 @@
 // experts (pairs sorted by expert, gate_up, SiluAndMul rounded to bf16, down, the fp32 top-k
 // sum: moe_common.h), each expert GEMM through the int8 dot kernels of gguf_dot.h or, for more
 // than kGgufDotMaxRows rows on AMX CPUs, gguf_amx.cpp's bf16 strips, as a plain GGUF linear of
-// that many rows would run.
+// that many rows would run. It builds on every CPU (gguf_dot.h picks VNNI, AVX2 or scalar).
 //
 // Prompt-sized groups: each thread takes whole experts (gguf_gemm.cpp per expert GEMM).
 // Decode-sized groups (a few rows per expert, up to every expert active): x is quantized to int8
@@ -25,7 +25,6 @@
 
 namespace {
 
-#ifdef MINIVLLM_MOE_NATIVE
 // Rows of x up to which the int8 dot kernel beats the AMX strips (GGUF_DOT_MAX_ROWS of
 // kernels/gguf_linear.py for a plain linear).
 constexpr int64_t kGgufDotMaxRows = 4;
@@ -194,7 +193,6 @@ int run_experts(Layer L, const uint16_t* x, int64_t x_stride, const int64_t* ids
   }
   return failed;
 }
-#endif  // MINIVLLM_MOE_NATIVE
 
 }  // namespace
 
@@ -203,8 +201,7 @@ extern "C" {
 // minivllm_fused_experts_bf16's sum (fused_moe.cpp) for GGUF-packed experts: w13 [E_local, 2I,
 // row bytes of H] of GGML type w13_type and w2 [E_local, H, row bytes of I] of w2_type, uint8
 // block rows w13_row_bytes / w2_row_bytes apart, experts contiguous. Needs H and I multiples of
-// both types' block sizes and of 32: 1 bad sizes or type, 2 no AVX-512 in this build, 3 out of
-// memory.
+// both types' block sizes and of 32: 1 bad sizes or type, 3 out of memory.
 int minivllm_fused_experts_gguf(const uint16_t* x, int64_t x_stride, const uint8_t* w13,
                                 int32_t w13_type, int64_t w13_row_bytes, const uint8_t* w2,
                                 int32_t w2_type, int64_t w2_row_bytes, const int64_t* ids,
@@ -216,19 +213,12 @@ int minivllm_fused_experts_gguf(const uint16_t* x, int64_t x_stride, const uint8
     return 1;
   const Geometry g13 = geometry(w13_type), g2 = geometry(w2_type);
   if (g13.elems == 0 || g2.elems == 0 || h % g13.elems != 0 || inter % g2.elems != 0) return 1;
-#ifndef MINIVLLM_MOE_NATIVE
-  (void)x, (void)x_stride, (void)w13, (void)w13_row_bytes, (void)w2, (void)w2_row_bytes;
-  (void)ids, (void)weights, (void)expert_map, (void)num_global, (void)num_local;
-  (void)out, (void)out_stride, (void)num_threads;
-  return 2;
-#else
   const Layer layer{{w13, w13_type, 2 * inter * w13_row_bytes, w13_row_bytes},
                     {w2, w2_type, h * w2_row_bytes, w2_row_bytes},
                     h, inter, minivllm_has_gemm_amx() != 0,
                     nullptr, nullptr, nullptr, nullptr};
   return run_experts(layer, x, x_stride, ids, weights, expert_map, num_global, num_local, t_count,
                      k, out, out_stride, num_threads);
-#endif
 }
 
 }  // extern "C"

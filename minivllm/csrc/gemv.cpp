@@ -5,7 +5,8 @@
 // oneDNN's blocked GEMM reached ~11 GB/s on the 2-core box at M = 1; this plain loop over the
 // checkpoint's row-major [N, K] weight, 4 rows at a time with bf16 pair dot products
 // (vdpbf16ps, 32 multiply-adds per instruction, or cpu_math.h's emulation; fp32 sums),
-// reaches ~15 GB/s: two sequential streams, one per thread.
+// reaches ~15 GB/s: two sequential streams, one per thread. AVX2 CPUs run the same loop in
+// 8-lane registers.
 
 #include <cstdint>
 #include "kernels.h"
@@ -43,6 +44,58 @@ inline void gemv_rows(const uint16_t* x, int64_t x_stride, const uint16_t* w,
   }
 }
 
+#define MINIVLLM_GEMV 1
+
+#elif defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#include <omp.h>
+
+constexpr int kRows = 4;
+
+// 8 bf16 at p -> 8 floats (exact).
+inline __m256 widen_bf16x8(const uint16_t* p) {
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+inline float hsum8(__m256 v) {
+  const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
+}
+
+// As the AVX-512 gemv_rows, for AVX2 CPUs (Zen 2/3, client Intel): x and the weight widened
+// 8 at a time, two accumulators per row (fp32 sums; another summation order than there).
+inline void gemv_rows(const uint16_t* x, int64_t x_stride, const uint16_t* w,
+                      int64_t w_row_stride, const uint16_t* bias, uint16_t* y, int64_t y_stride,
+                      int64_t m, int64_t n, int64_t chunks, int64_t r0) {
+  const int rows = n - r0 < kRows ? static_cast<int>(n - r0) : kRows;
+  const uint16_t* wr[kRows];
+  for (int r = 0; r < kRows; ++r) wr[r] = w + (r0 + (r < rows ? r : rows - 1)) * w_row_stride;
+  for (int64_t i = 0; i < m; ++i) {
+    const uint16_t* xi = x + i * x_stride;
+    __m256 acc[kRows][2];
+    for (int r = 0; r < kRows; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    for (int64_t e = 0; e < chunks * 32; e += 16) {
+      const __m256 x0 = widen_bf16x8(xi + e), x1 = widen_bf16x8(xi + e + 8);
+      for (int r = 0; r < kRows; ++r) {
+        acc[r][0] = _mm256_fmadd_ps(widen_bf16x8(wr[r] + e), x0, acc[r][0]);
+        acc[r][1] = _mm256_fmadd_ps(widen_bf16x8(wr[r] + e + 8), x1, acc[r][1]);
+      }
+    }
+    for (int r = 0; r < rows; ++r) {
+      float s = hsum8(_mm256_add_ps(acc[r][0], acc[r][1]));
+      if (bias != nullptr) s += minivllm::to_float(bias[r0 + r]);
+      minivllm::store(s, y + i * y_stride + r0 + r);
+    }
+  }
+}
+
+#define MINIVLLM_GEMV 1
+#endif
+
+#if MINIVLLM_GEMV
+
 extern "C" {
 
 int minivllm_has_gemv_bf16() { return 1; }
@@ -72,7 +125,7 @@ int minivllm_gemv_bf16(const uint16_t* x, int64_t x_stride, const uint16_t* w,
 #else
 
 extern "C" {
-int minivllm_has_gemv_bf16() { return 0; }  // no AVX-512 (F + BW): oneDNN keeps every linear
+int minivllm_has_gemv_bf16() { return 0; }  // neither AVX-512 (F + BW) nor AVX2: oneDNN's GEMM
 int minivllm_gemv_bf16(const uint16_t*, int64_t, const uint16_t*, int64_t, const uint16_t*,
                        uint16_t*, int64_t, int64_t, int64_t, int64_t, int32_t) {
   return 2;

@@ -35,6 +35,16 @@ inline void store_elem(void* p, int64_t i, int dt, float v) {
   else static_cast<_Float16*>(p)[i] = static_cast<_Float16>(v);
 }
 
+// The dot kernels' sums out [rows, mc] (+ bias[n + r]) into y: output rows m0 + mm, columns n + r.
+inline void store_sums(const float* out, int rows, int mc, int64_t n, int64_t m0, const void* bias,
+                       void* y, int64_t y_stride, int dt) {
+  for (int r = 0; r < rows; ++r) {
+    const float bv = bias == nullptr ? 0.0f : load_elem(bias, n + r, dt);
+    for (int mm = 0; mm < mc; ++mm)
+      store_elem(y, (m0 + mm) * y_stride + n + r, dt, out[r * mc + mm] + bv);
+  }
+}
+
 // Geometry of a row for the kernels: units of `blocks` blocks (the last unit of a row may hold
 // fewer, nb_last), kp = k padded to whole units, lanes = fp32 lanes of dx / s4 per row.
 // split: the activation layout of NibbleUnit (each block's two halves in separate registers).
@@ -61,6 +71,10 @@ RowShape row_shape(int qtype, int64_t k, bool simd) {
 struct Activation {
   std::vector<int8_t> q;
   std::vector<float> dx, s4;
+  // dx * the sum of q per 16 elements [m, kp / 16]: written where the VNNI kernels are not
+  // built, in the natural layout, for the AVX2 kernels (gguf_avx2.h: one scalar FMA per 16
+  // elements for the b term instead of a vector one per 32)
+  std::vector<float> s16;
 };
 
 #if MINIVLLM_GGUF_VNNI
@@ -101,8 +115,9 @@ void quantize_block_simd(const void* x, int64_t at, int dt, int64_t blk, bool sp
 
 // Block `blk` of one row of x (elements from `at`) into row buffers q, dx, s4.
 inline void quantize_block(const void* x, int64_t at, int dt, int64_t blk, bool split, int8_t* q,
-                    float* dx, float* s4) {
+                    float* dx, float* s4, float* s16) {
 #if MINIVLLM_GGUF_VNNI
+  (void)s16;
   return quantize_block_simd(x, at, dt, blk, split, q, dx, s4);
 #endif
   float v[32], amax = 0.0f;
@@ -115,11 +130,15 @@ inline void quantize_block(const void* x, int64_t at, int dt, int64_t blk, bool 
   for (int i = 0; i < 32; ++i) qb[i] = static_cast<int8_t>(std::nearbyint(v[i] * id));
   if (!split) {
     std::memcpy(q + 32 * blk, qb, 32);
+    int half[2] = {0, 0};
     for (int j = 0; j < 8; ++j) {
+      const int sum = qb[4 * j] + qb[4 * j + 1] + qb[4 * j + 2] + qb[4 * j + 3];
       dx[8 * blk + j] = d;
-      s4[8 * blk + j] = d * static_cast<float>(qb[4 * j] + qb[4 * j + 1] + qb[4 * j + 2] +
-                                               qb[4 * j + 3]);
+      s4[8 * blk + j] = d * static_cast<float>(sum);
+      half[j / 4] += sum;
     }
+    s16[2 * blk] = d * static_cast<float>(half[0]);
+    s16[2 * blk + 1] = d * static_cast<float>(half[1]);
     return;
   }
   const int64_t unit = blk / 4, jb = blk % 4;  // 128-element unit, block in it
@@ -134,12 +153,15 @@ inline void quantize_block(const void* x, int64_t at, int dt, int64_t blk, bool 
 }
 
 // A padding block past k: q = 0 and finite scales (the weight's padding is zero: 0 * finite).
-inline void zero_block(int64_t blk, bool split, int8_t* q, float* dx, float* s4) {
+inline void zero_block(int64_t blk, bool split, int8_t* q, float* dx, float* s4, float* s16) {
   const int64_t unit = blk / 4, jb = blk % 4;
   if (!split) {
     std::fill_n(q + 32 * blk, 32, 0);
     std::fill_n(dx + 8 * blk, 8, 0.0f);
     std::fill_n(s4 + 8 * blk, 8, 0.0f);
+#if !MINIVLLM_GGUF_VNNI
+    std::fill_n(s16 + 2 * blk, 2, 0.0f);
+#endif
     return;
   }
   std::fill_n(q + 128 * unit + 16 * jb, 16, 0);
@@ -154,6 +176,9 @@ inline bool reserve_rows(int64_t m, RowShape rs, Activation* act) {
     act->q.resize(m * rs.kp);
     act->dx.resize(m * rs.lanes);
     act->s4.resize(m * rs.lanes);
+#if !MINIVLLM_GGUF_VNNI
+    act->s16.resize(m * rs.kp / 16);
+#endif
   } catch (...) {
     return false;
   }
@@ -165,8 +190,10 @@ inline void quantize_row(const void* x, int64_t at, int dt, int64_t k, RowShape 
                          Activation* act) {
   int8_t* q = act->q.data() + r * rs.kp;
   float *dx = act->dx.data() + r * rs.lanes, *s4 = act->s4.data() + r * rs.lanes;
-  for (int64_t c = 0; c < k; c += 32) quantize_block(x, at + c, dt, c / 32, rs.split, q, dx, s4);
-  for (int64_t c = k; c < rs.kp; c += 32) zero_block(c / 32, rs.split, q, dx, s4);
+  float* s16 = act->s16.empty() ? nullptr : act->s16.data() + r * (rs.kp / 16);
+  for (int64_t c = 0; c < k; c += 32)
+    quantize_block(x, at + c, dt, c / 32, rs.split, q, dx, s4, s16);
+  for (int64_t c = k; c < rs.kp; c += 32) zero_block(c / 32, rs.split, q, dx, s4, s16);
 }
 
 // m rows of x (x_stride elements apart) into act.

@@ -10,6 +10,7 @@
 
 #include "cpu_math.h"
 #include "gguf_activation.h"
+#include "gguf_avx2.h"
 #include "gguf_blocks.h"
 
 namespace {
@@ -218,6 +219,16 @@ void dequant_rows(int qtype, const uint8_t* w, int64_t w_stride, int64_t r0, int
         dequant_row_vnni<Q>(unit, w + r * w_stride, rs, cols, out, r * out_stride, dt);      \
     return;                                                                                  \
   }
+    MINIVLLM_GGUF_BLOCK_TYPES(MINIVLLM_GGUF_CASE)
+#undef MINIVLLM_GGUF_CASE
+  }
+#elif MINIVLLM_GGUF_AVX2
+  switch (qtype) {
+#define MINIVLLM_GGUF_CASE(Q)                                                                \
+  case Q:                                                                                    \
+    for (int64_t r = r0; r < r1; ++r)                                                        \
+      dequant_row_avx2<Q>(w + r * w_stride, cols, out, r * out_stride, dt);                  \
+    return;
     MINIVLLM_GGUF_BLOCK_TYPES(MINIVLLM_GGUF_CASE)
 #undef MINIVLLM_GGUF_CASE
   }

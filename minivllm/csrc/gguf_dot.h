@@ -6,13 +6,14 @@
 // through vpdpbusd (64 multiply-adds per instruction, int32 sums per 4 elements). With the common
 // form w = a * u + b per element (gguf_blocks.h), an int32 lane adds a * dx * sum(u * q) +
 // b * dx * sum(q): the per-block scales cost one multiply and two FMAs per 16 lanes and row of x.
-// Without AVX-512 VNNI / VBMI a scalar loop computes the same sums.
+// Without AVX-512 VNNI / VBMI: the AVX2 kernels of gguf_avx2.h, else a scalar loop.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
 
 #include "gguf_activation.h"  // MINIVLLM_GGUF_VNNI, element access, x's int8 quantization
+#include "gguf_avx2.h"        // MINIVLLM_GGUF_AVX2: CPUs with AVX2 but not AVX-512 VNNI
 #include "gguf_blocks.h"
 
 namespace {
@@ -142,11 +143,7 @@ void gemm_rows_vnni(const uint8_t* w, int64_t w_stride, const Activation& act, R
       else if (mc == 3) dot_rows_vnni<Q, 2, 3>(unit, wn, w_stride, rs, act, a0 + m0, rows, out);
       else if (mc == 2) dot_rows_vnni<Q, 2, 2>(unit, wn, w_stride, rs, act, a0 + m0, rows, out);
       else dot_rows_vnni<Q, 2, 1>(unit, wn, w_stride, rs, act, a0 + m0, rows, out);
-      for (int r = 0; r < rows; ++r) {
-        const float bv = bias == nullptr ? 0.0f : load_elem(bias, n + r, dt);
-        for (int mm = 0; mm < mc; ++mm)
-          store_elem(y, (m0 + mm) * y_stride + n + r, dt, out[r * mc + mm] + bv);
-      }
+      store_sums(out, rows, mc, n, m0, bias, y, y_stride, dt);
       m0 += mc;
     }
   }
@@ -176,6 +173,14 @@ inline void gguf_dot_rows(int qtype, const uint8_t* w, int64_t w_stride, const A
 #define MINIVLLM_GGUF_CASE(Q)                                                                   \
   case Q:                                                                                       \
     return gemm_rows_vnni<Q>(w, w_stride, act, rs, a0, m, n0, n1, bias, y, y_stride, dt);
+    MINIVLLM_GGUF_BLOCK_TYPES(MINIVLLM_GGUF_CASE)
+#undef MINIVLLM_GGUF_CASE
+  }
+#elif MINIVLLM_GGUF_AVX2
+  switch (qtype) {
+#define MINIVLLM_GGUF_CASE(Q)                                                                   \
+  case Q:                                                                                       \
+    return gemm_rows_avx2<Q>(w, w_stride, act, rs, k, a0, m, n0, n1, bias, y, y_stride, dt);
     MINIVLLM_GGUF_BLOCK_TYPES(MINIVLLM_GGUF_CASE)
 #undef MINIVLLM_GGUF_CASE
   }

@@ -63,8 +63,8 @@ bool gemm_rows(int qtype, const uint8_t* w, int64_t w_stride, const Activation& 
   (void)tiled;
   int64_t g0, g1;
   while (split->next(t, &g0, &g1))
-    gemm_rows_scalar(qtype, w, w_stride, act, rs, k, 0, m, g0 * kGroupRows,
-                     std::min(n, g1 * kGroupRows), bias, y, y_stride, dt);
+    gguf_dot_rows(qtype, w, w_stride, act, rs, k, 0, m, g0 * kGroupRows,
+                  std::min(n, g1 * kGroupRows), bias, y, y_stride, dt);
   return true;
 }
 
@@ -74,9 +74,18 @@ bool gemm_rows(int qtype, const uint8_t* w, int64_t w_stride, const Activation& 
 
 extern "C" {
 
-// 1 when the int8 kernels use AVX-512 VNNI (else the scalar loop).
+// 1 when the int8 kernels use AVX-512 VNNI (else AVX2 or the scalar loop).
 int minivllm_gguf_has_vnni() {
 #if MINIVLLM_GGUF_VNNI
+  return 1;
+#else
+  return 0;
+#endif
+}
+
+// 1 when the int8 dot and dequantisation kernels are the AVX2 ones (no VNNI; else scalar).
+int minivllm_gguf_has_avx2() {
+#if MINIVLLM_GGUF_AVX2
   return 1;
 #else
   return 0;

@@ -11,10 +11,11 @@
 
 #include "cpu_math.h"
 
-#if MINIVLLM_BF16_SIMD
-#define MINIVLLM_MOE_NATIVE 1  // the expert kernels: bf16 dot products (cpu_math.h), AMX when here
-#include <immintrin.h>
 #include <omp.h>
+
+#if MINIVLLM_BF16_SIMD
+#define MINIVLLM_MOE_NATIVE 1  // the bf16 expert kernels: bf16 dot products (cpu_math.h), AMX
+#include <immintrin.h>
 #endif
 
 namespace {
@@ -102,14 +103,22 @@ inline __m512 load16(const uint16_t* p) {  // 16 bf16 -> fp32 lanes
 inline void store16(uint16_t* p, __m512 v) {
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), minivllm::cvt_bf16x16(v));
 }
+#endif
 
-// h [rows, I] = SiluAndMul of gu [rows, 2I] (gate columns, then up), columns [c0, c1).
+// h [rows, I] = SiluAndMul of gu [rows, 2I] (gate columns, then up), columns [c0, c1) (without
+// AVX-512: silu_mul1, the same values).
 [[maybe_unused]] void silu_mul_rows(const uint16_t* gu, int64_t rows, int64_t inter, int64_t c0,
                                     int64_t c1, uint16_t* hs) {
   for (int64_t i = 0; i < rows; ++i) {
     const uint16_t* row = gu + i * 2 * inter;
+#ifdef MINIVLLM_MOE_NATIVE
     for (int64_t c = c0; c < c1; c += 16)
       store16(hs + i * inter + c, minivllm::silu_mul16(load16(row + c), load16(row + inter + c)));
+#else
+    for (int64_t c = c0; c < c1; ++c)
+      minivllm::store(minivllm::silu_mul1(minivllm::to_float(row[c]),
+                                          minivllm::to_float(row[inter + c])), hs + i * inter + c);
+#endif
   }
 }
 
@@ -147,6 +156,5 @@ inline void finish_layer(const uint16_t* ys, int64_t h, const Groups& g, const f
     *failed = rc;
   }
 }
-#endif  // MINIVLLM_MOE_NATIVE
 
 }  // namespace

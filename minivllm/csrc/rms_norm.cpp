@@ -53,6 +53,32 @@ void norm_row(const uint16_t* x, const uint16_t* residual, uint16_t* new_residua
 
 }  // namespace
 
+#else
+
+namespace {
+
+// norm_row without AVX-512 (AVX2 CPUs, others): the same roundings, sums in 16 lanes as there;
+// plain loops the compiler vectorises.
+void norm_row(const uint16_t* x, const uint16_t* residual, uint16_t* new_residual,
+              const uint16_t* w, uint16_t* out, int64_t d, float eps) {
+  using minivllm::to_float;
+  const uint16_t* src = x;
+  if (residual != nullptr) {
+    for (int64_t j = 0; j < d; ++j) minivllm::store(to_float(x[j]) + to_float(residual[j]), new_residual + j);
+    src = new_residual;
+  }
+  float acc[16] = {};
+  for (int64_t j = 0; j < d; ++j) acc[j % 16] += to_float(src[j]) * to_float(src[j]);
+  float sum = 0.0f;
+  for (int l = 0; l < 16; ++l) sum += acc[l];
+  const float rstd = 1.0f / std::sqrt(sum / static_cast<float>(d) + eps);
+  for (int64_t j = 0; j < d; ++j) minivllm::store(to_float(src[j]) * rstd * to_float(w[j]), out + j);
+}
+
+}  // namespace
+
+#endif
+
 extern "C" {
 
 // x [m, d] in groups of `group` rows: row i at x + (i / group) * x_stride + (i % group) * d
@@ -76,14 +102,3 @@ int minivllm_rms_norm_bf16(const uint16_t* x, int64_t x_stride, int64_t group,
 }
 
 }  // extern "C"
-
-#else
-
-extern "C" {
-int minivllm_rms_norm_bf16(const uint16_t*, int64_t, int64_t, const uint16_t*, int64_t, uint16_t*,
-                           const uint16_t*, uint16_t*, int64_t, int64_t, float, int32_t) {
-  return 2;  // no AVX-512 (F + BW): callers keep torch.rms_norm
-}
-}  // extern "C"
-
-#endif

@@ -272,34 +272,45 @@ def test_int8_tiles_within_the_bound(qtype, monkeypatch):
         torch.set_num_threads(threads)
 
 
-def _portable_library(tmp_path) -> ctypes.CDLL:
-    """The kernels built without AVX-512 VNNI: the scalar dot and dequant loops."""
-    flags = ops._FLAGS + ["-mno-avx512vnni"]
+def _portable_library(tmp_path, flags: list[str]) -> ctypes.CDLL:
+    """gguf_gemm.cpp (the GGUF dot and dequantisation kernels) built with extra `flags` (fewer
+    instruction sets than this CPU has), its functions typed as `_custom_ops` types them."""
     out = tmp_path / "portable.so"
     import subprocess
-    sources = sorted(map(str, ops._CSRC.glob("*.cpp")))
-    subprocess.run([ops.cxx_compiler(), *flags, *sources, "-o", str(out)], check=True,
-                   capture_output=True, timeout=300)
+    subprocess.run([ops.cxx_compiler(), *ops._FLAGS, *flags, str(ops._CSRC / "gguf_gemm.cpp"),
+                    "-o", str(out)], check=True, capture_output=True, timeout=300)
     lib = ctypes.CDLL(str(out))
     for name, argtypes in ops._SIGNATURES.items():
-        fn = getattr(lib, name)
-        fn.argtypes, fn.restype = argtypes, ctypes.c_int
+        fn = getattr(lib, name, None)
+        if fn is not None:
+            fn.argtypes, fn.restype = argtypes, ctypes.c_int
     return lib
 
 
+# -mno-avx512vnni: the AVX2 kernels (gguf_avx2.h) where the CPU has AVX2; -mno-avx2 (which
+# drops AVX-512 too): the scalar loops every CPU runs.
 @pytest.mark.skipif(os.uname().machine != "x86_64", reason="-mno-avx512vnni is an x86 flag")
-def test_portable_build_agrees(tmp_path, monkeypatch):
-    lib = _portable_library(tmp_path)
-    assert lib.minivllm_gguf_has_vnni() == 0
+@pytest.mark.parametrize("flags,avx2", [(["-mno-avx512vnni"], ops.cpu_has("avx2")),
+                                        (["-mno-avx2"], False)], ids=["no-vnni", "no-avx2"])
+def test_portable_build_agrees(tmp_path, monkeypatch, flags, avx2):
+    lib = _portable_library(tmp_path, flags)
+    assert lib.minivllm_gguf_has_vnni() == 0 and lib.minivllm_gguf_has_avx2() == int(avx2)
     monkeypatch.setattr(gl._Native, "lib", lib)
     monkeypatch.setattr(gl._Native, "amx", False)
-    for qtype in (T.Q4_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q6_K):
+    monkeypatch.setattr(gl._Native, "vnni", False)
+    for qtype in LEGACY + K_QUANTS:
         cols = 512 if qtype in K_QUANTS else 544
-        qw = torch.from_numpy(random_weight(qtype, 20, cols))
+        qw = torch.from_numpy(random_weight(qtype, 22, cols))    # 22: a part of a 4-row group
         ref = quants.dequantize(qw.numpy(), qtype)
         np.testing.assert_array_equal(gl.gguf_dequantize(qw, qtype, torch.float32).numpy(), ref)
+        for dtype in (torch.bfloat16, torch.float16):
+            got = gl.gguf_dequantize(qw, qtype, dtype)
+            assert torch.equal(got, torch.from_numpy(ref).to(dtype))
         x = torch.randn(5, cols)
         check_linear(gl.gguf_linear(x, qw, qtype, None), x, torch.from_numpy(ref), None)
+        for m in (1, 2, 3, 4):            # the int8 dot kernels: 4 rows x 1 token, 2 x 1-4
+            xb = torch.randn(m, cols).bfloat16()
+            check_linear(gl.gguf_linear(xb, qw, qtype, None), xb, torch.from_numpy(ref), None)
 
 
 def test_default_model_first_layer(default_model_path):

@@ -6,7 +6,8 @@ eligibility flags; each call then picks (`cpu_linear`, x [T, in] -> [T, out]):
   cores' L2): the native AMX GEMM on the plain row-major weight (`csrc/gemm_amx.cpp`);
 - T <= `GEMV_MAX_ROWS` (8) on CPUs without AMX: the native AVX-512 bf16 GEMV (`csrc/gemv.cpp`);
 - otherwise (long prompt chunks, the LM head): oneDNN's matmul on the packed copy, or from
-  `FP32_TILE_MIN_ROWS` rows on CPUs whose bf16 GEMMs run in software, fp32 tiles of the weight.
+  `fp32_tile_min_rows()` rows on CPUs whose bf16 GEMMs run in software, fp32 tiles of the weight
+  (AVX2-only CPUs, where oneDNN has no bf16 path and keeps no packed copy: from 2 rows).
 fp32 weights and other devices use `F.linear`. Quantized kernels (int8 / int4 / GGUF) belong
 beside this module.
 """
@@ -29,6 +30,10 @@ from minivllm.model_executor.kernels.op_library import register_op
 # steps give it a row per sequence only). Below 64 rows the gain was 1.3-1.5x at best.
 FP32_TILE_MIN_ROWS = 64
 FP32_TILE_ELEMS = 1 << 20        # 4 MB of fp32 weight per tile
+# Rows from which bf16 linears multiply fp32 tiles where oneDNN has no bf16 path (`onednn_bf16`
+# false): torch's own bf16 GEMM ran at 12-18 GFLOP/s on the 2-core Zen 3 box at every row count,
+# fp32 tiles at 27-37 from 8 rows and 90-130 from 64 (about even with it at 1 row).
+NO_ONEDNN_FP32_ROWS = 2
 
 
 def fp32_tiles(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
@@ -60,16 +65,32 @@ def pack_for_cpu(layer: nn.Module) -> None:
     if weight is None:
         return
     weight._mkldnn_packed = None
+    weight._cpu_bf16 = weight.device.type == "cpu" and weight.dtype == torch.bfloat16
     weight._gemv_ok, weight._amx_rows, weight._fp32_rows = False, 0, 1 << 62
-    if (weight.device.type != "cpu" or weight.dtype != torch.bfloat16
-            or not torch.backends.mkldnn.is_available()):
+    if not weight._cpu_bf16:
         return
-    weight._mkldnn_packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
+    if onednn_bf16():
+        weight._mkldnn_packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
     # Checked once here rather than per call: one-token steps call ~120 linears each.
     weight._gemv_ok = ops.gemv_supports_weight(weight)
     weight._amx_rows = ops.gemm_rows(weight)
-    if ops.bf16_gemm_in_software():
-        weight._fp32_rows = FP32_TILE_MIN_ROWS
+    weight._fp32_rows = fp32_tile_min_rows()
+
+
+def fp32_tile_min_rows() -> int:
+    """Rows of bf16 x from which linears on this CPU multiply fp32 tiles (`fp32_tiles`):
+    `NO_ONEDNN_FP32_ROWS` where oneDNN has no bf16 path, `FP32_TILE_MIN_ROWS` where its bf16
+    GEMMs run in software, else never (1 << 62)."""
+    if not onednn_bf16():
+        return NO_ONEDNN_FP32_ROWS
+    return FP32_TILE_MIN_ROWS if ops.bf16_gemm_in_software() else 1 << 62
+
+
+def onednn_bf16() -> bool:
+    """True when oneDNN runs bf16 matmuls on this CPU (AVX-512 BW/VL/DQ or AVX-NE-CONVERT); on
+    AVX2-only CPUs (Zen 3, client Intel before Alder Lake) it refuses them, and torch's own bf16
+    GEMM is what `F.linear` gets."""
+    return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
 def cpu_linear(x: torch.Tensor, weight: torch.Tensor,
@@ -78,8 +99,7 @@ def cpu_linear(x: torch.Tensor, weight: torch.Tensor,
     by streaming the weight once; prompt chunks of up to 1024 rows for a weight that fits L2)
     through the native AMX GEMM, else up to 8 rows through the native GEMV; more (prefill)
     through oneDNN's packed copy of `weight` (fp32 tiles where bf16 GEMMs run in software)."""
-    packed = getattr(weight, "_mkldnn_packed", None)
-    if packed is not None and x.dtype == torch.bfloat16 and x.dim() == 2:
+    if getattr(weight, "_cpu_bf16", False) and x.dtype == torch.bfloat16 and x.dim() == 2:
         rows = x.shape[0]
         if 0 < rows <= weight._amx_rows:
             return ops.gemm_bf16(x, weight, bias)
@@ -87,7 +107,9 @@ def cpu_linear(x: torch.Tensor, weight: torch.Tensor,
             return ops.gemv_bf16(x, weight, bias)
         if rows >= weight._fp32_rows:
             return fp32_tiles(x, weight, bias)
-        return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+        packed = weight._mkldnn_packed
+        if packed is not None:
+            return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
     return F.linear(x, weight, bias)
 
 

@@ -2,13 +2,15 @@
 
 - `gguf_linear` on CPU with the native kernels (`csrc/gguf_gemm.cpp`): up to `GGUF_DOT_MAX_ROWS`
   bf16 / fp16 rows of x (decode steps) multiply the packed blocks directly, x quantized to int8
-  per 32 elements (AVX-512 VNNI, else a scalar loop). With AMX, more rows (batched decode
+  per 32 elements (AVX-512 VNNI, else AVX2, else a scalar loop). With AMX, more rows (batched decode
   steps, prompt chunks up to `GGUF_AMX_MAX_ROWS`) go to `csrc/gguf_amx.cpp`, which dequantises
   16 weight rows at a time into a bf16 strip and runs AMX tile products on it (longer chunks or
   fp16 x: dequantised tiles through `F.linear`). With VNNI but no AMX the int8 kernels take
   decode steps of every size (`GGUF_TILE_MAX_ROWS`: from 16 rows, x^T tiles of 16 tokens) and
   prompt chunks the dequantised tiles (fp32 tiles from `FP32_TILE_MIN_ROWS` rows where the
-  CPU lacks AVX-512 BF16 too). fp32 x, the reference precision, always takes the
+  CPU lacks AVX-512 BF16 too; AVX2-only CPUs take the same route, torch's bf16 GEMM below it:
+  fp32 tiles there from fewer rows flipped the default model's chat answer). fp32 x, the
+  reference precision, always takes the
   dequantised tiles (exact weights, no int8 step). The whole weight is never widened at once.
 - other devices, or no native kernels: `gguf_dequantize` + `F.linear` (correct, not fast).
 - `gguf_dequantize`: native on CPU, else the pure-PyTorch dequantisers of `gguf_dequant`.

@@ -7,8 +7,8 @@ Every int4 method converts its checkpoint tensors once after loading (`pack_int4
   convention of torch's `_weight_int4pack_mm_for_cpu`). A format's integer zero point zp
   (`W = (q - zp) * s`) becomes `z = (8 - zp) * s`.
 `int4_linear(x, packed, scales_and_zeros, group_size)` then computes `x @ W^T`:
-- on CPU, for N % 64 == 0, `packed` is torch's int4pack layout (blocks of 64 rows, row i and
-  row i + 32 in one byte) and up to `INT4PACK_MAX_ROWS` rows of x go through
+- on CPU, for N % B == 0, `packed` is torch's int4pack layout (blocks of B = 64 rows on AVX-512
+  CPUs, 32 on AVX2 ones; row i and row i + B/2 in one byte) and up to `INT4PACK_MAX_ROWS` rows of x go through
   `_weight_int4pack_mm_for_cpu`, which streams 4-bit weights (decode is bound by weight bytes);
 - more rows (prompts), other devices and other N dequantise the weight tile by tile in torch
   and run a dense matmul (the int4pack kernel's cost grows about linearly with the rows).
@@ -33,7 +33,6 @@ KERNEL_GROUP_SIZES = (256, 128, 64, 32)
 INT4PACK_MAX_ROWS = 64
 # Weight elements dequantised at once: a [~448, 576] fp32 tile (1 MiB) stays in L2.
 _TILE_ELEMENTS = 1 << 18
-_BLOCK_N = 64   # rows per block of the int4pack layout
 
 
 def pack_int4(codes: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor,
@@ -78,8 +77,8 @@ def kernel_group_size(group_size: int, num_in: int) -> int:
 
 def uses_int4pack(device: torch.device, num_out: int) -> bool:
     """Whether weights with `num_out` rows on `device` take torch's int4pack layout."""
-    return (torch.device(device).type == "cpu" and num_out % _BLOCK_N == 0
-            and _int4pack_layout_known())
+    block = _int4pack_block_rows()
+    return torch.device(device).type == "cpu" and block > 0 and num_out % block == 0
 
 
 def int4_linear(x: torch.Tensor, packed: torch.Tensor, scales_and_zeros: torch.Tensor,
@@ -116,7 +115,8 @@ def _int4_linear_impl(x: torch.Tensor, packed: torch.Tensor, scales_and_zeros: t
     else:
         # NOTE: a loop over weight tiles (not tokens): each dequantised [tile, K] piece is used
         # while it is in cache, and the full dense weight never exists.
-        step = max(_BLOCK_N, _TILE_ELEMENTS // x2.shape[1] // _BLOCK_N * _BLOCK_N)
+        block = _int4pack_block_rows() or 1
+        step = max(block, _TILE_ELEMENTS // x2.shape[1] // block * block)
         tiles = [F.linear(x2, _dequantize_rows(packed, scales_and_zeros, group_size, start,
                                                min(step, num_out - start)))
                  for start in range(0, num_out, step)]
@@ -128,13 +128,15 @@ def _int4_linear_impl(x: torch.Tensor, packed: torch.Tensor, scales_and_zeros: t
 
 def _dequantize_rows(packed: torch.Tensor, scales_and_zeros: torch.Tensor, group_size: int,
                      start: int, rows: int) -> torch.Tensor:
-    """Rows [start, start + rows) of W as [rows, K] (start, rows multiples of 64 for int4pack)."""
+    """Rows [start, start + rows) of W as [rows, K] (start, rows multiples of the int4pack
+    block for that layout)."""
     num_in = packed.shape[1] * 2
     tile = packed[start:start + rows]                  # [rows, K/2] uint8
     if uses_int4pack(packed.device, packed.shape[0]):
-        # int4pack: each 64-row block is [K, 32] bytes; low nibble row i, high nibble row i + 32
-        blocks = tile.reshape(rows // _BLOCK_N, num_in, _BLOCK_N // 2)
-        nibbles = torch.stack((blocks & 15, blocks >> 4), dim=1)   # [rows/64, 2, K, 32]
+        # int4pack: each B-row block is [K, B/2] bytes; low nibble row i, high nibble row i + B/2
+        b = _int4pack_block_rows()
+        blocks = tile.reshape(rows // b, num_in, b // 2)
+        nibbles = torch.stack((blocks & 15, blocks >> 4), dim=1)   # [rows/B, 2, K, B/2]
         codes = nibbles.transpose(2, 3).reshape(rows, num_in)
     else:
         codes = torch.stack((tile & 15, tile >> 4), dim=-1).reshape(rows, num_in)
@@ -149,18 +151,22 @@ def _dequantize_rows(packed: torch.Tensor, scales_and_zeros: torch.Tensor, group
 
 
 @functools.cache
-def _int4pack_layout_known() -> bool:
-    """Whether this torch build packs int4 weights as `_dequantize_rows` reads them (checked once
-    on a probe; else every weight takes the plain layout and the dequantising path)."""
-    try:
-        codes = torch.randint(0, 16, (2 * _BLOCK_N, 64), dtype=torch.int32,
-                              generator=torch.Generator().manual_seed(0))
-        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)
-    except (RuntimeError, AttributeError):
-        return False
-    blocks = packed.reshape(2, 64, _BLOCK_N // 2)
-    nibbles = torch.stack((blocks & 15, blocks >> 4), dim=1).transpose(2, 3)
-    return torch.equal(nibbles.reshape(codes.shape).to(torch.int32), codes)
+def _int4pack_block_rows() -> int:
+    """Rows B per block of this torch build's int4pack layout, as `_dequantize_rows` reads it
+    (checked once on a probe: torch packs 64 rows per block on AVX-512 CPUs, 32 on AVX2 ones);
+    0 when neither matches: every weight then takes the plain layout and the dequantising path."""
+    for block in (64, 32):
+        try:
+            codes = torch.randint(0, 16, (2 * block, 64), dtype=torch.int32,
+                                  generator=torch.Generator().manual_seed(0))
+            packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)
+        except (RuntimeError, AttributeError):
+            return 0
+        blocks = packed.reshape(2, 64, block // 2)
+        nibbles = torch.stack((blocks & 15, blocks >> 4), dim=1).transpose(2, 3)
+        if torch.equal(nibbles.reshape(codes.shape).to(torch.int32), codes):
+            return block
+    return 0
 
 
 def _int4_linear_fake(x: torch.Tensor, packed: torch.Tensor, scales_and_zeros: torch.Tensor,

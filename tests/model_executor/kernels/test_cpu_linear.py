@@ -25,8 +25,12 @@ def _layer(dtype: torch.dtype) -> QKVParallelLinear:
 
 @pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="needs oneDNN (x86 CPU wheel)")
 def test_bf16_packed_matches_plain_linear():
+    """A oneDNN-blocked copy where oneDNN computes bf16 here; none on AVX2-only CPUs, where
+    oneDNN refuses bf16 (the layer still runs, through fp32 tiles or torch's GEMM)."""
+    from minivllm.model_executor.kernels.cpu_linear import onednn_bf16
+
     layer = _layer(torch.bfloat16)
-    assert layer.weight._mkldnn_packed is not None
+    assert (layer.weight._mkldnn_packed is not None) == onednn_bf16()
     x = torch.randn(5, 64, dtype=torch.bfloat16)
     out, _ = layer(x)
     ref = F.linear(x.float(), layer.weight.float(), layer.bias.float())
@@ -61,6 +65,8 @@ def test_long_bf16_chunks_take_fp32_tiles_where_bf16_gemms_are_software(monkeypa
     monkeypatch.setattr(cl, "FP32_TILE_ELEMS", 7 * 64)          # 16-row tiles: several of them
     real, calls = cl.fp32_tiles, []
     monkeypatch.setattr(cl, "fp32_tiles", lambda *a: calls.append(a[0].shape[0]) or real(*a))
+    if not cl.onednn_bf16():
+        pytest.skip("oneDNN has no bf16 path on this CPU: test_avx2_bf16_takes_fp32_tiles")
     for software in (True, False):
         monkeypatch.setattr(ops, "bf16_gemm_in_software", lambda: software)
         layer = _layer(torch.bfloat16)
@@ -73,3 +79,23 @@ def test_long_bf16_chunks_take_fp32_tiles_where_bf16_gemms_are_software(monkeypa
         # fp32 sums of the exact products, rounded once (bf16 GEMMs: within bf16 error)
         torch.testing.assert_close(out, exact.bfloat16(), rtol=2 ** -8 if software else 2e-2,
                                    atol=1e-5 if software else 0.1)
+
+
+def test_without_onednn_bf16_fp32_tiles_from_two_rows(monkeypatch):
+    """AVX2-only CPUs (oneDNN refuses bf16 there): no packed copy, and from NO_ONEDNN_FP32_ROWS
+    rows fp32 tiles (torch's own bf16 GEMM was 2-7x slower); one row stays with `F.linear`."""
+    from minivllm.model_executor.kernels import cpu_linear as cl
+
+    monkeypatch.setattr(cl, "onednn_bf16", lambda: False)
+    real, calls = cl.fp32_tiles, []
+    monkeypatch.setattr(cl, "fp32_tiles", lambda *a: calls.append(a[0].shape[0]) or real(*a))
+    layer = _layer(torch.bfloat16)
+    assert layer.weight._mkldnn_packed is None and layer.weight._fp32_rows == 2
+    layer.weight._gemv_ok, layer.weight._amx_rows = False, 0    # such CPUs have neither
+    x = torch.randn(9, 64, dtype=torch.bfloat16)
+    out = cl.cpu_linear(x, layer.weight, layer.bias)
+    one = cl.cpu_linear(x[:1], layer.weight, layer.bias)
+    assert calls == [9]
+    exact = F.linear(x.float(), layer.weight.float(), layer.bias.float())
+    torch.testing.assert_close(out, exact.bfloat16(), rtol=2 ** -8, atol=1e-5)
+    torch.testing.assert_close(one, F.linear(x[:1], layer.weight, layer.bias))

@@ -11,7 +11,9 @@ import torch
 from gguf import GGMLQuantizationType as T
 
 from minivllm.forward_context import BatchDescriptor, ForwardContext, override_forward_context
-from minivllm.model_executor.kernels.gguf_linear import gguf_dequantize, gguf_matmul
+from minivllm import _custom_ops as ops
+from minivllm.model_executor.kernels.gguf_linear import (gguf_dequantize, gguf_int8_max_rows,
+                                                         gguf_matmul)
 from minivllm.model_executor.layers.fused_moe.cpu_fused_moe import fused_experts_gguf
 from minivllm.model_executor.layers.fused_moe.fused_moe import (fused_experts, fused_topk,
                                                                 gated_activation, run_experts)
@@ -69,7 +71,13 @@ def test_native_experts_match_dequantised_and_the_packed_loop(q13, q2, num_token
             no_compile_layers={}, attn_metadata=None,
             batch_descriptor=BatchDescriptor(num_tokens, num_tokens, uniform=True))):
         loop = _packed_loop(x.bfloat16(), w13, int(q13), w2, int(q2), weights, ids)
-    assert _relative(native, loop.float()) < 0.01
+        loop_int8_rows = gguf_int8_max_rows()
+    # Without VNNI (AVX2) the loop's linears of more than 4 rows take dequantised tiles (no int8
+    # step) while the native experts keep the int8 dot kernels: then the two differ by the
+    # activations' int8 error too.
+    most_rows = int(torch.bincount(ids.flatten()).max())
+    int8_both = ops._has_amx or most_rows <= loop_int8_rows
+    assert _relative(native, loop.float()) < (0.01 if int8_both else 0.02)
     # The layer's entry point takes the same native call.
     entry = gguf_fused_experts(x.bfloat16(), w13, int(q13), w2, int(q2), weights, ids, None,
                                None, None, "silu", False)
