@@ -228,7 +228,8 @@ def paged_decode_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_ta
 
 def gemv_supports_weight(weight: torch.Tensor) -> bool:
     """True when `gemv_bf16` can multiply by `weight`: bf16 [N, K] on CPU, unit-stride rows,
-    K % 32 == 0, and the kernel built with AVX-512 (F + BW) or AVX2. (Layers check once, after loading.)"""
+    K % 32 == 0, and the kernel built with AVX-512 (F + BW) or AVX2. (Layers check once, after
+    loading.)"""
     return (weight.dtype == torch.bfloat16 and weight.device.type == "cpu" and weight.dim() == 2
             and weight.stride(1) == 1 and weight.shape[1] % 32 == 0 and native_available()
             and _has_gemv)

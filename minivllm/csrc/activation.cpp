@@ -31,7 +31,8 @@ namespace {
 // Without AVX-512: silu_mul1 (cpu_math.h), one value at a time.
 void silu_mul_row(const uint16_t* x, int64_t d, uint16_t* y) {
   using minivllm::to_float;
-  for (int64_t j = 0; j < d; ++j) minivllm::store(minivllm::silu_mul1(to_float(x[j]), to_float(x[d + j])), y + j);
+  for (int64_t j = 0; j < d; ++j)
+    minivllm::store(minivllm::silu_mul1(to_float(x[j]), to_float(x[d + j])), y + j);
 }
 
 }  // namespace

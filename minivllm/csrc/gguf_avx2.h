@@ -1,12 +1,12 @@
-// AVX2 dot and dequantisation kernels of the GGUF linears, for CPUs without AVX-512 VNNI (Zen 2/3, Intel client
-// chips before Alder Lake): rows of a GGUF-packed weight times a few rows of x quantized per 32
-// (gguf_activation.h, natural layout), one thread.
+// AVX2 dot and dequantisation kernels of the GGUF linears, for CPUs without AVX-512 VNNI
+// (Zen 2/3, Intel client chips before Alder Lake): rows of a GGUF-packed weight times a few
+// rows of x quantized per 32 (gguf_activation.h, natural layout), one thread.
 //
 // A row is walked in chunks of 32 elements: the block's quants unpack into one register of 32
 // unsigned bytes u (the common form of gguf_blocks.h, w = a * u + b per 16 elements), which meets
 // 32 int8 of x through vpmaddubsw (pairs, int16) and vpmaddwd by ones (int32 lanes of 4
-// elements), then per lane a * dx * sum(u * q) + b * dx * sum(q) in two FMAs, as the VNNI kernels
-// do. u <= 63 for every type but Q8_0, so a pair sum stays below 2 * 63 * 127 (no int16
+// elements), then a * dx * sum(u * q) in one FMA and b * dx * sum(q) in scalars (Activation's
+// s16). u <= 63 for every type but Q8_0, so a pair sum stays below 2 * 63 * 127 (no int16
 // saturation); Q8_0 keeps its signed quants instead (|w| times x with w's sign: at most
 // 2 * 128 * 127) and has no b term.
 #pragma once
@@ -34,9 +34,11 @@ inline float half_f16c(const uint8_t* p) {
   return _cvtsh_ss(h);
 }
 
-inline __m256i nibbles_lo_hi(const uint8_t* qs) {  // 16 bytes -> [low nibbles | high nibbles]
-  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
-  const __m256i both = _mm256_set_m128i(_mm_srli_epi16(v, 4), v);
+// 16 bytes -> [low nibbles | high nibbles]: one broadcast load, one shift of the upper half.
+inline __m256i nibbles_lo_hi(const uint8_t* qs) {
+  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+  const __m256i v = _mm256_broadcastsi128_si256(raw);
+  const __m256i both = _mm256_srlv_epi64(v, _mm256_set_epi64x(4, 4, 0, 0));
   return _mm256_and_si256(both, _mm256_set1_epi8(0x0F));
 }
 
@@ -220,7 +222,8 @@ void gemm_rows_avx2(const uint8_t* w, int64_t w_stride, const Activation& act, R
 inline __m128i bf16x8(__m256 v) {
   const __m256i u = _mm256_castps_si256(v);
   const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-  __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
+  const __m256i bias = _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff));
+  __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, bias), 16);
   const __m256 nan = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
   r = _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7fc0), _mm256_castps_si256(nan));
   return _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));

@@ -64,7 +64,8 @@ void norm_row(const uint16_t* x, const uint16_t* residual, uint16_t* new_residua
   using minivllm::to_float;
   const uint16_t* src = x;
   if (residual != nullptr) {
-    for (int64_t j = 0; j < d; ++j) minivllm::store(to_float(x[j]) + to_float(residual[j]), new_residual + j);
+    for (int64_t j = 0; j < d; ++j)
+      minivllm::store(to_float(x[j]) + to_float(residual[j]), new_residual + j);
     src = new_residual;
   }
   float acc[16] = {};
@@ -72,7 +73,8 @@ void norm_row(const uint16_t* x, const uint16_t* residual, uint16_t* new_residua
   float sum = 0.0f;
   for (int l = 0; l < 16; ++l) sum += acc[l];
   const float rstd = 1.0f / std::sqrt(sum / static_cast<float>(d) + eps);
-  for (int64_t j = 0; j < d; ++j) minivllm::store(to_float(src[j]) * rstd * to_float(w[j]), out + j);
+  for (int64_t j = 0; j < d; ++j)
+    minivllm::store(to_float(src[j]) * rstd * to_float(w[j]), out + j);
 }
 
 }  // namespace

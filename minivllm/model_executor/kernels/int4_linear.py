@@ -8,8 +8,8 @@ Every int4 method converts its checkpoint tensors once after loading (`pack_int4
   (`W = (q - zp) * s`) becomes `z = (8 - zp) * s`.
 `int4_linear(x, packed, scales_and_zeros, group_size)` then computes `x @ W^T`:
 - on CPU, for N % B == 0, `packed` is torch's int4pack layout (blocks of B = 64 rows on AVX-512
-  CPUs, 32 on AVX2 ones; row i and row i + B/2 in one byte) and up to `INT4PACK_MAX_ROWS` rows of x go through
-  `_weight_int4pack_mm_for_cpu`, which streams 4-bit weights (decode is bound by weight bytes);
+  CPUs, 32 on AVX2 ones; row i and row i + B/2 in one byte) and up to `INT4PACK_MAX_ROWS` rows
+  of x go through `_weight_int4pack_mm_for_cpu`, which streams 4-bit weights (decode is bound by weight bytes);
 - more rows (prompts), other devices and other N dequantise the weight tile by tile in torch
   and run a dense matmul (the int4pack kernel's cost grows about linearly with the rows).
 No dequantised copy of the weight is kept: only one tile lives at a time.
