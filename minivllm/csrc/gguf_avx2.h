@@ -68,6 +68,8 @@ struct Avx2Block {
                                   Q == kQ8_0;
   static constexpr bool kSigned = Q == kQ8_0;
   static constexpr int kChunks = kLegacy ? 1 : 8;
+  // (a, b) constant over each 32 elements: legacy blocks, and Q4_K / Q5_K (a scale per 32)
+  static constexpr bool kPer32 = kLegacy || Q == kQ4_K || Q == kQ5_K;
 
   static void scales(const uint8_t* blk, float* a, float* b) {
     if constexpr (Q == kQ4_1 || Q == kQ5_1) {  // d and m: one conversion
@@ -172,9 +174,10 @@ void dot_rows_avx2(const uint8_t* w, int64_t w_stride, int64_t k, const Activati
           const float dx = xdx[mm * rs.lanes + 8 * c];
           const float* s16 = xs16 + mm * (rs.kp / 16) + 2 * c;
           const __m256 sums = _mm256_cvtepi32_ps(lane_sums<B::kSigned>(u, q));
-          if constexpr (B::kLegacy) {
-            acc[r][mm] = _mm256_fmadd_ps(sums, _mm256_set1_ps(a[0] * dx), acc[r][mm]);
-            if constexpr (!B::kSigned) bsum[r][mm] += b[0] * (s16[0] + s16[1]);
+          if constexpr (B::kPer32) {  // one (a, b) for the chunk's 32 elements
+            const int s = B::kLegacy ? 0 : 2 * j;
+            acc[r][mm] = _mm256_fmadd_ps(sums, _mm256_set1_ps(a[s] * dx), acc[r][mm]);
+            if constexpr (!B::kSigned) bsum[r][mm] += b[s] * (s16[0] + s16[1]);
           } else {
             acc[r][mm] = _mm256_fmadd_ps(sums, _mm256_mul_ps(B::lanes(a, j), _mm256_set1_ps(dx)),
                                          acc[r][mm]);

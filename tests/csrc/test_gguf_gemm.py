@@ -187,16 +187,17 @@ def _step(num_tokens: int, num_reqs: int):
 
 
 def test_prompt_rows_without_amx(monkeypatch):
-    """No AMX (Ice Lake, Zen 4): with VNNI a decode step of any size takes the int8 kernels (x^T
-    tiles from 16 rows), within the activation quantization's bound; a step with prompt tokens,
-    no step at all, or a build without VNNI, dequantised tiles + F.linear (bf16 weights)."""
+    """No AMX (Ice Lake, Zen 4, Zen 3): with VNNI or AVX2 a decode step of any size takes the
+    int8 kernels (VNNI: x^T tiles from 16 rows), within the activation quantization's bound; a
+    step with prompt tokens, no step at all, or a scalar build, dequantised tiles + F.linear."""
+    gl._resolve()                                              # before the capabilities are set
     monkeypatch.setattr(gl._Native, "amx", False)
     monkeypatch.setattr(gl, "_FALLBACK_TILE", 64 * 576)       # 64-row tiles: several of them
     qw = torch.from_numpy(random_weight(T.Q4_1, 200, 576))
     w = gl.gguf_dequantize(qw, T.Q4_1, torch.float32)
     x, b = torch.randn(40, 576).bfloat16(), torch.randn(200).bfloat16()
     exact = F.linear(x, w.bfloat16()) + b
-    if gl._Native.vnni:
+    if gl._Native.int8_decode:                               # VNNI or AVX2
         with _step(40, 40):                                   # 40 decode rows
             assert gl.gguf_int8_max_rows() >= 1 << 20
             y = gl.gguf_linear(x, qw, T.Q4_1, b)
@@ -205,13 +206,13 @@ def test_prompt_rows_without_amx(monkeypatch):
     with _step(40, 3):                                        # prompt chunks in the step
         torch.testing.assert_close(gl.gguf_linear(x, qw, T.Q4_1, b), exact)
     assert gl.gguf_int8_max_rows() == gl.GGUF_DOT_MAX_ROWS    # outside a forward pass
-    if gl._Native.vnni:
+    if gl._Native.int8_decode:
         # LM head rows (one sampled position per request, after the forward pass): the int8
         # tiles at any count, the same values as in a decode step
         assert gl.gguf_int8_max_rows(independent_rows=True) >= 1 << 20
         torch.testing.assert_close(gl.gguf_linear(x, qw, T.Q4_1, b, independent_rows=True), y,
                                    rtol=0, atol=0)
-    monkeypatch.setattr(gl._Native, "vnni", False)
+    monkeypatch.setattr(gl._Native, "int8_decode", False)     # scalar builds
     assert gl.gguf_int8_max_rows(independent_rows=True) == gl.GGUF_DOT_MAX_ROWS
     with _step(40, 40):
         assert gl.gguf_int8_max_rows() == gl.GGUF_DOT_MAX_ROWS
@@ -298,6 +299,7 @@ def test_portable_build_agrees(tmp_path, monkeypatch, flags, avx2):
     monkeypatch.setattr(gl._Native, "lib", lib)
     monkeypatch.setattr(gl._Native, "amx", False)
     monkeypatch.setattr(gl._Native, "vnni", False)
+    monkeypatch.setattr(gl._Native, "int8_decode", avx2)
     for qtype in LEGACY + K_QUANTS:
         cols = 512 if qtype in K_QUANTS else 544
         qw = torch.from_numpy(random_weight(qtype, 22, cols))    # 22: a part of a 4-row group

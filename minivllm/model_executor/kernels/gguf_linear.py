@@ -43,9 +43,9 @@ _DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 # model's Q4_1 linears, so weights come from memory as in a step) the dot wins at 4 rows, the two
 # are even at 5-6 and the strips win from 8; the Q8_0 LM head takes the strips from 5 rows.
 GGUF_DOT_MAX_ROWS = 4
-# Rows of bf16 / fp16 x the int8 kernels take in decode steps on CPUs with VNNI but no AMX (Ice
-# Lake, Zen 4): from 16 rows gguf_gemm.cpp multiplies x^T tiles of 16 tokens (csrc/gguf_tiles.h),
-# measured on the 2-core Ice Lake box at 170-250 GFLOP/s for 16-1024 rows of the default model's
+# Rows of bf16 / fp16 x the int8 kernels take in decode steps on CPUs with VNNI or AVX2 but no
+# AMX (Ice Lake, Zen 4; Zen 3 with the AVX2 dot kernels): with VNNI from 16 rows gguf_gemm.cpp
+# multiplies x^T tiles of 16 tokens (csrc/gguf_tiles.h), measured on the 2-core Ice Lake box at 170-250 GFLOP/s for 16-1024 rows of the default model's
 # linears: 3-4x dequantised tiles + oneDNN in bf16 (no AVX-512 BF16 there), and level with or
 # ahead of oneDNN in fp32 on a weight already dequantised. So decode steps of any size take them.
 GGUF_TILE_MAX_ROWS = 1 << 62
@@ -70,6 +70,7 @@ class _Native:
     lib: ctypes.CDLL | None = None
     amx = False
     vnni = False
+    int8_decode = False    # decode steps of any size take the int8 kernels (VNNI or AVX2, no AMX)
     widen_prompts = False  # bf16 / fp16 prompt tiles in fp32 (no AMX, no AVX-512 BF16)
 
 
@@ -79,6 +80,7 @@ def _resolve() -> ctypes.CDLL | None:
         _Native.lib = ops.native_lib()
         _Native.amx = ops._has_amx
         _Native.vnni = bool(_Native.lib.minivllm_gguf_has_vnni())
+        _Native.int8_decode = _Native.vnni or bool(_Native.lib.minivllm_gguf_has_avx2())
         _Native.widen_prompts = ops.bf16_gemm_in_software()   # implies no AMX
     return _Native.lib
 
@@ -90,10 +92,13 @@ def gguf_int8_max_rows(independent_rows: bool = False) -> int:
     default model's first chat token (a near tie in bf16), so prompt steps keep the dequantised
     bf16 weights, as on every CPU. `independent_rows`: each row is one request's own product
     (the LM head's sampled positions, computed after the forward pass), so the int8 tiles take
-    any count, and a request's logits do not depend on how many rows share its step."""
+    any count, and a request's logits do not depend on how many rows share its step. AVX2 CPUs
+    (no x^T tiles) run their dot kernels at every count there: 4-5x the dequantised tiles at
+    6-32 rows on the 2-core Zen 3 box, even at 64, and a request's tokens then do not depend on
+    the batch either."""
     if not _Native.resolved:
         _resolve()
-    if _Native.amx or not _Native.vnni or not (independent_rows or is_decode_only_step()):
+    if _Native.amx or not _Native.int8_decode or not (independent_rows or is_decode_only_step()):
         return GGUF_DOT_MAX_ROWS
     return GGUF_TILE_MAX_ROWS
 
