@@ -65,8 +65,9 @@ def resolve_dtype(dtype: str | torch.dtype, hf_config: "PretrainedConfig",
 
 def _packed_gguf_in_bf16() -> bool:
     """bf16 activations for a packed GGUF file: oneDNN computes bf16 on this CPU (AVX-512), or
-    the native kernels build, whose int8 GGUF dot products need no bf16 arithmetic (AVX2 CPUs:
-    there bf16 decode steps ran ~12x faster than the fp32 reference path)."""
+    the native kernels build with their AVX2 int8 GGUF dot products, which need no bf16
+    arithmetic (fp32 activations would take the reference path: every weight dequantised in
+    every step)."""
     if torch.ops.mkldnn._is_mkldnn_bf16_supported():
         return True
     from minivllm import _custom_ops as ops
