@@ -1,15 +1,24 @@
-// Small scalar/vector helpers shared by the native attention kernels (header-only, inline).
+// Small scalar/vector helpers shared by the native kernels (header-only, inline).
 #pragma once
 
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
 namespace minivllm {
+
+#if defined(__AVX2__)
+// The sum of 8 fp32 lanes (the AVX2 kernels' row sums: gemv.cpp, gguf_avx2.h).
+inline float hsum8(__m256 v) {
+  const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
+}
+#endif
 
 inline float to_float(float x) { return x; }
 

@@ -58,12 +58,6 @@ inline __m256 widen_bf16x8(const uint16_t* p) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
 
-inline float hsum8(__m256 v) {
-  const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
-}
-
 // As the AVX-512 gemv_rows, for AVX2 CPUs (Zen 2/3, client Intel): x and the weight widened
 // 8 at a time, two accumulators per row (fp32 sums; another summation order than there).
 inline void gemv_rows(const uint16_t* x, int64_t x_stride, const uint16_t* w,
@@ -84,7 +78,7 @@ inline void gemv_rows(const uint16_t* x, int64_t x_stride, const uint16_t* w,
       }
     }
     for (int r = 0; r < rows; ++r) {
-      float s = hsum8(_mm256_add_ps(acc[r][0], acc[r][1]));
+      float s = minivllm::hsum8(_mm256_add_ps(acc[r][0], acc[r][1]));
       if (bias != nullptr) s += minivllm::to_float(bias[r0 + r]);
       minivllm::store(s, y + i * y_stride + r0 + r);
     }

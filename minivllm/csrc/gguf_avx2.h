@@ -107,9 +107,8 @@ struct Avx2Block {
                            _mm256_slli_epi16(bits_of(blk + 128 + 32 * h, 2 * g, 3), 4));
   }
 
-  // a (or b) of chunk j as 8 lanes of 4 elements: one value per 32 (legacy), else per 16.
-  static __m256 lanes(const float* a, int j) {
-    if constexpr (kLegacy) return _mm256_set1_ps(a[0]);
+  // a of chunk j as 8 lanes of 4 elements, for the types with a scale per 16 (not kPer32).
+  static __m256 lanes16(const float* a, int j) {
     return _mm256_set_m128(_mm_set1_ps(a[2 * j + 1]), _mm_set1_ps(a[2 * j]));
   }
 };
@@ -122,12 +121,6 @@ inline __m256i lane_sums(__m256i u, __m256i q) {
     return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(u, u), _mm256_sign_epi8(q, u)),
                              ones);
   return _mm256_madd_epi16(_mm256_maddubs_epi16(u, q), ones);
-}
-
-inline float hsum8(__m256 v) {
-  const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
 }
 
 // Rows ahead the kernel prefetches: the weight streams from DRAM once (on the 2-core Zen 3 box
@@ -179,8 +172,8 @@ void dot_rows_avx2(const uint8_t* w, int64_t w_stride, int64_t k, const Activati
             acc[r][mm] = _mm256_fmadd_ps(sums, _mm256_set1_ps(a[s] * dx), acc[r][mm]);
             if constexpr (!B::kSigned) bsum[r][mm] += b[s] * (s16[0] + s16[1]);
           } else {
-            acc[r][mm] = _mm256_fmadd_ps(sums, _mm256_mul_ps(B::lanes(a, j), _mm256_set1_ps(dx)),
-                                         acc[r][mm]);
+            const __m256 scale = _mm256_mul_ps(B::lanes16(a, j), _mm256_set1_ps(dx));
+            acc[r][mm] = _mm256_fmadd_ps(sums, scale, acc[r][mm]);
             bsum[r][mm] += b[2 * j] * s16[0] + b[2 * j + 1] * s16[1];
           }
         }
@@ -192,7 +185,7 @@ void dot_rows_avx2(const uint8_t* w, int64_t w_stride, int64_t k, const Activati
   #pragma GCC unroll 4
   for (int r = 0; r < R; ++r)
     #pragma GCC unroll 4
-    for (int mm = 0; mm < MC; ++mm) sums[r][mm] = hsum8(acc[r][mm]) + bsum[r][mm];
+    for (int mm = 0; mm < MC; ++mm) sums[r][mm] = minivllm::hsum8(acc[r][mm]) + bsum[r][mm];
   for (int r = 0; r < rows; ++r)
     for (int mm = 0; mm < MC; ++mm) out[r * MC + mm] = sums[r][mm];
 }
