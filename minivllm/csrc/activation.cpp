@@ -28,10 +28,19 @@ void silu_mul_row(const uint16_t* x, int64_t d, uint16_t* y) {
 
 namespace {
 
-// Without AVX-512: silu_mul1 (cpu_math.h), one value at a time.
+// Without AVX-512: 8 lanes at a time with AVX2 (silu_mul8), the rest by silu_mul1 (cpu_math.h),
+// one value at a time (the scalar loop alone took 20 us for the default model's 1536 values).
 void silu_mul_row(const uint16_t* x, int64_t d, uint16_t* y) {
   using minivllm::to_float;
-  for (int64_t j = 0; j < d; ++j)
+  int64_t j = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+  for (; j + 8 <= d; j += 8) {
+    const __m256 r = minivllm::silu_mul8(minivllm::widen_bf16x8(x + j),
+                                         minivllm::widen_bf16x8(x + d + j));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(y + j), minivllm::cvt_bf16x8(r));
+  }
+#endif
+  for (; j < d; ++j)
     minivllm::store(minivllm::silu_mul1(to_float(x[j]), to_float(x[d + j])), y + j);
 }
 

@@ -18,6 +18,28 @@ inline float hsum8(__m256 v) {
   const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
   return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
 }
+
+// 8 bf16 at p -> 8 floats (exact: the high halves of fp32 words).
+inline __m256 widen_bf16x8(const uint16_t* p) {
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+// 8 floats -> 8 bf16, nearest even, NaN -> 0x7fc0 (store's rounding).
+inline __m128i cvt_bf16x8(__m256 v) {
+  const __m256i u = _mm256_castps_si256(v);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  const __m256i bias = _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff));
+  __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, bias), 16);
+  const __m256 nan = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
+  r = _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7fc0), _mm256_castps_si256(nan));
+  return _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
+}
+
+// v rounded to its nearest bf16 value (as a float).
+inline __m256 round_bf16_8(__m256 v) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(cvt_bf16x8(v)), 16));
+}
 #endif
 
 inline float to_float(float x) { return x; }
@@ -68,6 +90,34 @@ inline float silu_mul1(float g, float u) {
   store(g * sig, &s);
   return to_float(s) * u;
 }
+
+#if defined(__AVX2__) && defined(__FMA__)
+// silu_mul1 on 8 lanes (the AVX2 form of silu_mul16 below): the same polynomial exp, 2^k by
+// adding k to the exponent bits (k >= -126 here: a normal float, as scalef gives), the same
+// branches and roundings.
+inline __m256 silu_mul8(__m256 g, __m256 u) {
+  const __m256 zero = _mm256_setzero_ps(), one = _mm256_set1_ps(1.0f);
+  const __m256 x = _mm256_max_ps(_mm256_sub_ps(zero, _mm256_andnot_ps(_mm256_set1_ps(-0.0f), g)),
+                                 _mm256_set1_ps(-87.0f));     // -|g|, clamped
+  const __m256 t = _mm256_mul_ps(x, _mm256_set1_ps(1.44269504089f));
+  const __m256 k = _mm256_round_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m256 f = _mm256_mul_ps(_mm256_sub_ps(t, k), _mm256_set1_ps(0.69314718056f));
+  __m256 p = _mm256_set1_ps(1.0f / 720);
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f / 120));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f / 24));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f / 6));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0.5f));
+  p = _mm256_fmadd_ps(p, f, one);
+  p = _mm256_fmadd_ps(p, f, one);
+  const __m256i bits = _mm256_slli_epi32(
+      _mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
+  const __m256 e = _mm256_mul_ps(p, _mm256_castsi256_ps(bits));   // exp(-|g|)
+  const __m256 num = _mm256_blendv_ps(one, e, _mm256_cmp_ps(g, zero, _CMP_LT_OQ));
+  const __m256 live = _mm256_cmp_ps(g, _mm256_set1_ps(-87.0f), _CMP_GE_OQ);
+  const __m256 sig = _mm256_and_ps(live, _mm256_div_ps(num, _mm256_add_ps(one, e)));
+  return _mm256_mul_ps(round_bf16_8(_mm256_mul_ps(g, sig)), u);
+}
+#endif
 
 #if defined(__AVX512F__)
 // 16 bf16 -> 16 floats (exact: the high halves of fp32 words).

@@ -52,12 +52,6 @@ inline void gemv_rows(const uint16_t* x, int64_t x_stride, const uint16_t* w,
 
 constexpr int kRows = 4;
 
-// 8 bf16 at p -> 8 floats (exact).
-inline __m256 widen_bf16x8(const uint16_t* p) {
-  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-}
-
 // As the AVX-512 gemv_rows, for AVX2 CPUs (Zen 2/3, client Intel): x and the weight widened
 // 8 at a time, two accumulators per row (fp32 sums; another summation order than there).
 inline void gemv_rows(const uint16_t* x, int64_t x_stride, const uint16_t* w,
@@ -71,10 +65,10 @@ inline void gemv_rows(const uint16_t* x, int64_t x_stride, const uint16_t* w,
     __m256 acc[kRows][2];
     for (int r = 0; r < kRows; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
     for (int64_t e = 0; e < chunks * 32; e += 16) {
-      const __m256 x0 = widen_bf16x8(xi + e), x1 = widen_bf16x8(xi + e + 8);
+      const __m256 x0 = minivllm::widen_bf16x8(xi + e), x1 = minivllm::widen_bf16x8(xi + e + 8);
       for (int r = 0; r < kRows; ++r) {
-        acc[r][0] = _mm256_fmadd_ps(widen_bf16x8(wr[r] + e), x0, acc[r][0]);
-        acc[r][1] = _mm256_fmadd_ps(widen_bf16x8(wr[r] + e + 8), x1, acc[r][1]);
+        acc[r][0] = _mm256_fmadd_ps(minivllm::widen_bf16x8(wr[r] + e), x0, acc[r][0]);
+        acc[r][1] = _mm256_fmadd_ps(minivllm::widen_bf16x8(wr[r] + e + 8), x1, acc[r][1]);
       }
     }
     for (int r = 0; r < rows; ++r) {

@@ -214,23 +214,12 @@ void gemm_rows_avx2(const uint8_t* w, int64_t w_stride, const Activation& act, R
   }
 }
 
-// 8 floats -> 8 bf16, nearest even, NaN -> 0x7fc0 (minivllm::store's rounding).
-inline __m128i bf16x8(__m256 v) {
-  const __m256i u = _mm256_castps_si256(v);
-  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-  const __m256i bias = _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff));
-  __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, bias), 16);
-  const __m256 nan = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
-  r = _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7fc0), _mm256_castps_si256(nan));
-  return _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
-}
-
 // 8 consecutive outputs at out[at..] in element type dt.
 inline void store8(void* out, int64_t at, int dt, __m256 v) {
   if (dt == kF32) return _mm256_storeu_ps(static_cast<float*>(out) + at, v);
   __m128i* o = reinterpret_cast<__m128i*>(static_cast<uint16_t*>(out) + at);
   if (dt == kF16) return _mm_storeu_si128(o, _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
-  _mm_storeu_si128(o, bf16x8(v));
+  _mm_storeu_si128(o, minivllm::cvt_bf16x8(v));
 }
 
 // One row of cols elements into out[at..] (dequant_row_scalar's values: fma(a, u, b) per

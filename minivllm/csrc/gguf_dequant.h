@@ -7,11 +7,13 @@
 
 #include <cmath>
 #include <cstdint>
+#include <vector>
 
 #include "cpu_math.h"
 #include "gguf_activation.h"
 #include "gguf_avx2.h"
 #include "gguf_blocks.h"
+#include "gguf_x8.h"
 
 namespace {
 
@@ -235,6 +237,26 @@ void dequant_rows(int qtype, const uint8_t* w, int64_t w_stride, int64_t r0, int
 #endif
   for (int64_t r = r0; r < r1; ++r)
     dequant_row_scalar(qtype, w + r * w_stride, cols, out, r * out_stride, dt);
+}
+
+// Rows [i0, i1) of out: row ids[i] of W (ids null: row i), rows w_stride bytes apart, in the
+// x8 layout (gguf_x8.h: un-interleaved to the plain bytes first, then the kernels above) or not.
+inline void dequant_rows_at(int qtype, const uint8_t* w, int64_t w_stride, const int64_t* ids,
+                            int64_t i0, int64_t i1, int64_t cols, void* out, int64_t out_stride,
+                            int dt, bool x8) {
+  static thread_local std::vector<uint8_t> plain;
+  if (x8 && plain.size() < static_cast<size_t>(w_stride)) plain.resize(w_stride);
+  const int64_t elem = dt == kF32 ? 4 : 2;
+  for (int64_t i = i0; i < i1; ++i) {
+    const int64_t row = ids == nullptr ? i : ids[i];
+    const uint8_t* src = w + row * w_stride;
+    if (x8) {
+      x8_row_to_plain(qtype, w, w_stride, row, plain.data());
+      src = plain.data();
+    }
+    dequant_rows(qtype, src, 0, 0, 1, cols, static_cast<char*>(out) + i * out_stride * elem, 0,
+                 dt);
+  }
 }
 
 }  // namespace

@@ -20,6 +20,7 @@
 #include "gguf_blocks.h"
 #include "gguf_dot.h"
 #include "gguf_tiles.h"
+#include "gguf_x8.h"
 #include "work_split.h"
 
 namespace {
@@ -68,6 +69,37 @@ bool gemm_rows(int qtype, const uint8_t* w, int64_t w_stride, const Activation& 
   return true;
 }
 
+// minivllm_gguf_gemm for a weight in the x8 layout (gguf_x8.h): threads take groups of 8 rows.
+int gemm_x8(int qtype, const void* x, int64_t x_stride, int dt, const uint8_t* w,
+            int64_t row_bytes, const void* bias, void* y, int64_t y_stride, int64_t m, int64_t n,
+            int64_t k, int num_threads) {
+#if MINIVLLM_GGUF_AVX2
+  if (!x8_type(qtype) || k % 32 != 0 || n % kX8Rows != 0 || m < 1 || dt < 0 || dt > 2) return 1;
+  const RowShape rs = row_shape(qtype, k, false);
+  WorkSplit split(n / kX8Rows, num_threads);
+  int failed = 0;
+#pragma omp parallel num_threads(num_threads)
+  {
+    static thread_local Activation act;
+    const int t = omp_get_thread_num();
+    if (!quantize_rows(x, x_stride, dt, m, k, rs, &act)) {
+#pragma omp atomic write
+      failed = 1;
+    } else {
+      int64_t g0, g1;
+      while (split.next(t, &g0, &g1))
+        x8_gemm(qtype, w, row_bytes, act, rs, k, m, g0 * kX8Rows, g1 * kX8Rows, bias, y,
+                y_stride, dt);
+    }
+  }
+  return failed ? 3 : 0;
+#else
+  (void)qtype, (void)x, (void)x_stride, (void)dt, (void)w, (void)row_bytes, (void)bias, (void)y;
+  (void)y_stride, (void)m, (void)n, (void)k, (void)num_threads;
+  return 1;  // the layout exists only where the AVX2 kernels do
+#endif
+}
+
 }  // namespace
 
 #include "gguf_dequant.h"
@@ -98,6 +130,9 @@ int minivllm_gguf_has_avx2() {
 int minivllm_gguf_gemm(int32_t qtype, const void* x, int64_t x_stride, int32_t dt,
                        const uint8_t* w, int64_t w_stride, const void* bias, void* y,
                        int64_t y_stride, int64_t m, int64_t n, int64_t k, int32_t num_threads) {
+  if (qtype & kX8Layout)
+    return gemm_x8(qtype & ~kX8Layout, x, x_stride, dt, w, w_stride, bias, y, y_stride, m, n, k,
+                   num_threads);
   const Geometry g = geometry(qtype);
   if (g.elems == 0 || k % g.elems != 0 || m < 1 || dt < 0 || dt > 2) return 1;
   const RowShape rs = row_shape(qtype, k, minivllm_gguf_has_vnni());
@@ -119,16 +154,61 @@ int minivllm_gguf_gemm(int32_t qtype, const void* x, int64_t x_stride, int32_t d
 }
 
 // out [rows, cols] (rows out_stride elements apart, type dt) = W dequantised. 0; 1: bad args.
+// (x8 layout: w starts a group of 8 rows; any row count.)
 int minivllm_gguf_dequant(int32_t qtype, const uint8_t* w, int64_t w_stride, int64_t rows,
                           int64_t cols, void* out, int64_t out_stride, int32_t dt,
                           int32_t num_threads) {
-  const Geometry g = geometry(qtype);
+  const int base = qtype & ~kX8Layout;
+  const Geometry g = geometry(base);
   if (g.elems == 0 || cols % g.elems != 0 || dt < 0 || dt > 2) return 1;
+  if (base != qtype && !x8_type(base)) return 1;
 #pragma omp parallel num_threads(num_threads)
   {
     const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
-    dequant_rows(qtype, w, w_stride, rows * t / threads, rows * (t + 1) / threads, cols, out,
-                 out_stride, dt);
+    const int64_t r0 = rows * t / threads, r1 = rows * (t + 1) / threads;
+    if (base == qtype) dequant_rows(qtype, w, w_stride, r0, r1, cols, out, out_stride, dt);
+    else dequant_rows_at(base, w, w_stride, nullptr, r0, r1, cols, out, out_stride, dt, true);
+  }
+  return 0;
+}
+
+// out [n, cols] (rows out_stride elements apart, type dt) = rows ids[0..n) of W [rows, cols]
+// (qtype blocks, either layout) dequantised: an embedding lookup in one call. 0; 1: bad args;
+// 2: an id outside [0, rows).
+int minivllm_gguf_embedding(int32_t qtype, const uint8_t* w, int64_t w_stride, int64_t rows,
+                            const int64_t* ids, int64_t n, int64_t cols, void* out,
+                            int64_t out_stride, int32_t dt, int32_t num_threads) {
+  const int base = qtype & ~kX8Layout;
+  const Geometry g = geometry(base);
+  if (g.elems == 0 || cols % g.elems != 0 || dt < 0 || dt > 2) return 1;
+  if (base != qtype && !x8_type(base)) return 1;
+  for (int64_t i = 0; i < n; ++i)
+    if (ids[i] < 0 || ids[i] >= rows) return 2;
+#pragma omp parallel num_threads(n < 64 ? 1 : num_threads)
+  {
+    const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
+    dequant_rows_at(base, w, w_stride, ids, n * t / threads, n * (t + 1) / threads, cols, out,
+                    out_stride, dt, base != qtype);
+  }
+  return 0;
+}
+
+// W [rows, row_bytes] (rows a multiple of 8) into the x8 layout in place (to_x8 = 0: back to
+// the file's). 0; 1: a type without the layout or a partial group.
+int minivllm_gguf_repack_x8(int32_t qtype, uint8_t* w, int64_t row_bytes, int64_t rows,
+                            int32_t to_x8, int32_t num_threads) {
+  if (!x8_type(qtype) || rows % kX8Rows != 0 || row_bytes % (x8_header(qtype) + x8_quants(qtype)))
+    return 1;
+#pragma omp parallel num_threads(num_threads)
+  {
+    std::vector<uint8_t> copy(kX8Rows * row_bytes);
+#pragma omp for
+    for (int64_t gr = 0; gr < rows / kX8Rows; ++gr) {
+      uint8_t* group = w + gr * kX8Rows * row_bytes;
+      std::memcpy(copy.data(), group, copy.size());
+      if (to_x8) x8_convert_group(qtype, copy.data(), row_bytes, group, true);
+      else x8_convert_group(qtype, group, row_bytes, copy.data(), false);
+    }
   }
   return 0;
 }

@@ -19,7 +19,7 @@ enum Op : int64_t {
   kPagedDecodeBf16, kPagedDecodeF32, kGemvBf16, kGemmAmxBf16, kGemmAmxSiluMulBf16,
   kSiluMulBf16, kRmsNormBf16, kPrefillAttentionBf16, kArgmaxBf16, kGgufGemm, kGgufGemmAmxBf16,
   kGgufDequant, kRotaryEmbeddingBf16, kGatherRows, kMoeTopk, kFusedExpertsBf16,
-  kLoraShrinkExpandBf16, kFusedExpertsGguf, kNumOps
+  kLoraShrinkExpandBf16, kFusedExpertsGguf, kGgufEmbedding, kGgufRepackX8, kNumOps
 };
 const char* const kOpNames[kNumOps] = {
     "minivllm_paged_decode_bf16", "minivllm_paged_decode_f32", "minivllm_gemv_bf16",
@@ -28,7 +28,8 @@ const char* const kOpNames[kNumOps] = {
     "minivllm_gguf_gemm", "minivllm_gguf_gemm_amx_bf16", "minivllm_gguf_dequant",
     "minivllm_rotary_embedding_bf16", "minivllm_gather_rows", "minivllm_moe_topk",
     "minivllm_fused_experts_bf16", "minivllm_lora_shrink_expand_bf16",
-    "minivllm_fused_experts_gguf"};
+    "minivllm_fused_experts_gguf", "minivllm_gguf_embedding",
+    "minivllm_gguf_repack_x8"};
 
 // One argument slot as the type its parameter has.
 struct Arg {
@@ -103,6 +104,10 @@ int run(const int64_t* record) {
       return minivllm_fused_experts_gguf(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8],
                                          a[9], a[10], a[11], a[12], a[13], a[14], a[15], a[16],
                                          a[17], a[18], a[19]);
+    case kGgufEmbedding:
+      return minivllm_gguf_embedding(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9],
+                                     a[10]);
+    case kGgufRepackX8: return minivllm_gguf_repack_x8(a[0], a[1], a[2], a[3], a[4], a[5]);
   }
   return -1;  // not an opcode
 }

@@ -70,6 +70,11 @@ int minivllm_gguf_gemm_amx_bf16(int32_t qtype, const uint16_t* x, int64_t x_stri
 int minivllm_gguf_dequant(int32_t qtype, const uint8_t* w, int64_t w_stride, int64_t rows,
                           int64_t cols, void* out, int64_t out_stride, int32_t dt,
                           int32_t num_threads);
+int minivllm_gguf_embedding(int32_t qtype, const uint8_t* w, int64_t w_stride, int64_t rows,
+                            const int64_t* ids, int64_t n, int64_t cols, void* out,
+                            int64_t out_stride, int32_t dt, int32_t num_threads);
+int minivllm_gguf_repack_x8(int32_t qtype, uint8_t* w, int64_t row_bytes, int64_t rows,
+                            int32_t to_x8, int32_t num_threads);
 int minivllm_rotary_embedding_bf16(const int64_t* positions, int64_t num_tokens,
                                    uint16_t* query, int64_t q_stride, int32_t num_q_heads,
                                    uint16_t* key, int64_t k_stride, int32_t num_k_heads,

@@ -44,6 +44,24 @@ inline void rotate_neox16(uint16_t* x, const uint16_t* cos, const uint16_t* sin,
     _mm256_mask_storeu_epi16(x + i + half, live, minivllm::cvt_bf16x16(o2));
   }
 }
+#elif defined(__AVX2__)
+// rotate_neox16 with AVX2, 8 pairs at a time; returns the pairs done (the rest: scalar).
+inline int rotate_neox8(uint16_t* x, const uint16_t* cos, const uint16_t* sin, int half) {
+  using minivllm::round_bf16_8;
+  using minivllm::widen_bf16x8;
+  int i = 0;
+  for (; i + 8 <= half; i += 8) {
+    const __m256 x1 = widen_bf16x8(x + i), x2 = widen_bf16x8(x + i + half);
+    const __m256 c = widen_bf16x8(cos + i), s = widen_bf16x8(sin + i);
+    const __m256 o1 = _mm256_sub_ps(round_bf16_8(_mm256_mul_ps(x1, c)),
+                                    round_bf16_8(_mm256_mul_ps(x2, s)));
+    const __m256 o2 = _mm256_add_ps(round_bf16_8(_mm256_mul_ps(x2, c)),
+                                    round_bf16_8(_mm256_mul_ps(x1, s)));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(x + i), minivllm::cvt_bf16x8(o1));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(x + i + half), minivllm::cvt_bf16x8(o2));
+  }
+  return i;
+}
 #endif
 
 // One head of `head_size` values: the first `rotary_dim` rotated by cos/sin [rotary_dim / 2].
@@ -56,7 +74,11 @@ inline void rotate_head(uint16_t* x, const uint16_t* cos, const uint16_t* sin, i
     return;
   }
 #endif
-  for (int i = 0; i < half; ++i) {
+  int i = 0;
+#if !MINIVLLM_BF16_SIMD && defined(__AVX2__)
+  if (neox) i = rotate_neox8(x, cos, sin, half);
+#endif
+  for (; i < half; ++i) {
     uint16_t* p1 = neox ? x + i : x + 2 * i;
     uint16_t* p2 = neox ? x + i + half : x + 2 * i + 1;
     const float x1 = to_float(*p1), x2 = to_float(*p2);

@@ -38,13 +38,13 @@ NO_ONEDNN_FP32_ROWS = 2
 
 
 def fp32_tiles(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-               widen: Callable[[torch.Tensor], torch.Tensor] = torch.Tensor.float
-               ) -> torch.Tensor:
+               widen: Callable[[torch.Tensor], torch.Tensor] = torch.Tensor.float,
+               row_multiple: int = 1) -> torch.Tensor:
     """x [T, in] (bf16 / fp16) @ W^T (+ bias) in fp32, rounded once to x.dtype. `widen` maps a
-    slice of rows of `weight` to their fp32 values (GGUF blocks: dequantisation), so the whole
-    weight is never widened at once."""
+    slice of rows of `weight` (tiles start at multiples of `row_multiple`) to their fp32 values
+    (GGUF blocks: dequantisation), so the whole weight is never widened at once."""
     xf = x.float()
-    tile = max(16, FP32_TILE_ELEMS // x.shape[1])
+    tile = max(16, FP32_TILE_ELEMS // x.shape[1]) // row_multiple * row_multiple
     n = weight.shape[0]
     parts = [F.linear(xf, widen(weight[n0:n0 + tile])) for n0 in range(0, n, tile)]
     y = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)

@@ -19,7 +19,8 @@ import torch.nn.functional as F
 from minivllm.model_executor.kernels.cpu_linear import dispatch_linear, pack_for_cpu
 from minivllm.model_executor.kernels.gguf_linear import (GGUF_FLOAT_TYPES, check_gguf_type,
                                                          gguf_embedding, gguf_linear,
-                                                         gguf_matmul, gguf_split_columns)
+                                                         gguf_matmul, gguf_repack_for_cpu,
+                                                         gguf_split_columns)
 from minivllm.model_executor.layers.quantization.base_config import (QuantizationConfig,
                                                                      QuantizeMethodBase,
                                                                      is_layer_skipped)
@@ -151,6 +152,7 @@ class _GGUFMethodBase(QuantizeMethodBase):
         layer.register_parameter("qweight", qweight)
         set_weight_attrs(qweight, {"weight_loader": _make_loader(layer), "is_gguf_weight": True})
         layer.qweight_type = -1
+        layer.qweight_kernel_type = -1    # what the kernels take: qweight_type + its layout
         layer._gguf_dtype = params_dtype
         layer._gguf_prefix = self.prefix
 
@@ -173,6 +175,8 @@ class _GGUFMethodBase(QuantizeMethodBase):
         # huge-page arena would hold two copies at the peak.
         layer.qweight.keep_in_place = True
         layer.qweight_type = qtype
+        # AVX2 CPUs: the x8 layout of the same bytes (gguf_linear.gguf_repack_for_cpu)
+        layer.qweight_kernel_type = qtype if state["others"] else gguf_repack_for_cpu(dest, qtype)
         if qtype in GGUF_FLOAT_TYPES and not state["others"]:
             layer.weight = layer.qweight      # plain weight: the unquantized CPU routing
             pack_for_cpu(layer)
@@ -184,7 +188,7 @@ class _GGUFMethodBase(QuantizeMethodBase):
             return _segmented_matmul(x, segments, bias)
         if layer.qweight_type in GGUF_FLOAT_TYPES:
             return dispatch_linear(layer, x, bias)
-        return gguf_matmul(x, layer.qweight, layer.qweight_type, bias)
+        return gguf_matmul(x, layer.qweight, layer.qweight_kernel_type, bias)
 
 
 def _segmented_matmul(x: torch.Tensor, segments: list[tuple[int, torch.Tensor]],
@@ -214,7 +218,7 @@ class GGUFEmbeddingMethod(_GGUFMethodBase):
     """Row lookup + dequantise of the packed vocabulary; as an LM head, the same linear kernel."""
 
     def embedding(self, layer: nn.Module, input_: torch.Tensor) -> torch.Tensor:
-        qtype = layer.qweight_type
+        qtype = layer.qweight_kernel_type
         if qtype in GGUF_FLOAT_TYPES:
             return F.embedding(input_, layer.qweight)
         if torch.compiler.is_compiling():
@@ -236,4 +240,5 @@ class GGUFEmbeddingMethod(_GGUFMethodBase):
         # As an LM head: x holds the sampled positions, a row per request (int8 tiles for any
         # count where decode steps take them: gguf_int8_max_rows).
         source = getattr(layer, "_gguf_tied_to", layer)
-        return gguf_matmul(x, source.qweight, source.qweight_type, bias, independent_rows=True)
+        return gguf_matmul(x, source.qweight, source.qweight_kernel_type, bias,
+                           independent_rows=True)

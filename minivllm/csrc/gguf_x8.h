@@ -1,0 +1,212 @@
+// The "x8" layout of GGUF weights for the AVX2 dot kernels: the same bytes as the file, with the
+// blocks of 8 consecutive rows interleaved, so one 256-bit load holds 4 quant bytes of each of 8
+// rows and the int32 lanes of vpmaddwd are the 8 rows' dot products (no horizontal sums).
+//
+// Rows 8g..8g+7 keep their place (bytes [8g, 8g + 8) * row_bytes), laid out block by block: for
+// block b (k / 32 of them), 8 (header + quant) bytes of
+//   header: each 2-byte field f of a block (d, then Q4_1's m) as 8 fp16, 16f + 2r for row r;
+//   quants: 4-byte chunk c of every row, 8 * header + 32c + 4r.
+// Q4_0 / Q4_1 chunk c holds elements 4c..4c+3 (low nibbles) and 16+4c.. (high), Q8_0 chunk c
+// elements 4c..4c+3. Only these three types (the default model's) have the layout; rows must
+// come in whole groups of 8. Dequantisation and embedding rows un-interleave a row to the plain
+// block bytes first, so their values are the plain layout's, bit for bit.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#include "gguf_activation.h"
+#include "gguf_avx2.h"
+#include "gguf_blocks.h"
+
+namespace {
+
+using namespace minivllm::gguf;
+
+// The qtype bit that marks a weight in the x8 layout (kernels.h: minivllm_gguf_gemm).
+constexpr int kX8Layout = 1 << 8;
+constexpr int kX8Rows = 8;
+
+constexpr bool x8_type(int qtype) { return qtype == kQ4_0 || qtype == kQ4_1 || qtype == kQ8_0; }
+
+// Bytes of a block's header (fp16 fields) and quants.
+constexpr int x8_header(int qtype) { return qtype == kQ4_1 ? 4 : 2; }
+constexpr int x8_quants(int qtype) { return qtype == kQ8_0 ? 32 : 16; }
+
+// 8 plain rows (row_bytes apart) -> one x8 group (8 * row_bytes bytes), or back (to_x8 false).
+inline void x8_convert_group(int qtype, uint8_t* plain, int64_t row_bytes, uint8_t* group,
+                             bool to_x8) {
+  const int h = x8_header(qtype), qb = x8_quants(qtype), bs = h + qb;
+  const int64_t nb = row_bytes / bs;
+  for (int64_t b = 0; b < nb; ++b) {
+    uint8_t* gb = group + b * kX8Rows * bs;
+    for (int r = 0; r < kX8Rows; ++r) {
+      uint8_t* pb = plain + r * row_bytes + b * bs;
+      for (int f = 0; f < h / 2; ++f) {
+        if (to_x8) std::memcpy(gb + 16 * f + 2 * r, pb + 2 * f, 2);
+        else std::memcpy(pb + 2 * f, gb + 16 * f + 2 * r, 2);
+      }
+      for (int c = 0; c < qb / 4; ++c) {
+        if (to_x8) std::memcpy(gb + kX8Rows * h + 32 * c + 4 * r, pb + h + 4 * c, 4);
+        else std::memcpy(pb + h + 4 * c, gb + kX8Rows * h + 32 * c + 4 * r, 4);
+      }
+    }
+  }
+}
+
+// Row `row` of an x8 weight starting at w (rows row_bytes apart) -> its plain block bytes.
+inline void x8_row_to_plain(int qtype, const uint8_t* w, int64_t row_bytes, int64_t row,
+                            uint8_t* plain) {
+  const int h = x8_header(qtype), qb = x8_quants(qtype), bs = h + qb, r = row % kX8Rows;
+  const uint8_t* group = w + (row - r) * row_bytes;
+  for (int64_t b = 0; b < row_bytes / bs; ++b) {
+    const uint8_t* gb = group + b * kX8Rows * bs;
+    uint8_t* pb = plain + b * bs;
+    for (int f = 0; f < h / 2; ++f) std::memcpy(pb + 2 * f, gb + 16 * f + 2 * r, 2);
+    for (int c = 0; c < qb / 4; ++c) std::memcpy(pb + h + 4 * c, gb + kX8Rows * h + 32 * c + 4 * r, 4);
+  }
+}
+
+#if MINIVLLM_GGUF_AVX2
+
+inline __m256i bcast4(const int8_t* p) {  // 4 bytes of x into every 32-bit lane
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm256_set1_epi32(v);
+}
+
+// Block b of a group x MC tokens: the 8 rows' int32 sums of w_quant * x_quant.
+// Q4: u <= 15 and |q| <= 127, so a vpmaddubsw lane is at most 2 * 15 * 127 = 3810 and the
+// block's 8 of them sum in int16 (30480) before one vpmaddwd. Q8_0 (signed, |w| times x with
+// w's sign: up to 2 * 128 * 127 per lane) widens every chunk.
+template <int Q, int MC>
+inline void x8_block_sums(const uint8_t* quants, const int8_t* const* xq, __m256i* sums) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  if constexpr (Q == kQ8_0) {
+    #pragma GCC unroll 4
+    for (int mm = 0; mm < MC; ++mm) sums[mm] = _mm256_setzero_si256();
+    #pragma GCC unroll 8
+    for (int c = 0; c < 8; ++c) {
+      const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(quants + 32 * c));
+      const __m256i aw = _mm256_sign_epi8(w, w);
+      #pragma GCC unroll 4
+      for (int mm = 0; mm < MC; ++mm) {
+        const __m256i p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(bcast4(xq[mm] + 4 * c), w));
+        sums[mm] = _mm256_add_epi32(sums[mm], _mm256_madd_epi16(p, ones));
+      }
+    }
+    return;
+  }
+  const __m256i low = _mm256_set1_epi8(0x0F);
+  __m256i s16[MC];
+  #pragma GCC unroll 4
+  for (int mm = 0; mm < MC; ++mm) s16[mm] = _mm256_setzero_si256();
+  #pragma GCC unroll 4
+  for (int c = 0; c < 4; ++c) {
+    const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(quants + 32 * c));
+    const __m256i lo = _mm256_and_si256(w, low);
+    const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), low);
+    #pragma GCC unroll 4
+    for (int mm = 0; mm < MC; ++mm) {
+      s16[mm] = _mm256_add_epi16(s16[mm], _mm256_maddubs_epi16(lo, bcast4(xq[mm] + 4 * c)));
+      s16[mm] = _mm256_add_epi16(s16[mm], _mm256_maddubs_epi16(hi, bcast4(xq[mm] + 16 + 4 * c)));
+    }
+  }
+  #pragma GCC unroll 4
+  for (int mm = 0; mm < MC; ++mm) sums[mm] = _mm256_madd_epi16(s16[mm], ones);
+}
+
+#ifndef MINIVLLM_X8_AHEAD
+#define MINIVLLM_X8_AHEAD 4096
+#endif
+constexpr int kX8Ahead = MINIVLLM_X8_AHEAD;
+
+// out[mm] lane r = row r of the group at g (nb blocks) times token m0 + mm of act:
+// sum over blocks of d * dx * sum(u * q) + b-term (Q4_1: m * S, Q4_0: -8 d * S, with S the
+// block's dx * sum(q) from Activation::s16).
+template <int Q, int MC>
+void x8_dot_group(const uint8_t* g, int64_t nb, const Activation& act, RowShape rs, int64_t m0,
+                  __m256* out) {
+  constexpr int kH = x8_header(Q), kGroupBlock = kX8Rows * (kH + x8_quants(Q));
+  const int8_t* xq[MC];
+  const float *xdx[MC], *xs[MC];
+  __m256 acc[MC];
+  #pragma GCC unroll 4
+  for (int mm = 0; mm < MC; ++mm) {
+    xq[mm] = act.q.data() + (m0 + mm) * rs.kp;
+    xdx[mm] = act.dx.data() + (m0 + mm) * rs.lanes;
+    xs[mm] = act.s16.data() + (m0 + mm) * (rs.kp / 16);
+    acc[mm] = _mm256_setzero_ps();
+  }
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* p = g + b * kGroupBlock;
+    #pragma GCC unroll 8
+    for (int o = 0; o < kGroupBlock; o += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(p + kX8Ahead + o), _MM_HINT_T0);
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    const int8_t* xb[MC];
+    #pragma GCC unroll 4
+    for (int mm = 0; mm < MC; ++mm) xb[mm] = xq[mm] + 32 * b;
+    __m256i sums[MC];
+    x8_block_sums<Q, MC>(p + kX8Rows * kH, xb, sums);
+    #pragma GCC unroll 4
+    for (int mm = 0; mm < MC; ++mm) {
+      const __m256 scale = _mm256_mul_ps(d, _mm256_set1_ps(xdx[mm][8 * b]));
+      acc[mm] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[mm]), scale, acc[mm]);
+      if constexpr (Q != kQ8_0) {
+        const float s = xs[mm][2 * b] + xs[mm][2 * b + 1];
+        if constexpr (Q == kQ4_1) {
+          const __m256 m = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16)));
+          acc[mm] = _mm256_fmadd_ps(m, _mm256_set1_ps(s), acc[mm]);
+        } else {
+          acc[mm] = _mm256_fmadd_ps(d, _mm256_set1_ps(-8.0f * s), acc[mm]);
+        }
+      }
+    }
+  }
+  #pragma GCC unroll 4
+  for (int mm = 0; mm < MC; ++mm) out[mm] = acc[mm];
+}
+
+// Rows [n0, n1) (multiples of 8) of an x8 weight x the m tokens of act into y (+ bias):
+// each group meets up to 4 tokens per pass (its 8 rows stay in L1 for the next pass).
+template <int Q>
+void x8_gemm_rows(const uint8_t* w, int64_t row_bytes, const Activation& act, RowShape rs,
+                  int64_t k, int64_t m, int64_t n0, int64_t n1, const void* bias, void* y,
+                  int64_t y_stride, int dt) {
+  const int64_t nb = k / 32;
+  alignas(32) float lanes[4][kX8Rows];
+  float out[kX8Rows * 4];
+  for (int64_t n = n0; n < n1; n += kX8Rows) {
+    const uint8_t* g = w + n * row_bytes;
+    for (int64_t m0 = 0; m0 < m;) {
+      const int mc = static_cast<int>(std::min<int64_t>(4, m - m0));
+      __m256 acc[4];
+      if (mc == 4) x8_dot_group<Q, 4>(g, nb, act, rs, m0, acc);
+      else if (mc == 3) x8_dot_group<Q, 3>(g, nb, act, rs, m0, acc);
+      else if (mc == 2) x8_dot_group<Q, 2>(g, nb, act, rs, m0, acc);
+      else x8_dot_group<Q, 1>(g, nb, act, rs, m0, acc);
+      for (int mm = 0; mm < mc; ++mm) _mm256_store_ps(lanes[mm], acc[mm]);
+      for (int r = 0; r < kX8Rows; ++r)
+        for (int mm = 0; mm < mc; ++mm) out[r * mc + mm] = lanes[mm][r];
+      store_sums(out, kX8Rows, mc, n, m0, bias, y, y_stride, dt);
+      m0 += mc;
+    }
+  }
+}
+
+// x8_gemm_rows for a runtime type; false for a type without the layout.
+inline bool x8_gemm(int qtype, const uint8_t* w, int64_t row_bytes, const Activation& act,
+                    RowShape rs, int64_t k, int64_t m, int64_t n0, int64_t n1, const void* bias,
+                    void* y, int64_t y_stride, int dt) {
+  switch (qtype) {
+    case kQ4_0: x8_gemm_rows<kQ4_0>(w, row_bytes, act, rs, k, m, n0, n1, bias, y, y_stride, dt); return true;
+    case kQ4_1: x8_gemm_rows<kQ4_1>(w, row_bytes, act, rs, k, m, n0, n1, bias, y, y_stride, dt); return true;
+    case kQ8_0: x8_gemm_rows<kQ8_0>(w, row_bytes, act, rs, k, m, n0, n1, bias, y, y_stride, dt); return true;
+    default: return false;
+  }
+}
+
+#endif  // MINIVLLM_GGUF_AVX2
+
+}  // namespace
