@@ -33,29 +33,54 @@ extern "C" int minivllm_has_gemm_amx();  // gemm_amx.cpp: AMX usable here
 
 namespace {
 
+#ifdef MINIVLLM_MOE_BF16
+// The bf16 pair dot product of gemm_dot on this build's vectors: kStep bf16 a step into fp32
+// lanes, acc[i] += a[2i] b[2i] + a[2i+1] b[2i+1] (vdpbf16ps, or its emulation: the odd element
+// of each pair first).
 #ifdef MINIVLLM_MOE_NATIVE
+constexpr int kStep = 32;
+using Lanes = __m512;
+inline Lanes zero_lanes() { return _mm512_setzero_ps(); }
+inline Lanes dot_step(Lanes acc, const uint16_t* w, __m512i x) {
+  return minivllm::dot_bf16x32(acc, _mm512_loadu_si512(w), x);
+}
+inline __m512i load_step(const uint16_t* x) { return _mm512_loadu_si512(x); }
+inline float lane_sum(Lanes v) { return _mm512_reduce_add_ps(v); }
+#else  // AVX2 (Zen 2/3)
+constexpr int kStep = 16;
+using Lanes = __m256;
+inline Lanes zero_lanes() { return _mm256_setzero_ps(); }
+inline __m256i load_step(const uint16_t* x) {
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
+}
+inline Lanes dot_step(Lanes acc, const uint16_t* w, __m256i x) {
+  const __m256i a = load_step(w), high = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
+  acc = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_and_si256(a, high)),
+                        _mm256_castsi256_ps(_mm256_and_si256(x, high)), acc);
+  return _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(a, 16)),
+                         _mm256_castsi256_ps(_mm256_slli_epi32(x, 16)), acc);
+}
+inline float lane_sum(Lanes v) { return minivllm::hsum8(v); }
+#endif
+
 // y [m, n] (rows y_stride apart, bf16) = x [m, k] W^T for bf16 x, W [n, k] (rows x_stride /
-// w_stride apart), k % 32 == 0, with bf16 pair dot products (vdpbf16ps or its emulation in
-// cpu_math.h; fp32 sums, one bf16 rounding): the expert GEMM on CPUs without AMX (AMD Zen 4,
-// Ice Lake). Four weight rows at a
-// time (16 KB at k = 2048: they stay in L1 while every row of x meets them), so the weight
-// streams from memory once whatever m is.
+// w_stride apart), k % 32 == 0, with bf16 pair dot products (fp32 sums, one bf16 rounding): the
+// expert GEMM on CPUs without AMX (AMD Zen 2-4, Ice Lake). Four weight rows at a time (16 KB at
+// k = 2048: they stay in L1 while every row of x meets them), so the weight streams from memory
+// once whatever m is.
 void gemm_dot(const uint16_t* x, int64_t x_stride, const uint16_t* w, int64_t w_stride,
               uint16_t* y, int64_t y_stride, int64_t m, int64_t n, int64_t k) {
   constexpr int kRows = 4;
   for (int64_t n0 = 0; n0 < n; n0 += kRows) {
     const int rows = static_cast<int>(std::min<int64_t>(kRows, n - n0));
     for (int64_t i = 0; i < m; ++i) {
-      __m512 acc[kRows];
-      for (int r = 0; r < kRows; ++r) acc[r] = _mm512_setzero_ps();
-      for (int64_t c = 0; c < k; c += 32) {
-        const __m512i xv = _mm512_loadu_si512(x + i * x_stride + c);
-        for (int r = 0; r < rows; ++r)
-          acc[r] = minivllm::dot_bf16x32(
-              acc[r], _mm512_loadu_si512(w + (n0 + r) * w_stride + c), xv);
+      Lanes acc[kRows];
+      for (int r = 0; r < kRows; ++r) acc[r] = zero_lanes();
+      for (int64_t c = 0; c < k; c += kStep) {
+        const auto xv = load_step(x + i * x_stride + c);
+        for (int r = 0; r < rows; ++r) acc[r] = dot_step(acc[r], w + (n0 + r) * w_stride + c, xv);
       }
-      for (int r = 0; r < rows; ++r)
-        minivllm::store(_mm512_reduce_add_ps(acc[r]), y + i * y_stride + n0 + r);
+      for (int r = 0; r < rows; ++r) minivllm::store(lane_sum(acc[r]), y + i * y_stride + n0 + r);
     }
   }
 }
@@ -182,7 +207,7 @@ int run_experts(const uint16_t* x, int64_t x_stride, const uint16_t* w13, const 
   }
   return failed;
 }
-#endif  // MINIVLLM_MOE_NATIVE
+#endif  // MINIVLLM_MOE_BF16
 
 }  // namespace
 
@@ -191,9 +216,9 @@ extern "C" {
 // x [T, H] (rows x_stride apart), w13 [E_local, 2I, H] and w2 [E_local, H, I] contiguous bf16,
 // ids [T, k] int64 global expert ids, weights [T, k] fp32, expert_map [num_global] int64
 // (global -> local, -1: not here) or null, out [T, H] (rows out_stride apart).
-// use_amx 0: the AVX-512 bf16 dot GEMMs even where AMX is usable (what CPUs without it run).
-// Needs H % 32 == 0, I % 32 == 0 and AVX-512 (F + BW): 1 bad sizes, 2 no AVX-512 in this build,
-// 3 out of memory.
+// use_amx 0: the bf16 dot GEMMs even where AMX is usable (what CPUs without it run).
+// Needs H % 32 == 0, I % 32 == 0 and AVX-512 (F + BW) or AVX2: 1 bad sizes, 2 neither in this
+// build, 3 out of memory.
 int minivllm_fused_experts_bf16(const uint16_t* x, int64_t x_stride, const uint16_t* w13,
                                 const uint16_t* w2, const int64_t* ids, const float* weights,
                                 const int64_t* expert_map, int64_t num_global, int64_t num_local,
@@ -201,11 +226,11 @@ int minivllm_fused_experts_bf16(const uint16_t* x, int64_t x_stride, const uint1
                                 uint16_t* out, int64_t out_stride, int32_t num_threads,
                                 int32_t use_amx) {
   if (h % 32 != 0 || inter % 32 != 0 || k < 1 || t_count < 0) return 1;
-#ifndef MINIVLLM_MOE_NATIVE
+#ifndef MINIVLLM_MOE_BF16
   (void)x, (void)x_stride, (void)w13, (void)w2, (void)ids, (void)weights, (void)expert_map;
   (void)num_global, (void)num_local, (void)out, (void)out_stride, (void)num_threads;
   (void)use_amx;
-  return 2;  // no AVX-512 in this build: the torch path keeps the experts
+  return 2;  // no AVX-512 or AVX2 in this build: the torch path keeps the experts
 #else
   return run_experts(x, x_stride, w13, w2, ids, weights, expert_map, num_global, num_local,
                      t_count, k, h, inter, out, out_stride, num_threads,

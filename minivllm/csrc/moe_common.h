@@ -17,6 +17,9 @@
 #define MINIVLLM_MOE_NATIVE 1  // the bf16 expert kernels: bf16 dot products (cpu_math.h), AMX
 #include <immintrin.h>
 #endif
+#if MINIVLLM_MOE_NATIVE || (defined(__AVX2__) && defined(__FMA__))
+#define MINIVLLM_MOE_BF16 1    // fused_moe.cpp's bf16 experts (AVX-512, or AVX2 dot products)
+#endif
 
 namespace {
 

@@ -66,10 +66,10 @@ def fused_experts_bf16(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.
     (SiLU-gated experts, no biases; see `experts_supported`); None when the kernel refuses.
 
     topk_ids: global ids, mapped by `expert_map` [E_global] (-1: another rank's expert, skipped).
-    use_amx: None picks: AMX tiles where usable, else the AVX-512 bf16 dot kernel (on CPUs with
-    AVX-512 BF16 only while the step has fewer than `DOT_MAX_ROWS_PER_EXPERT` rows per expert on
-    average, else None: the torch loop over oneDNN); False forces the dot kernel.
-    """
+    use_amx: None picks: AMX tiles where usable, else the bf16 dot kernel (AVX-512, or AVX2 on
+    CPUs without AVX-512; on CPUs with AVX-512 BF16 only while the step has fewer than
+    `DOT_MAX_ROWS_PER_EXPERT` rows per expert on average, else None: the torch loop over
+    oneDNN); False forces the dot kernel."""
     lib = ops.native_lib()
     if lib is None:
         return None
