@@ -161,7 +161,9 @@ int run_experts(Layer L, const uint16_t* x, int64_t x_stride, const int64_t* ids
   const int64_t count = static_cast<int64_t>(active.size());
   const bool by_expert = whole_experts(count, n, num_threads);
   const bool vnni = minivllm_gguf_has_vnni() != 0;
-  const RowShape rs_x = row_shape(L.w13.qtype, h, vnni), rs_h = row_shape(L.w2.qtype, inter, vnni);
+  // (x8 weights: the layout bit is no part of x's row shape)
+  const RowShape rs_x = row_shape(L.w13.qtype & ~kX8Layout, h, vnni);
+  const RowShape rs_h = row_shape(L.w2.qtype & ~kX8Layout, inter, vnni);
   if (!by_expert && !(reserve_rows(n, rs_x, &g_act_x) && reserve_rows(n, rs_h, &g_act_h)))
     return 3;
   // bf16 rows of x: whole experts' GEMMs, and decode pieces of experts with many rows
@@ -211,7 +213,11 @@ int minivllm_fused_experts_gguf(const uint16_t* x, int64_t x_stride, const uint8
                                 int32_t num_threads) {
   if (h % 32 != 0 || inter % 32 != 0 || k < 1 || t_count < 0 || w13_type < 0 || w2_type < 0)
     return 1;
-  const Geometry g13 = geometry(w13_type), g2 = geometry(w2_type);
+  // the x8 layout (gguf_x8.h) only for its types, in whole groups of 8 rows per expert
+  if (((w13_type & kX8Layout) && (!x8_type(w13_type & ~kX8Layout) || inter % 4 != 0)) ||
+      ((w2_type & kX8Layout) && (!x8_type(w2_type & ~kX8Layout) || h % 8 != 0)))
+    return 1;
+  const Geometry g13 = geometry(w13_type & ~kX8Layout), g2 = geometry(w2_type & ~kX8Layout);
   if (g13.elems == 0 || g2.elems == 0 || h % g13.elems != 0 || inter % g2.elems != 0) return 1;
   const Layer layer{{w13, w13_type, 2 * inter * w13_row_bytes, w13_row_bytes},
                     {w2, w2_type, h * w2_row_bytes, w2_row_bytes},

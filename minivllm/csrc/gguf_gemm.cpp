@@ -88,7 +88,7 @@ int gemm_x8(int qtype, const void* x, int64_t x_stride, int dt, const uint8_t* w
     } else {
       int64_t g0, g1;
       while (split.next(t, &g0, &g1))
-        x8_gemm(qtype, w, row_bytes, act, rs, k, m, g0 * kX8Rows, g1 * kX8Rows, bias, y,
+        x8_gemm(qtype, w, row_bytes, act, rs, k, 0, m, g0 * kX8Rows, g1 * kX8Rows, bias, y,
                 y_stride, dt);
     }
   }

@@ -121,7 +121,7 @@ inline void x8_block_sums(const uint8_t* quants, const int8_t* const* xq, __m256
 #endif
 constexpr int kX8Ahead = MINIVLLM_X8_AHEAD;
 
-// out[mm] lane r = row r of the group at g (nb blocks) times token m0 + mm of act:
+// out[mm] lane r = row r of the group at g (nb blocks) times row m0 + mm of act:
 // sum over blocks of d * dx * sum(u * q) + b-term (Q4_1: m * S, Q4_0: -8 d * S, with S the
 // block's dx * sum(q) from Activation::s16).
 template <int Q, int MC>
@@ -168,12 +168,13 @@ void x8_dot_group(const uint8_t* g, int64_t nb, const Activation& act, RowShape 
   for (int mm = 0; mm < MC; ++mm) out[mm] = acc[mm];
 }
 
-// Rows [n0, n1) (multiples of 8) of an x8 weight x the m tokens of act into y (+ bias):
-// each group meets up to 4 tokens per pass (its 8 rows stay in L1 for the next pass).
+// Rows [n0, n1) (multiples of 8) of an x8 weight x act rows [a0, a0 + m) into y rows [0, m)
+// (+ bias), as gguf_dot_rows: each group meets up to 4 of them per pass (its 8 rows stay in L1
+// for the next pass).
 template <int Q>
 void x8_gemm_rows(const uint8_t* w, int64_t row_bytes, const Activation& act, RowShape rs,
-                  int64_t k, int64_t m, int64_t n0, int64_t n1, const void* bias, void* y,
-                  int64_t y_stride, int dt) {
+                  int64_t k, int64_t a0, int64_t m, int64_t n0, int64_t n1, const void* bias,
+                  void* y, int64_t y_stride, int dt) {
   const int64_t nb = k / 32;
   alignas(32) float lanes[4][kX8Rows];
   float out[kX8Rows * 4];
@@ -182,10 +183,10 @@ void x8_gemm_rows(const uint8_t* w, int64_t row_bytes, const Activation& act, Ro
     for (int64_t m0 = 0; m0 < m;) {
       const int mc = static_cast<int>(std::min<int64_t>(4, m - m0));
       __m256 acc[4];
-      if (mc == 4) x8_dot_group<Q, 4>(g, nb, act, rs, m0, acc);
-      else if (mc == 3) x8_dot_group<Q, 3>(g, nb, act, rs, m0, acc);
-      else if (mc == 2) x8_dot_group<Q, 2>(g, nb, act, rs, m0, acc);
-      else x8_dot_group<Q, 1>(g, nb, act, rs, m0, acc);
+      if (mc == 4) x8_dot_group<Q, 4>(g, nb, act, rs, a0 + m0, acc);
+      else if (mc == 3) x8_dot_group<Q, 3>(g, nb, act, rs, a0 + m0, acc);
+      else if (mc == 2) x8_dot_group<Q, 2>(g, nb, act, rs, a0 + m0, acc);
+      else x8_dot_group<Q, 1>(g, nb, act, rs, a0 + m0, acc);
       for (int mm = 0; mm < mc; ++mm) _mm256_store_ps(lanes[mm], acc[mm]);
       for (int r = 0; r < kX8Rows; ++r)
         for (int mm = 0; mm < mc; ++mm) out[r * mc + mm] = lanes[mm][r];
@@ -197,12 +198,15 @@ void x8_gemm_rows(const uint8_t* w, int64_t row_bytes, const Activation& act, Ro
 
 // x8_gemm_rows for a runtime type; false for a type without the layout.
 inline bool x8_gemm(int qtype, const uint8_t* w, int64_t row_bytes, const Activation& act,
-                    RowShape rs, int64_t k, int64_t m, int64_t n0, int64_t n1, const void* bias,
-                    void* y, int64_t y_stride, int dt) {
+                    RowShape rs, int64_t k, int64_t a0, int64_t m, int64_t n0, int64_t n1,
+                    const void* bias, void* y, int64_t y_stride, int dt) {
   switch (qtype) {
-    case kQ4_0: x8_gemm_rows<kQ4_0>(w, row_bytes, act, rs, k, m, n0, n1, bias, y, y_stride, dt); return true;
-    case kQ4_1: x8_gemm_rows<kQ4_1>(w, row_bytes, act, rs, k, m, n0, n1, bias, y, y_stride, dt); return true;
-    case kQ8_0: x8_gemm_rows<kQ8_0>(w, row_bytes, act, rs, k, m, n0, n1, bias, y, y_stride, dt); return true;
+#define MINIVLLM_X8_CASE(Q)                                                                    \
+  case Q:                                                                                      \
+    x8_gemm_rows<Q>(w, row_bytes, act, rs, k, a0, m, n0, n1, bias, y, y_stride, dt);           \
+    return true;
+    MINIVLLM_X8_CASE(kQ4_0) MINIVLLM_X8_CASE(kQ4_1) MINIVLLM_X8_CASE(kQ8_0)
+#undef MINIVLLM_X8_CASE
     default: return false;
   }
 }

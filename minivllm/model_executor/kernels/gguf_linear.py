@@ -152,6 +152,13 @@ def gguf_repack_for_cpu(qweight: torch.Tensor, qtype: int) -> int:
     return qtype | GGUF_X8_LAYOUT
 
 
+def gguf_uses_x8() -> bool:
+    """Whether `gguf_repack_for_cpu` rearranges weights on this CPU (the AVX2 kernels)."""
+    if not _Native.resolved:
+        _resolve()
+    return _Native.x8
+
+
 def gguf_unpack_x8(qweight: torch.Tensor, qtype: int) -> torch.Tensor:
     """A copy of an x8 weight in the file's layout (checks and tests)."""
     out = qweight.contiguous().clone()

@@ -18,6 +18,7 @@ from transformers import (MixtralConfig, MixtralForCausalLM, Qwen2MoeConfig, Qwe
                           Qwen3MoeConfig, Qwen3MoeForCausalLM)
 
 from minivllm import LLM
+from minivllm.model_executor.kernels import gguf_linear as gl
 from tests._parallel_helpers import engine_kwargs, greedy_run
 from tests.conftest import make_bpe_tokenizer
 from tests.model_executor.layers.quantization._gguf_helpers import _add_metadata, _permute
@@ -215,8 +216,12 @@ def test_packed_experts_keep_the_files_blocks(moe_gguf):
         assert layer.w13_qweight_type == layer.w2_qweight_type == gguf.GGMLQuantizationType.Q8_0
         gate = stacks[f"blk.{index}.ffn_gate_exps.weight"]           # [E, I, row bytes]
         up = stacks[f"blk.{index}.ffn_up_exps.weight"]
-        assert torch.equal(layer.w13_qweight, torch.cat([gate, up], dim=1))
-        assert torch.equal(layer.w2_qweight, stacks[f"blk.{index}.ffn_down_exps.weight"])
+        # the file's bytes (on AVX2 CPUs rearranged into the kernels' x8 layout: undone here)
+        w13, w2 = (gl.gguf_unpack_x8(p.data.view(-1, p.shape[-1]), code).view(p.shape)
+                   for p, code in ((layer.w13_qweight, layer.w13_qweight_kernel_type),
+                                   (layer.w2_qweight, layer.w2_qweight_kernel_type)))
+        assert torch.equal(w13, torch.cat([gate, up], dim=1))
+        assert torch.equal(w2, stacks[f"blk.{index}.ffn_down_exps.weight"])
 
 
 @pytest.mark.requires_native

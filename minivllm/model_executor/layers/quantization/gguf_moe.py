@@ -10,7 +10,8 @@ method copies this rank's part of each into one buffer per parameter as it arriv
 - `w2_qweight` uint8 [E_local, H, row bytes of I_p]: the down rows, this rank's whole blocks of
   the intermediate dimension (a TP size that would split a block is refused with the valid ones);
 
-with `layer.w13_qweight_type` / `layer.w2_qweight_type`. No dequantised copy is kept. bf16 SiLU
+with `layer.w13_qweight_type` / `layer.w2_qweight_type` (`*_kernel_type`: what the kernels take,
+with the x8 layout bit on AVX2 CPUs, see `gguf_repack_for_cpu`). No dequantised copy is kept. bf16 SiLU
 experts without biases run in one native call (`fused_experts_gguf`: int8 dot kernels or AMX
 strips per expert, CPU-graph recordable); anything else (fp32 reference runs, other activations,
 biases) loops over the active experts with `gguf_matmul`, as the packed linears compute.
@@ -23,7 +24,8 @@ import torch
 from torch import nn
 
 from minivllm.model_executor.kernels.gguf_linear import (GGUF_FLOAT_TYPES, check_gguf_type,
-                                                         gguf_matmul, gguf_split_columns)
+                                                         gguf_matmul, gguf_repack_for_cpu,
+                                                         gguf_split_columns)
 from minivllm.model_executor.kernels.op_library import register_op
 from minivllm.model_executor.layers.fused_moe.cpu_fused_moe import fused_experts_gguf
 from minivllm.model_executor.layers.fused_moe.fused_moe import (fused_experts, fused_experts_fake,
@@ -124,11 +126,17 @@ class GGUFMoEMethod(FusedMoEMethodBase):
             # would hold two copies at the peak.
             param.keep_in_place = True
             setattr(layer, f"{name}_type", qtype)
+            # AVX2 CPUs: the x8 layout of the same bytes, each expert's rows whole groups of 8
+            # (gguf_linear.gguf_repack_for_cpu); the kernels take the code with its layout bit.
+            code = qtype
+            if qtype not in GGUF_FLOAT_TYPES and buffer.shape[1] % 8 == 0:
+                code = gguf_repack_for_cpu(buffer.view(-1, buffer.shape[2]), qtype)
+            setattr(layer, f"{name}_kernel_type", code)
 
     def apply(self, layer: nn.Module, x: torch.Tensor, topk_weights: torch.Tensor,
               topk_ids: torch.Tensor) -> torch.Tensor:
-        args = (x, layer.w13_qweight, layer.w13_qweight_type, layer.w2_qweight,
-                layer.w2_qweight_type, topk_weights, topk_ids, layer.expert_map, layer.w13_bias,
+        args = (x, layer.w13_qweight, layer.w13_qweight_kernel_type, layer.w2_qweight,
+                layer.w2_qweight_kernel_type, topk_weights, topk_ids, layer.expert_map, layer.w13_bias,
                 layer.w2_bias, layer.activation, layer.apply_router_weight_on_input)
         if torch.compiler.is_compiling():
             return torch.ops.minivllm.gguf_fused_experts(*args)

@@ -12,6 +12,7 @@ from gguf import GGMLQuantizationType as T
 
 from minivllm.forward_context import BatchDescriptor, ForwardContext, override_forward_context
 from minivllm import _custom_ops as ops
+from minivllm.model_executor.kernels import gguf_linear as gl
 from minivllm.model_executor.kernels.gguf_linear import (gguf_dequantize, gguf_int8_max_rows,
                                                          gguf_matmul)
 from minivllm.model_executor.layers.fused_moe.cpu_fused_moe import fused_experts_gguf
@@ -82,6 +83,28 @@ def test_native_experts_match_dequantised_and_the_packed_loop(q13, q2, num_token
     entry = gguf_fused_experts(x.bfloat16(), w13, int(q13), w2, int(q2), weights, ids, None,
                                None, None, "silu", False)
     assert torch.equal(entry, native)
+
+
+@pytest.mark.requires_native
+@pytest.mark.parametrize("num_tokens", [1, 3, 40, 200])    # 200: whole experts per thread
+def test_native_experts_in_the_x8_layout(num_tokens):
+    """AVX2 CPUs rearrange Q4_0/Q4_1/Q8_0 experts into the x8 layout at load: the native call
+    on those bytes (decode pieces through gguf_dot_rows, prompts through gguf_gemm) gives the
+    plain layout's products up to the fp32 summation order."""
+    if not gl.gguf_uses_x8():
+        pytest.skip("the x8 layout is the AVX2 kernels' (this CPU runs VNNI or scalar ones)")
+    w13, w2, _, _ = _experts(T.Q4_1, T.Q8_0)
+    x, weights, ids = _tokens(num_tokens, seed=7)
+    plain = fused_experts_gguf(x.bfloat16(), w13, int(T.Q4_1), w2, int(T.Q8_0), weights, ids)
+    x13, x2 = w13.clone(), w2.clone()
+    c13 = gl.gguf_repack_for_cpu(x13.view(-1, x13.shape[2]), int(T.Q4_1))
+    c2 = gl.gguf_repack_for_cpu(x2.view(-1, x2.shape[2]), int(T.Q8_0))
+    assert c13 & c2 & gl.GGUF_X8_LAYOUT and not torch.equal(x13, w13)
+    x8 = fused_experts_gguf(x.bfloat16(), x13, c13, x2, c2, weights, ids)
+    assert x8 is not None and _relative(x8, plain.float()) < 2e-3
+    # the layer's fallback loop reads the same layout through gguf_linear
+    loop = _packed_loop(x.bfloat16(), x13, c13, x2, c2, weights, ids)
+    assert _relative(loop, plain.float()) < 0.02
 
 
 @pytest.mark.requires_native
@@ -172,11 +195,21 @@ def test_loader_keeps_blocks_and_slices_whole_blocks_per_rank():
             layer.w2_qweight.weight_loader(layer.w2_qweight, _loaded(down, T.Q8_0), "d", "w2", e)
         method.process_weights_after_loading(layer)
         assert layer.w13_qweight.dtype == torch.uint8 and layer.w13_qweight_type == T.Q8_0
+        # the kernels' code: the x8 layout of the same bytes where the AVX2 kernels run
+        x8 = gl.GGUF_X8_LAYOUT if gl.gguf_uses_x8() else 0
+        assert layer.w13_qweight_kernel_type == layer.w2_qweight_kernel_type == T.Q8_0 | x8
+        w13, w2 = (_file_bytes(p, layer.w13_qweight_kernel_type)
+                   for p in (layer.w13_qweight, layer.w2_qweight))
         half = inter // 2
-        assert torch.equal(layer.w13_qweight[3, :half], gate[rank * half:(rank + 1) * half])
-        assert torch.equal(layer.w13_qweight[3, half:], gate[rank * half:(rank + 1) * half])
+        assert torch.equal(w13[3, :half], gate[rank * half:(rank + 1) * half])
+        assert torch.equal(w13[3, half:], gate[rank * half:(rank + 1) * half])
         width = down.shape[1] // 2                      # 8 blocks of 34 bytes
-        assert torch.equal(layer.w2_qweight[5], down[:, rank * width:(rank + 1) * width])
+        assert torch.equal(w2[5], down[:, rank * width:(rank + 1) * width])
+
+
+def _file_bytes(param: torch.Tensor, code: int) -> torch.Tensor:
+    """A stacked expert buffer [E, rows, row_bytes] in the file's layout (undoing x8)."""
+    return gl.gguf_unpack_x8(param.data.view(-1, param.shape[-1]), code).view(param.shape)
 
 
 def test_loader_errors_name_the_problem():
