@@ -206,8 +206,12 @@ int minivllm_gguf_repack_x8(int32_t qtype, uint8_t* w, int64_t row_bytes, int64_
     for (int64_t gr = 0; gr < rows / kX8Rows; ++gr) {
       uint8_t* group = w + gr * kX8Rows * row_bytes;
       std::memcpy(copy.data(), group, copy.size());
-      if (to_x8) x8_convert_group(qtype, copy.data(), row_bytes, group, true);
-      else x8_convert_group(qtype, group, row_bytes, copy.data(), false);
+      if (to_x8) {
+        x8_group_from_plain(qtype, copy.data(), row_bytes, group);
+      } else {
+        for (int r = 0; r < kX8Rows; ++r)
+          x8_row_to_plain(qtype, copy.data(), row_bytes, r, group + r * row_bytes);
+      }
     }
   }
   return 0;

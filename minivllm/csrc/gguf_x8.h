@@ -33,27 +33,6 @@ constexpr bool x8_type(int qtype) { return qtype == kQ4_0 || qtype == kQ4_1 || q
 constexpr int x8_header(int qtype) { return qtype == kQ4_1 ? 4 : 2; }
 constexpr int x8_quants(int qtype) { return qtype == kQ8_0 ? 32 : 16; }
 
-// 8 plain rows (row_bytes apart) -> one x8 group (8 * row_bytes bytes), or back (to_x8 false).
-inline void x8_convert_group(int qtype, uint8_t* plain, int64_t row_bytes, uint8_t* group,
-                             bool to_x8) {
-  const int h = x8_header(qtype), qb = x8_quants(qtype), bs = h + qb;
-  const int64_t nb = row_bytes / bs;
-  for (int64_t b = 0; b < nb; ++b) {
-    uint8_t* gb = group + b * kX8Rows * bs;
-    for (int r = 0; r < kX8Rows; ++r) {
-      uint8_t* pb = plain + r * row_bytes + b * bs;
-      for (int f = 0; f < h / 2; ++f) {
-        if (to_x8) std::memcpy(gb + 16 * f + 2 * r, pb + 2 * f, 2);
-        else std::memcpy(pb + 2 * f, gb + 16 * f + 2 * r, 2);
-      }
-      for (int c = 0; c < qb / 4; ++c) {
-        if (to_x8) std::memcpy(gb + kX8Rows * h + 32 * c + 4 * r, pb + h + 4 * c, 4);
-        else std::memcpy(pb + h + 4 * c, gb + kX8Rows * h + 32 * c + 4 * r, 4);
-      }
-    }
-  }
-}
-
 // Row `row` of an x8 weight starting at w (rows row_bytes apart) -> its plain block bytes.
 inline void x8_row_to_plain(int qtype, const uint8_t* w, int64_t row_bytes, int64_t row,
                             uint8_t* plain) {
@@ -63,7 +42,23 @@ inline void x8_row_to_plain(int qtype, const uint8_t* w, int64_t row_bytes, int6
     const uint8_t* gb = group + b * kX8Rows * bs;
     uint8_t* pb = plain + b * bs;
     for (int f = 0; f < h / 2; ++f) std::memcpy(pb + 2 * f, gb + 16 * f + 2 * r, 2);
-    for (int c = 0; c < qb / 4; ++c) std::memcpy(pb + h + 4 * c, gb + kX8Rows * h + 32 * c + 4 * r, 4);
+    for (int c = 0; c < qb / 4; ++c)
+      std::memcpy(pb + h + 4 * c, gb + kX8Rows * h + 32 * c + 4 * r, 4);
+  }
+}
+
+// 8 plain rows (row_bytes apart) -> one x8 group (8 * row_bytes bytes).
+inline void x8_group_from_plain(int qtype, const uint8_t* plain, int64_t row_bytes,
+                                uint8_t* group) {
+  const int h = x8_header(qtype), qb = x8_quants(qtype), bs = h + qb;
+  for (int64_t b = 0; b < row_bytes / bs; ++b) {
+    uint8_t* gb = group + b * kX8Rows * bs;
+    for (int r = 0; r < kX8Rows; ++r) {
+      const uint8_t* pb = plain + r * row_bytes + b * bs;
+      for (int f = 0; f < h / 2; ++f) std::memcpy(gb + 16 * f + 2 * r, pb + 2 * f, 2);
+      for (int c = 0; c < qb / 4; ++c)
+        std::memcpy(gb + kX8Rows * h + 32 * c + 4 * r, pb + h + 4 * c, 4);
+    }
   }
 }
 
