@@ -327,7 +327,9 @@ def gguf_embedding(ids: torch.Tensor, qweight: torch.Tensor, qtype: int,
     (one native call on CPU, which a CPU graph records; either layout)."""
     lib = _Native.lib if _Native.resolved else _resolve()
     code = _DTYPE_CODES.get(dtype)
-    if lib is None or code is None or not qweight.is_cpu or torch.compiler.is_compiling():
+    # (compiled graphs reach this through the opaque op below: it runs eagerly, so an x8 table,
+    # whose rows are no file rows, always takes the native call on CPU)
+    if lib is None or code is None or not qweight.is_cpu:
         rows = gather_rows(qweight, ids.reshape(-1))           # [n, row_bytes] packed rows
         return gguf_dequantize(rows, qtype, dtype).reshape(*ids.shape, -1)
     cols = _columns(qweight, qtype)
