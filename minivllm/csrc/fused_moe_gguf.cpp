@@ -213,10 +213,13 @@ int minivllm_fused_experts_gguf(const uint16_t* x, int64_t x_stride, const uint8
                                 int32_t num_threads) {
   if (h % 32 != 0 || inter % 32 != 0 || k < 1 || t_count < 0 || w13_type < 0 || w2_type < 0)
     return 1;
-  // the x8 layout (gguf_x8.h) only for its types, in whole groups of 8 rows per expert
-  if (((w13_type & kX8Layout) && (!x8_type(w13_type & ~kX8Layout) || inter % 4 != 0)) ||
-      ((w2_type & kX8Layout) && (!x8_type(w2_type & ~kX8Layout) || h % 8 != 0)))
-    return 1;
+  // the x8 layout (gguf_x8.h) only for its types, in whole groups of 8 rows per expert, and
+  // only for the AVX2 kernels (the VNNI experts' x^T tiles and split activations read the file's)
+  if ((w13_type | w2_type) & kX8Layout) {
+    if (kX8Rows != 8 || !MINIVLLM_GGUF_X8) return 1;
+    if ((w13_type & kX8Layout) && (!x8_type(w13_type & ~kX8Layout) || inter % 4 != 0)) return 1;
+    if ((w2_type & kX8Layout) && (!x8_type(w2_type & ~kX8Layout) || h % 8 != 0)) return 1;
+  }
   const Geometry g13 = geometry(w13_type & ~kX8Layout), g2 = geometry(w2_type & ~kX8Layout);
   if (g13.elems == 0 || g2.elems == 0 || h % g13.elems != 0 || inter % g2.elems != 0) return 1;
   const Layer layer{{w13, w13_type, 2 * inter * w13_row_bytes, w13_row_bytes},

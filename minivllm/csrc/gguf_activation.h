@@ -71,9 +71,9 @@ RowShape row_shape(int qtype, int64_t k, bool simd) {
 struct Activation {
   std::vector<int8_t> q;
   std::vector<float> dx, s4;
-  // dx * the sum of q per 16 elements [m, kp / 16]: written where the VNNI kernels are not
-  // built, in the natural layout, for the AVX2 kernels (gguf_avx2.h: one scalar FMA per 16
-  // elements for the b term instead of a vector one per 32)
+  // dx * the sum of q per 16 elements [m, kp / 16], in the natural layout only: for the AVX2
+  // kernels (gguf_avx2.h: one scalar FMA per 16 elements for the b term instead of a vector one
+  // per 32) and the x8 layout's (gguf_x8.h: a block's b term from two of them)
   std::vector<float> s16;
 };
 
@@ -87,7 +87,7 @@ inline __m512 load16(const void* x, int64_t at, int dt) {
 
 // quantize_block below, vectorised (the same values: round to nearest even either way).
 void quantize_block_simd(const void* x, int64_t at, int dt, int64_t blk, bool split, int8_t* q,
-                         float* dx, float* s4) {
+                         float* dx, float* s4, float* s16) {
   const __m512 v0 = load16(x, at, dt), v1 = load16(x, at + 16, dt);
   const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
   const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
@@ -102,6 +102,12 @@ void quantize_block_simd(const void* x, int64_t at, int dt, int64_t blk, bool sp
                                              _mm256_set_m128i(q1, q0));
     _mm256_storeu_ps(dx + 8 * blk, _mm256_set1_ps(d));
     _mm256_storeu_ps(s4 + 8 * blk, _mm256_mul_ps(_mm256_cvtepi32_ps(sums), _mm256_set1_ps(d)));
+    if (s16 != nullptr) {  // the two halves' sums, as the scalar path writes them
+      alignas(32) int32_t l[8];
+      _mm256_store_si256(reinterpret_cast<__m256i*>(l), sums);
+      s16[2 * blk] = d * static_cast<float>(l[0] + l[1] + l[2] + l[3]);
+      s16[2 * blk + 1] = d * static_cast<float>(l[4] + l[5] + l[6] + l[7]);
+    }
     return;
   }
   const int64_t unit = blk / 4, jb = blk % 4;  // 4 lanes: 4 q of each half
@@ -117,8 +123,7 @@ void quantize_block_simd(const void* x, int64_t at, int dt, int64_t blk, bool sp
 inline void quantize_block(const void* x, int64_t at, int dt, int64_t blk, bool split, int8_t* q,
                     float* dx, float* s4, float* s16) {
 #if MINIVLLM_GGUF_VNNI
-  (void)s16;
-  return quantize_block_simd(x, at, dt, blk, split, q, dx, s4);
+  return quantize_block_simd(x, at, dt, blk, split, q, dx, s4, s16);
 #endif
   float v[32], amax = 0.0f;
   for (int i = 0; i < 32; ++i) {
@@ -159,9 +164,7 @@ inline void zero_block(int64_t blk, bool split, int8_t* q, float* dx, float* s4,
     std::fill_n(q + 32 * blk, 32, 0);
     std::fill_n(dx + 8 * blk, 8, 0.0f);
     std::fill_n(s4 + 8 * blk, 8, 0.0f);
-#if !MINIVLLM_GGUF_VNNI
-    std::fill_n(s16 + 2 * blk, 2, 0.0f);
-#endif
+    if (s16 != nullptr) std::fill_n(s16 + 2 * blk, 2, 0.0f);
     return;
   }
   std::fill_n(q + 128 * unit + 16 * jb, 16, 0);
@@ -176,9 +179,7 @@ inline bool reserve_rows(int64_t m, RowShape rs, Activation* act) {
     act->q.resize(m * rs.kp);
     act->dx.resize(m * rs.lanes);
     act->s4.resize(m * rs.lanes);
-#if !MINIVLLM_GGUF_VNNI
-    act->s16.resize(m * rs.kp / 16);
-#endif
+    act->s16.resize(rs.split ? 0 : m * rs.kp / 16);
   } catch (...) {
     return false;
   }
@@ -190,7 +191,7 @@ inline void quantize_row(const void* x, int64_t at, int dt, int64_t k, RowShape 
                          Activation* act) {
   int8_t* q = act->q.data() + r * rs.kp;
   float *dx = act->dx.data() + r * rs.lanes, *s4 = act->s4.data() + r * rs.lanes;
-  float* s16 = act->s16.empty() ? nullptr : act->s16.data() + r * (rs.kp / 16);
+  float* s16 = rs.split ? nullptr : act->s16.data() + r * (rs.kp / 16);
   for (int64_t c = 0; c < k; c += 32)
     quantize_block(x, at + c, dt, c / 32, rs.split, q, dx, s4, s16);
   for (int64_t c = k; c < rs.kp; c += 32) zero_block(c / 32, rs.split, q, dx, s4, s16);

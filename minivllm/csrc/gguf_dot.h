@@ -169,8 +169,8 @@ void gemm_rows_scalar(int qtype, const uint8_t* w, int64_t w_stride, const Activ
 inline void gguf_dot_rows(int qtype, const uint8_t* w, int64_t w_stride, const Activation& act,
                           RowShape rs, int64_t k, int64_t a0, int64_t m, int64_t n0, int64_t n1,
                           const void* bias, void* y, int64_t y_stride, int dt) {
-#if MINIVLLM_GGUF_AVX2
-  if (qtype & kX8Layout) {  // rows in whole groups of 8 (gguf_x8.h)
+#if MINIVLLM_GGUF_X8
+  if (qtype & kX8Layout) {  // rows in whole groups (gguf_x8.h)
     x8_gemm(qtype & ~kX8Layout, w, w_stride, act, rs, k, a0, m, n0, n1, bias, y, y_stride, dt);
     return;
   }

@@ -69,11 +69,11 @@ bool gemm_rows(int qtype, const uint8_t* w, int64_t w_stride, const Activation& 
   return true;
 }
 
-// minivllm_gguf_gemm for a weight in the x8 layout (gguf_x8.h): threads take groups of 8 rows.
+// minivllm_gguf_gemm for a weight in the x8 layout (gguf_x8.h): threads take whole groups.
 int gemm_x8(int qtype, const void* x, int64_t x_stride, int dt, const uint8_t* w,
             int64_t row_bytes, const void* bias, void* y, int64_t y_stride, int64_t m, int64_t n,
             int64_t k, int num_threads) {
-#if MINIVLLM_GGUF_AVX2
+#if MINIVLLM_GGUF_X8
   if (!x8_type(qtype) || k % 32 != 0 || n % kX8Rows != 0 || m < 1 || dt < 0 || dt > 2) return 1;
   const RowShape rs = row_shape(qtype, k, false);
   WorkSplit split(n / kX8Rows, num_threads);
@@ -96,7 +96,7 @@ int gemm_x8(int qtype, const void* x, int64_t x_stride, int dt, const uint8_t* w
 #else
   (void)qtype, (void)x, (void)x_stride, (void)dt, (void)w, (void)row_bytes, (void)bias, (void)y;
   (void)y_stride, (void)m, (void)n, (void)k, (void)num_threads;
-  return 1;  // the layout exists only where the AVX2 kernels do
+  return 1;  // the layout exists only where its kernels do (AVX2 or AVX-512 VNNI)
 #endif
 }
 
@@ -119,6 +119,16 @@ int minivllm_gguf_has_vnni() {
 int minivllm_gguf_has_avx2() {
 #if MINIVLLM_GGUF_AVX2
   return 1;
+#else
+  return 0;
+#endif
+}
+
+// Rows per group of the x8 layout (gguf_x8.h): 8 with the AVX2 kernels, 16 with AVX-512 VNNI;
+// 0 where no kernel reads the layout.
+int minivllm_gguf_has_x8() {
+#if MINIVLLM_GGUF_X8
+  return kX8Rows;
 #else
   return 0;
 #endif
@@ -154,7 +164,7 @@ int minivllm_gguf_gemm(int32_t qtype, const void* x, int64_t x_stride, int32_t d
 }
 
 // out [rows, cols] (rows out_stride elements apart, type dt) = W dequantised. 0; 1: bad args.
-// (x8 layout: w starts a group of 8 rows; any row count.)
+// (x8 layout: w starts a group of kX8Rows rows; any row count.)
 int minivllm_gguf_dequant(int32_t qtype, const uint8_t* w, int64_t w_stride, int64_t rows,
                           int64_t cols, void* out, int64_t out_stride, int32_t dt,
                           int32_t num_threads) {
@@ -193,7 +203,7 @@ int minivllm_gguf_embedding(int32_t qtype, const uint8_t* w, int64_t w_stride, i
   return 0;
 }
 
-// W [rows, row_bytes] (rows a multiple of 8) into the x8 layout in place (to_x8 = 0: back to
+// W [rows, row_bytes] (rows a multiple of minivllm_gguf_x8_rows()) into the x8 layout in place (to_x8 = 0: back to
 // the file's). 0; 1: a type without the layout or a partial group.
 int minivllm_gguf_repack_x8(int32_t qtype, uint8_t* w, int64_t row_bytes, int64_t rows,
                             int32_t to_x8, int32_t num_threads) {

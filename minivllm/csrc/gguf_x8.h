@@ -1,14 +1,16 @@
-// The "x8" layout of GGUF weights for the AVX2 dot kernels: the same bytes as the file, with the
-// blocks of 8 consecutive rows interleaved, so one 256-bit load holds 4 quant bytes of each of 8
-// rows and the int32 lanes of vpmaddwd are the 8 rows' dot products (no horizontal sums).
+// The "x8" layout of GGUF weights for the dot kernels without AMX: the same bytes as the file,
+// with the blocks of kX8Rows consecutive rows interleaved (8 rows for the AVX2 kernels, 16 for
+// the AVX-512 VNNI ones; the layout is named after its first, 8-row form), so one vector load
+// holds 4 quant bytes of each of the group's rows and the int32 lanes of vpmaddwd / vpdpbusd are
+// the rows' dot products (no horizontal sums, no byte permutes).
 //
-// Rows 8g..8g+7 keep their place (bytes [8g, 8g + 8) * row_bytes), laid out block by block: for
-// block b (k / 32 of them), 8 (header + quant) bytes of
-//   header: each 2-byte field f of a block (d, then Q4_1's m) as 8 fp16, 16f + 2r for row r;
-//   quants: 4-byte chunk c of every row, 8 * header + 32c + 4r.
+// Rows G*g..G*g+G-1 (G = kX8Rows) keep their place (bytes [G*g, G*g + G) * row_bytes), laid out
+// block by block: for block b (k / 32 of them), G * (header + quant) bytes of
+//   header: each 2-byte field f of a block (d, then Q4_1's m) as G fp16, 2Gf + 2r for row r;
+//   quants: 4-byte chunk c of every row, G * header + 4Gc + 4r.
 // Q4_0 / Q4_1 chunk c holds elements 4c..4c+3 (low nibbles) and 16+4c.. (high), Q8_0 chunk c
 // elements 4c..4c+3. Only these three types (the default model's) have the layout; rows must
-// come in whole groups of 8. Dequantisation and embedding rows un-interleave a row to the plain
+// come in whole groups. Dequantisation and embedding rows un-interleave a row to the plain
 // block bytes first, so their values are the plain layout's, bit for bit.
 #pragma once
 
@@ -25,7 +27,17 @@ using namespace minivllm::gguf;
 
 // The qtype bit that marks a weight in the x8 layout (kernels.h: minivllm_gguf_gemm).
 constexpr int kX8Layout = 1 << 8;
+#if MINIVLLM_GGUF_VNNI
+constexpr int kX8Rows = 16;  // one 512-bit register of int32 / fp32 lanes
+#else
 constexpr int kX8Rows = 8;
+#endif
+// Whether this build's dot kernels read the layout (gguf_gemm.cpp: else the flag is refused).
+#if MINIVLLM_GGUF_AVX2 || MINIVLLM_GGUF_VNNI
+#define MINIVLLM_GGUF_X8 1
+#else
+#define MINIVLLM_GGUF_X8 0
+#endif
 
 constexpr bool x8_type(int qtype) { return qtype == kQ4_0 || qtype == kQ4_1 || qtype == kQ8_0; }
 
@@ -41,9 +53,9 @@ inline void x8_row_to_plain(int qtype, const uint8_t* w, int64_t row_bytes, int6
   for (int64_t b = 0; b < row_bytes / bs; ++b) {
     const uint8_t* gb = group + b * kX8Rows * bs;
     uint8_t* pb = plain + b * bs;
-    for (int f = 0; f < h / 2; ++f) std::memcpy(pb + 2 * f, gb + 16 * f + 2 * r, 2);
+    for (int f = 0; f < h / 2; ++f) std::memcpy(pb + 2 * f, gb + 2 * kX8Rows * f + 2 * r, 2);
     for (int c = 0; c < qb / 4; ++c)
-      std::memcpy(pb + h + 4 * c, gb + kX8Rows * h + 32 * c + 4 * r, 4);
+      std::memcpy(pb + h + 4 * c, gb + kX8Rows * (h + 4 * c) + 4 * r, 4);
   }
 }
 
@@ -55,14 +67,24 @@ inline void x8_group_from_plain(int qtype, const uint8_t* plain, int64_t row_byt
     uint8_t* gb = group + b * kX8Rows * bs;
     for (int r = 0; r < kX8Rows; ++r) {
       const uint8_t* pb = plain + r * row_bytes + b * bs;
-      for (int f = 0; f < h / 2; ++f) std::memcpy(gb + 16 * f + 2 * r, pb + 2 * f, 2);
+      for (int f = 0; f < h / 2; ++f) std::memcpy(gb + 2 * kX8Rows * f + 2 * r, pb + 2 * f, 2);
       for (int c = 0; c < qb / 4; ++c)
-        std::memcpy(gb + kX8Rows * h + 32 * c + 4 * r, pb + h + 4 * c, 4);
+        std::memcpy(gb + kX8Rows * (h + 4 * c) + 4 * r, pb + h + 4 * c, 4);
     }
   }
 }
 
+// Bytes ahead the kernels prefetch, one line at a time (one prefetch per block made the 30 MB
+// LM head slower than the plain layout on AVX2).
+#ifndef MINIVLLM_X8_AHEAD
+#define MINIVLLM_X8_AHEAD 4096
+#endif
+constexpr int kX8Ahead = MINIVLLM_X8_AHEAD;
+
 #if MINIVLLM_GGUF_AVX2
+
+using X8Acc = __m256;  // one fp32 lane per row of a group
+inline void x8_store(float* p, X8Acc v) { _mm256_store_ps(p, v); }
 
 inline __m256i bcast4(const int8_t* p) {  // 4 bytes of x into every 32-bit lane
   int32_t v;
@@ -111,11 +133,6 @@ inline void x8_block_sums(const uint8_t* quants, const int8_t* const* xq, __m256
   for (int mm = 0; mm < MC; ++mm) sums[mm] = _mm256_madd_epi16(s16[mm], ones);
 }
 
-#ifndef MINIVLLM_X8_AHEAD
-#define MINIVLLM_X8_AHEAD 4096
-#endif
-constexpr int kX8Ahead = MINIVLLM_X8_AHEAD;
-
 // out[mm] lane r = row r of the group at g (nb blocks) times row m0 + mm of act:
 // sum over blocks of d * dx * sum(u * q) + b-term (Q4_1: m * S, Q4_0: -8 d * S, with S the
 // block's dx * sum(q) from Activation::s16).
@@ -163,26 +180,126 @@ void x8_dot_group(const uint8_t* g, int64_t nb, const Activation& act, RowShape 
   for (int mm = 0; mm < MC; ++mm) out[mm] = acc[mm];
 }
 
-// Rows [n0, n1) (multiples of 8) of an x8 weight x act rows [a0, a0 + m) into y rows [0, m)
-// (+ bias), as gguf_dot_rows: each group meets up to 4 of them per pass (its 8 rows stay in L1
+#elif MINIVLLM_GGUF_VNNI
+
+using X8Acc = __m512;  // one fp32 lane per row of a group
+inline void x8_store(float* p, X8Acc v) { _mm512_store_ps(p, v); }
+
+inline __m512i bcast4_512(const int8_t* p) {  // 4 bytes of x into every 32-bit lane
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm512_set1_epi32(v);
+}
+
+// Block b of a 16-row group x MC tokens: the rows' int32 sums of u * x_quant (u: the unsigned
+// quants; Q8_0 stores q + 128, corrected by the block's -128 * sum(x_quant) term). Two chains
+// per token (low / high nibbles, even / odd chunks) keep vpdpbusd's latency hidden.
+template <int Q, int MC>
+inline void x8_block_sums(const uint8_t* quants, const int8_t* const* xq, __m512i* sums) {
+  __m512i s0[MC], s1[MC];
+  #pragma GCC unroll 4
+  for (int mm = 0; mm < MC; ++mm) s0[mm] = s1[mm] = _mm512_setzero_si512();
+  if constexpr (Q == kQ8_0) {
+    const __m512i flip = _mm512_set1_epi8(-128);
+    #pragma GCC unroll 8
+    for (int c = 0; c < 8; c += 2) {
+      const __m512i w0 = _mm512_xor_si512(_mm512_loadu_si512(quants + 64 * c), flip);
+      const __m512i w1 = _mm512_xor_si512(_mm512_loadu_si512(quants + 64 * c + 64), flip);
+      #pragma GCC unroll 4
+      for (int mm = 0; mm < MC; ++mm) {
+        s0[mm] = _mm512_dpbusd_epi32(s0[mm], w0, bcast4_512(xq[mm] + 4 * c));
+        s1[mm] = _mm512_dpbusd_epi32(s1[mm], w1, bcast4_512(xq[mm] + 4 * c + 4));
+      }
+    }
+  } else {
+    const __m512i low = _mm512_set1_epi8(0x0F);
+    #pragma GCC unroll 4
+    for (int c = 0; c < 4; ++c) {
+      const __m512i w = _mm512_loadu_si512(quants + 64 * c);
+      const __m512i lo = _mm512_and_si512(w, low);
+      const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), low);
+      #pragma GCC unroll 4
+      for (int mm = 0; mm < MC; ++mm) {
+        s0[mm] = _mm512_dpbusd_epi32(s0[mm], lo, bcast4_512(xq[mm] + 4 * c));
+        s1[mm] = _mm512_dpbusd_epi32(s1[mm], hi, bcast4_512(xq[mm] + 16 + 4 * c));
+      }
+    }
+  }
+  #pragma GCC unroll 4
+  for (int mm = 0; mm < MC; ++mm) sums[mm] = _mm512_add_epi32(s0[mm], s1[mm]);
+}
+
+// out[mm] lane r = row r of the group at g (nb blocks) times row m0 + mm of act: over blocks,
+// d * dx * sum(u * q) + the b term (Q4_1: m * S, Q4_0: -8 d * S, Q8_0: -128 d * S, with S the
+// block's dx * sum(q) from Activation::s16).
+template <int Q, int MC>
+void x8_dot_group(const uint8_t* g, int64_t nb, const Activation& act, RowShape rs, int64_t m0,
+                  __m512* out) {
+  constexpr int kH = x8_header(Q), kGroupBlock = kX8Rows * (kH + x8_quants(Q));
+  constexpr float kB = Q == kQ8_0 ? -128.0f : -8.0f;  // Q4_0 / Q8_0: b = kB * d
+  const int8_t* xq[MC];
+  const float *xdx[MC], *xs[MC];
+  __m512 acc[MC];
+  #pragma GCC unroll 4
+  for (int mm = 0; mm < MC; ++mm) {
+    xq[mm] = act.q.data() + (m0 + mm) * rs.kp;
+    xdx[mm] = act.dx.data() + (m0 + mm) * rs.lanes;
+    xs[mm] = act.s16.data() + (m0 + mm) * (rs.kp / 16);
+    acc[mm] = _mm512_setzero_ps();
+  }
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* p = g + b * kGroupBlock;
+    #pragma GCC unroll 16
+    for (int o = 0; o < kGroupBlock; o += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(p + kX8Ahead + o), _MM_HINT_T0);
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    const int8_t* xb[MC];
+    #pragma GCC unroll 4
+    for (int mm = 0; mm < MC; ++mm) xb[mm] = xq[mm] + 32 * b;
+    __m512i sums[MC];
+    x8_block_sums<Q, MC>(p + kX8Rows * kH, xb, sums);
+    #pragma GCC unroll 4
+    for (int mm = 0; mm < MC; ++mm) {
+      const __m512 scale = _mm512_mul_ps(d, _mm512_set1_ps(xdx[mm][8 * b]));
+      acc[mm] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[mm]), scale, acc[mm]);
+      const float s = xs[mm][2 * b] + xs[mm][2 * b + 1];
+      if constexpr (Q == kQ4_1) {
+        const __m512 m = _mm512_cvtph_ps(
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 2 * kX8Rows)));
+        acc[mm] = _mm512_fmadd_ps(m, _mm512_set1_ps(s), acc[mm]);
+      } else {
+        acc[mm] = _mm512_fmadd_ps(d, _mm512_set1_ps(kB * s), acc[mm]);
+      }
+    }
+  }
+  #pragma GCC unroll 4
+  for (int mm = 0; mm < MC; ++mm) out[mm] = acc[mm];
+}
+
+#endif  // MINIVLLM_GGUF_AVX2 / MINIVLLM_GGUF_VNNI
+
+#if MINIVLLM_GGUF_X8
+
+// Rows [n0, n1) (whole groups) of an x8 weight x act rows [a0, a0 + m) into y rows [0, m)
+// (+ bias), as gguf_dot_rows: each group meets up to 4 of them per pass (its rows stay in L1
 // for the next pass).
 template <int Q>
 void x8_gemm_rows(const uint8_t* w, int64_t row_bytes, const Activation& act, RowShape rs,
                   int64_t k, int64_t a0, int64_t m, int64_t n0, int64_t n1, const void* bias,
                   void* y, int64_t y_stride, int dt) {
   const int64_t nb = k / 32;
-  alignas(32) float lanes[4][kX8Rows];
+  alignas(64) float lanes[4][kX8Rows];
   float out[kX8Rows * 4];
   for (int64_t n = n0; n < n1; n += kX8Rows) {
     const uint8_t* g = w + n * row_bytes;
     for (int64_t m0 = 0; m0 < m;) {
       const int mc = static_cast<int>(std::min<int64_t>(4, m - m0));
-      __m256 acc[4];
+      X8Acc acc[4];
       if (mc == 4) x8_dot_group<Q, 4>(g, nb, act, rs, a0 + m0, acc);
       else if (mc == 3) x8_dot_group<Q, 3>(g, nb, act, rs, a0 + m0, acc);
       else if (mc == 2) x8_dot_group<Q, 2>(g, nb, act, rs, a0 + m0, acc);
       else x8_dot_group<Q, 1>(g, nb, act, rs, a0 + m0, acc);
-      for (int mm = 0; mm < mc; ++mm) _mm256_store_ps(lanes[mm], acc[mm]);
+      for (int mm = 0; mm < mc; ++mm) x8_store(lanes[mm], acc[mm]);
       for (int r = 0; r < kX8Rows; ++r)
         for (int mm = 0; mm < mc; ++mm) out[r * mc + mm] = lanes[mm][r];
       store_sums(out, kX8Rows, mc, n, m0, bias, y, y_stride, dt);
@@ -206,6 +323,6 @@ inline bool x8_gemm(int qtype, const uint8_t* w, int64_t row_bytes, const Activa
   }
 }
 
-#endif  // MINIVLLM_GGUF_AVX2
+#endif  // MINIVLLM_GGUF_X8
 
 }  // namespace

@@ -315,48 +315,55 @@ def test_portable_build_agrees(tmp_path, monkeypatch, flags, avx2):
             check_linear(gl.gguf_linear(xb, qw, qtype, None), xb, torch.from_numpy(ref), None)
 
 
-@pytest.fixture(scope="module")
-def no_vnni_lib(tmp_path_factory):
-    """gguf_gemm.cpp without VNNI: the AVX2 kernels and the x8 layout (AVX2 CPUs only)."""
+@pytest.fixture(scope="module", params=["avx2", "vnni"])
+def x8_build(request, tmp_path_factory):
+    """(library, rows per x8 group): gguf_gemm.cpp without VNNI (the AVX2 kernels, 8-row groups;
+    AVX2 CPUs only), or this CPU's own build where it has VNNI (16-row groups)."""
     if os.uname().machine != "x86_64" or not ops.cpu_has("avx2"):
-        pytest.skip("the x8 layout is an AVX2 kernel layout")
-    return _portable_library(tmp_path_factory.mktemp("x8"), ["-mno-avx512vnni"])
+        pytest.skip("the x8 layout is an x86 SIMD kernel layout")
+    if request.param == "avx2":
+        return _portable_library(tmp_path_factory.mktemp("x8"), ["-mno-avx512vnni"]), 8
+    if not ops.native_available() or not ops.native_lib().minivllm_gguf_has_vnni():
+        pytest.skip("this CPU's kernels are not the VNNI ones")
+    return ops.native_lib(), 16
 
 
 @pytest.mark.parametrize("qtype", sorted(gl.GGUF_X8_TYPES), ids=lambda t: T(t).name)
-def test_x8_layout_same_values_and_products(no_vnni_lib, monkeypatch, qtype):
-    monkeypatch.setattr(gl._Native, "lib", no_vnni_lib)
-    for name, value in (("resolved", True), ("amx", False), ("vnni", False),
-                        ("int8_decode", True), ("x8", True)):
+def test_x8_layout_same_values_and_products(x8_build, monkeypatch, qtype):
+    lib, g = x8_build
+    assert lib.minivllm_gguf_has_x8() == g
+    monkeypatch.setattr(gl._Native, "lib", lib)
+    for name, value in (("resolved", True), ("amx", False), ("vnni", g == 16),
+                        ("int8_decode", True), ("x8", True), ("x8_rows", g)):
         monkeypatch.setattr(gl._Native, name, value)
-    cols = 544                                        # 17 blocks: no 64-element unit rounding
-    plain = torch.from_numpy(random_weight(qtype, 40, cols, seed=3))
+    cols, rows = 544, 48                              # 17 blocks: no 64-element unit rounding
+    plain = torch.from_numpy(random_weight(qtype, rows, cols, seed=3))
     ref = torch.from_numpy(quants.dequantize(plain.numpy(), qtype))
-    assert gl.gguf_repack_for_cpu(plain[:22].clone(), qtype) == qtype   # not whole groups
+    assert gl.gguf_repack_for_cpu(plain[:g + 6].clone(), qtype) == qtype   # not whole groups
     x8 = plain.clone()
     code = gl.gguf_repack_for_cpu(x8, qtype)
     assert code == qtype | gl.GGUF_X8_LAYOUT and not torch.equal(x8, plain)
     assert torch.equal(gl.gguf_unpack_x8(x8, code), plain)              # same bytes, moved
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
         assert torch.equal(gl.gguf_dequantize(x8, code, dtype), ref.to(dtype))
-        assert torch.equal(gl.gguf_dequantize(x8[8:32], code, dtype), ref[8:32].to(dtype))
-    ids = torch.tensor([[39, 0, 7], [8, 8, 21]])
+        assert torch.equal(gl.gguf_dequantize(x8[g:3 * g], code, dtype), ref[g:3 * g].to(dtype))
+    ids = torch.tensor([[47, 0, 7], [8, 8, 21]])
     assert torch.equal(gl.gguf_embedding(ids, x8, code, torch.bfloat16), ref[ids].bfloat16())
-    with pytest.raises(IndexError, match=r"\[0, 40\)"):
-        gl.gguf_embedding(torch.tensor([40]), x8, code, torch.bfloat16)
-    bias = torch.randn(40).bfloat16()
-    for m in (1, 2, 3, 4, 5, 9):                      # passes of 4, 3, 2 and 1 tokens
+    with pytest.raises(IndexError, match=r"\[0, 48\)"):
+        gl.gguf_embedding(torch.tensor([48]), x8, code, torch.bfloat16)
+    bias = torch.randn(rows).bfloat16()
+    for m in (1, 2, 3, 4, 5, 9, 17):                  # passes of 4, 3, 2 and 1 tokens
         x = torch.randn(m, cols).bfloat16()
         y = gl.gguf_linear(x, x8, code, bias, independent_rows=True)
         check_linear(y, x, ref, bias)
-        # the plain layout's AVX2 kernel: the same int8 sums, other fp32 summation order
+        # the plain layout's kernel: the same int8 sums, other fp32 summation order
         y_plain = gl.gguf_linear(x, plain, qtype, bias, independent_rows=True)
         torch.testing.assert_close(y, y_plain, rtol=2 ** -7, atol=1e-2)
-    out = torch.zeros(2, 48).bfloat16()               # a column slice of a fused output
+    out = torch.zeros(2, 2 * g + 16).bfloat16()       # a column slice of a fused output
     x = torch.randn(2, cols).bfloat16()
-    gl.gguf_linear(x, x8[8:32], code, None, out=out[:, 16:40])
-    torch.testing.assert_close(out[:, 16:40], gl.gguf_linear(x, x8, code, None)[:, 8:32])
-    assert out[:, :16].abs().sum() == 0 and out[:, 40:].abs().sum() == 0
+    gl.gguf_linear(x, x8[g:3 * g], code, None, out=out[:, 8:8 + 2 * g])
+    torch.testing.assert_close(out[:, 8:8 + 2 * g], gl.gguf_linear(x, x8, code, None)[:, g:3 * g])
+    assert out[:, :8].abs().sum() == 0 and out[:, 8 + 2 * g:].abs().sum() == 0
 
 
 def test_default_model_first_layer(default_model_path):

@@ -37,9 +37,10 @@ GGUF_FLOAT_TYPES: frozenset[int] = frozenset(
 # (elements, bytes) per block of each supported type: a plain dict, read on every call.
 _BLOCKS: dict[int, tuple[int, int]] = {
     t: GGML_QUANT_SIZES[GGMLQuantizationType(t)] for t in GGUF_KERNEL_TYPES}
-# The x8 layout (csrc/gguf_x8.h): blocks of 8 rows interleaved for the AVX2 dot kernels, the
-# same bytes as the file's. A flag on the type code the kernels take (`qweight_kernel_type`).
+# The x8 layout (csrc/gguf_x8.h): blocks of 8 rows (AVX2) or 16 (AVX-512 VNNI) interleaved for
+# the dot kernels without AMX, the same bytes as the file's. A flag on the type code the kernels take (`qweight_kernel_type`).
 GGUF_X8_LAYOUT = 1 << 8
+_X8_MAX_ROWS = 16          # rows of the widest x8 group: dequantised tiles start at its multiples
 GGUF_X8_TYPES: frozenset[int] = frozenset(int(t) for t in (
     GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q8_0))
 _BLOCKS.update({t | GGUF_X8_LAYOUT: _BLOCKS[t] for t in GGUF_X8_TYPES})
@@ -79,7 +80,8 @@ class _Native:
     vnni = False
     int8_decode = False    # decode steps of any size take the int8 kernels (VNNI or AVX2, no AMX)
     widen_prompts = False  # bf16 / fp16 prompt tiles in fp32 (no AMX, no AVX-512 BF16)
-    x8 = False             # GGUF_X8_TYPES weights take the x8 layout (AVX2 kernels, no VNNI)
+    x8 = False             # GGUF_X8_TYPES weights take the x8 layout (dot kernels, no AMX)
+    x8_rows = 0            # rows per x8 group: 8 (AVX2 kernels), 16 (AVX-512 VNNI)
 
 
 def _resolve() -> ctypes.CDLL | None:
@@ -90,7 +92,9 @@ def _resolve() -> ctypes.CDLL | None:
         _Native.vnni = bool(_Native.lib.minivllm_gguf_has_vnni())
         avx2 = bool(_Native.lib.minivllm_gguf_has_avx2())
         _Native.int8_decode = _Native.vnni or avx2
-        _Native.x8 = avx2 and os.environ.get("MINIVLLM_GGUF_X8", "1") != "0"
+        _Native.x8_rows = int(_Native.lib.minivllm_gguf_has_x8())
+        _Native.x8 = (bool(_Native.x8_rows) and not _Native.amx     # AMX strips: file layout
+                      and os.environ.get("MINIVLLM_GGUF_X8", "1") != "0")
         _Native.widen_prompts = ops.bf16_gemm_in_software()   # implies no AMX
     return _Native.lib
 
@@ -134,16 +138,16 @@ def check_gguf_type(qtype: int, name: str = "") -> None:
 
 def gguf_repack_for_cpu(qweight: torch.Tensor, qtype: int) -> int:
     """The type code the kernels take for this packed weight (`qweight_kernel_type`): on CPUs
-    whose int8 kernels are the AVX2 ones, a contiguous CPU weight of `GGUF_X8_TYPES` in whole
-    groups of 8 rows is rearranged in place into the x8 layout (`qtype | GGUF_X8_LAYOUT`; same
-    bytes, so no extra memory). Its rows then no longer read as file rows: use the returned code
-    everywhere. Measured on the 2-core Zen 3 box: 1.7-2.0x the plain layout's AVX2 kernel for a
-    [3072, 576] Q4_1 weight at 1 row (one thread), 1.6-1.7x for the [49152, 576] Q8_0 LM head
-    (two threads); batch-1 decode of the default model 74 -> 92 tok/s (same run, A/B).
-    `MINIVLLM_GGUF_X8=0` keeps the file's layout."""
+    whose int8 kernels are the AVX2 or AVX-512 VNNI ones (no AMX), a contiguous CPU weight of
+    `GGUF_X8_TYPES` in whole groups of `gguf_x8_rows()` rows is rearranged in place into the x8
+    layout (`qtype | GGUF_X8_LAYOUT`; same bytes, so no extra memory). Its rows then no longer
+    read as file rows: use the returned code everywhere. Measured on the 2-core Zen 3 box (8-row
+    groups): 1.7-2.0x the plain layout's AVX2 kernel for a [3072, 576] Q4_1 weight at 1 row (one
+    thread), 1.6-1.7x for the [49152, 576] Q8_0 LM head (two threads); batch-1 decode of the
+    default model 74 -> 92 tok/s (same run, A/B). `MINIVLLM_GGUF_X8=0` keeps the file's layout."""
     lib = _Native.lib if _Native.resolved else _resolve()
     if (lib is None or not _Native.x8 or qtype not in GGUF_X8_TYPES or not qweight.is_cpu
-            or qweight.dim() != 2 or qweight.dtype != torch.uint8 or qweight.shape[0] % 8
+            or qweight.dim() != 2 or qweight.dtype != torch.uint8 or qweight.shape[0] % _Native.x8_rows
             or not qweight.is_contiguous()):
         return qtype
     rc = lib.minivllm_gguf_repack_x8(qtype, qweight.data_ptr(), qweight.shape[1],
@@ -153,10 +157,16 @@ def gguf_repack_for_cpu(qweight: torch.Tensor, qtype: int) -> int:
 
 
 def gguf_uses_x8() -> bool:
-    """Whether `gguf_repack_for_cpu` rearranges weights on this CPU (the AVX2 kernels)."""
+    """Whether `gguf_repack_for_cpu` rearranges weights on this CPU (dot kernels without AMX)."""
     if not _Native.resolved:
         _resolve()
     return _Native.x8
+
+
+def gguf_x8_rows() -> int:
+    """Rows per group of the x8 layout on this CPU: 8 (AVX2 kernels), 16 (AVX-512 VNNI); 0 where
+    weights keep the file's layout."""
+    return _Native.x8_rows if gguf_uses_x8() else 0
 
 
 def gguf_unpack_x8(qweight: torch.Tensor, qtype: int) -> torch.Tensor:
@@ -312,9 +322,9 @@ def _prompt_linear(lib: ctypes.CDLL, x: torch.Tensor, qweight: torch.Tensor, qty
             return y
     if _Native.widen_prompts and x.dtype != torch.float32 and m >= FP32_TILE_MIN_ROWS:
         y = fp32_tiles(x, qweight, bias, lambda rows: gguf_dequantize(rows, qtype, torch.float32),
-                       row_multiple=8)
+                       row_multiple=_X8_MAX_ROWS)
         return _into(out, y)
-    tile_rows = max(16, _FALLBACK_TILE // k) // 8 * 8     # whole x8 groups
+    tile_rows = max(16, _FALLBACK_TILE // k) // _X8_MAX_ROWS * _X8_MAX_ROWS   # whole x8 groups
     parts = [F.linear(x, gguf_dequantize(qweight[n0:n0 + tile_rows], qtype, x.dtype))
              for n0 in range(0, n, tile_rows)]
     y = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)

@@ -25,7 +25,7 @@ from torch import nn
 
 from minivllm.model_executor.kernels.gguf_linear import (GGUF_FLOAT_TYPES, check_gguf_type,
                                                          gguf_matmul, gguf_repack_for_cpu,
-                                                         gguf_split_columns)
+                                                         gguf_split_columns, gguf_x8_rows)
 from minivllm.model_executor.kernels.op_library import register_op
 from minivllm.model_executor.layers.fused_moe.cpu_fused_moe import fused_experts_gguf
 from minivllm.model_executor.layers.fused_moe.fused_moe import (fused_experts, fused_experts_fake,
@@ -128,8 +128,10 @@ class GGUFMoEMethod(FusedMoEMethodBase):
             setattr(layer, f"{name}_type", qtype)
             # AVX2 CPUs: the x8 layout of the same bytes, each expert's rows whole groups of 8
             # (gguf_linear.gguf_repack_for_cpu); the kernels take the code with its layout bit.
+            # (The VNNI experts' x^T tiles read the file's layout: 16-row groups stay plain.)
             code = qtype
-            if qtype not in GGUF_FLOAT_TYPES and buffer.shape[1] % 8 == 0:
+            if (qtype not in GGUF_FLOAT_TYPES and buffer.shape[1] % 8 == 0
+                    and gguf_x8_rows() == 8):
                 code = gguf_repack_for_cpu(buffer.view(-1, buffer.shape[2]), qtype)
             setattr(layer, f"{name}_kernel_type", code)
 
