@@ -296,6 +296,7 @@ def _portable_library(tmp_path, flags: list[str]) -> ctypes.CDLL:
 def test_portable_build_agrees(tmp_path, monkeypatch, flags, avx2):
     lib = _portable_library(tmp_path, flags)
     assert lib.minivllm_gguf_has_vnni() == 0 and lib.minivllm_gguf_has_avx2() == int(avx2)
+    gl._resolve()       # first: else undoing the patch leaves _Native resolved with no library
     monkeypatch.setattr(gl._Native, "lib", lib)
     monkeypatch.setattr(gl._Native, "amx", False)
     monkeypatch.setattr(gl._Native, "vnni", False)
@@ -332,6 +333,7 @@ def x8_build(request, tmp_path_factory):
 def test_x8_layout_same_values_and_products(x8_build, monkeypatch, qtype):
     lib, g = x8_build
     assert lib.minivllm_gguf_has_x8() == g
+    gl._resolve()                                              # before the capabilities are set
     monkeypatch.setattr(gl._Native, "lib", lib)
     for name, value in (("resolved", True), ("amx", False), ("vnni", g == 16),
                         ("int8_decode", True), ("x8", True), ("x8_rows", g)):
