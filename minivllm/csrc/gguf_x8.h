@@ -83,8 +83,20 @@ constexpr int kX8Ahead = MINIVLLM_X8_AHEAD;
 
 #if MINIVLLM_GGUF_AVX2
 
-using X8Acc = __m256;  // one fp32 lane per row of a group
+// One fp32 lane per row of a group, and the few operations x8_dot_group needs.
+using X8Acc = __m256;
+using X8Int = __m256i;
 inline void x8_store(float* p, X8Acc v) { _mm256_store_ps(p, v); }
+inline X8Acc x8_zero() { return _mm256_setzero_ps(); }
+inline X8Acc x8_set1(float v) { return _mm256_set1_ps(v); }
+inline X8Acc x8_mul(X8Acc a, X8Acc b) { return _mm256_mul_ps(a, b); }
+inline X8Acc x8_fmadd(X8Acc a, X8Acc b, X8Acc c) { return _mm256_fmadd_ps(a, b, c); }
+inline X8Acc x8_cvt(X8Int v) { return _mm256_cvtepi32_ps(v); }
+inline X8Acc x8_fp16(const uint8_t* p) {  // the group's 8 fp16 of one header field
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+// Q8_0's b term per d * S: none, the AVX2 sums multiply signed quants (x8_block_sums).
+constexpr float kX8Q8Bias = 0.0f;
 
 inline __m256i bcast4(const int8_t* p) {  // 4 bytes of x into every 32-bit lane
   int32_t v;
@@ -97,7 +109,7 @@ inline __m256i bcast4(const int8_t* p) {  // 4 bytes of x into every 32-bit lane
 // block's 8 of them sum in int16 (30480) before one vpmaddwd. Q8_0 (signed, |w| times x with
 // w's sign: up to 2 * 128 * 127 per lane) widens every chunk.
 template <int Q, int MC>
-inline void x8_block_sums(const uint8_t* quants, const int8_t* const* xq, __m256i* sums) {
+inline void x8_block_sums(const uint8_t* quants, const int8_t* const* xq, X8Int* sums) {
   const __m256i ones = _mm256_set1_epi16(1);
   if constexpr (Q == kQ8_0) {
     #pragma GCC unroll 4
@@ -133,57 +145,22 @@ inline void x8_block_sums(const uint8_t* quants, const int8_t* const* xq, __m256
   for (int mm = 0; mm < MC; ++mm) sums[mm] = _mm256_madd_epi16(s16[mm], ones);
 }
 
-// out[mm] lane r = row r of the group at g (nb blocks) times row m0 + mm of act:
-// sum over blocks of d * dx * sum(u * q) + b-term (Q4_1: m * S, Q4_0: -8 d * S, with S the
-// block's dx * sum(q) from Activation::s16).
-template <int Q, int MC>
-void x8_dot_group(const uint8_t* g, int64_t nb, const Activation& act, RowShape rs, int64_t m0,
-                  __m256* out) {
-  constexpr int kH = x8_header(Q), kGroupBlock = kX8Rows * (kH + x8_quants(Q));
-  const int8_t* xq[MC];
-  const float *xdx[MC], *xs[MC];
-  __m256 acc[MC];
-  #pragma GCC unroll 4
-  for (int mm = 0; mm < MC; ++mm) {
-    xq[mm] = act.q.data() + (m0 + mm) * rs.kp;
-    xdx[mm] = act.dx.data() + (m0 + mm) * rs.lanes;
-    xs[mm] = act.s16.data() + (m0 + mm) * (rs.kp / 16);
-    acc[mm] = _mm256_setzero_ps();
-  }
-  for (int64_t b = 0; b < nb; ++b) {
-    const uint8_t* p = g + b * kGroupBlock;
-    #pragma GCC unroll 8
-    for (int o = 0; o < kGroupBlock; o += 64)
-      _mm_prefetch(reinterpret_cast<const char*>(p + kX8Ahead + o), _MM_HINT_T0);
-    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-    const int8_t* xb[MC];
-    #pragma GCC unroll 4
-    for (int mm = 0; mm < MC; ++mm) xb[mm] = xq[mm] + 32 * b;
-    __m256i sums[MC];
-    x8_block_sums<Q, MC>(p + kX8Rows * kH, xb, sums);
-    #pragma GCC unroll 4
-    for (int mm = 0; mm < MC; ++mm) {
-      const __m256 scale = _mm256_mul_ps(d, _mm256_set1_ps(xdx[mm][8 * b]));
-      acc[mm] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[mm]), scale, acc[mm]);
-      if constexpr (Q != kQ8_0) {
-        const float s = xs[mm][2 * b] + xs[mm][2 * b + 1];
-        if constexpr (Q == kQ4_1) {
-          const __m256 m = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16)));
-          acc[mm] = _mm256_fmadd_ps(m, _mm256_set1_ps(s), acc[mm]);
-        } else {
-          acc[mm] = _mm256_fmadd_ps(d, _mm256_set1_ps(-8.0f * s), acc[mm]);
-        }
-      }
-    }
-  }
-  #pragma GCC unroll 4
-  for (int mm = 0; mm < MC; ++mm) out[mm] = acc[mm];
-}
 
 #elif MINIVLLM_GGUF_VNNI
 
-using X8Acc = __m512;  // one fp32 lane per row of a group
+using X8Acc = __m512;
+using X8Int = __m512i;
 inline void x8_store(float* p, X8Acc v) { _mm512_store_ps(p, v); }
+inline X8Acc x8_zero() { return _mm512_setzero_ps(); }
+inline X8Acc x8_set1(float v) { return _mm512_set1_ps(v); }
+inline X8Acc x8_mul(X8Acc a, X8Acc b) { return _mm512_mul_ps(a, b); }
+inline X8Acc x8_fmadd(X8Acc a, X8Acc b, X8Acc c) { return _mm512_fmadd_ps(a, b, c); }
+inline X8Acc x8_cvt(X8Int v) { return _mm512_cvtepi32_ps(v); }
+inline X8Acc x8_fp16(const uint8_t* p) {  // the group's 16 fp16 of one header field
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+// Q8_0's b term per d * S: the VNNI sums read q + 128 (x8_block_sums).
+constexpr float kX8Q8Bias = -128.0f;
 
 inline __m512i bcast4_512(const int8_t* p) {  // 4 bytes of x into every 32-bit lane
   int32_t v;
@@ -195,7 +172,7 @@ inline __m512i bcast4_512(const int8_t* p) {  // 4 bytes of x into every 32-bit 
 // quants; Q8_0 stores q + 128, corrected by the block's -128 * sum(x_quant) term). Two chains
 // per token (low / high nibbles, even / odd chunks) keep vpdpbusd's latency hidden.
 template <int Q, int MC>
-inline void x8_block_sums(const uint8_t* quants, const int8_t* const* xq, __m512i* sums) {
+inline void x8_block_sums(const uint8_t* quants, const int8_t* const* xq, X8Int* sums) {
   __m512i s0[MC], s1[MC];
   #pragma GCC unroll 4
   for (int mm = 0; mm < MC; ++mm) s0[mm] = s1[mm] = _mm512_setzero_si512();
@@ -229,56 +206,53 @@ inline void x8_block_sums(const uint8_t* quants, const int8_t* const* xq, __m512
   for (int mm = 0; mm < MC; ++mm) sums[mm] = _mm512_add_epi32(s0[mm], s1[mm]);
 }
 
+
+#endif  // MINIVLLM_GGUF_AVX2 / MINIVLLM_GGUF_VNNI
+
+#if MINIVLLM_GGUF_X8
+
 // out[mm] lane r = row r of the group at g (nb blocks) times row m0 + mm of act: over blocks,
-// d * dx * sum(u * q) + the b term (Q4_1: m * S, Q4_0: -8 d * S, Q8_0: -128 d * S, with S the
-// block's dx * sum(q) from Activation::s16).
+// d * dx * sum(u * q) + the b term (Q4_1: m * S, Q4_0: -8 d * S, Q8_0: kX8Q8Bias * d * S, with
+// S the block's dx * sum(q) from Activation::s16).
 template <int Q, int MC>
 void x8_dot_group(const uint8_t* g, int64_t nb, const Activation& act, RowShape rs, int64_t m0,
-                  __m512* out) {
+                  X8Acc* out) {
   constexpr int kH = x8_header(Q), kGroupBlock = kX8Rows * (kH + x8_quants(Q));
-  constexpr float kB = Q == kQ8_0 ? -128.0f : -8.0f;  // Q4_0 / Q8_0: b = kB * d
+  constexpr float kB = Q == kQ8_0 ? kX8Q8Bias : -8.0f;  // Q4_0 / Q8_0: b = kB * d * S
   const int8_t* xq[MC];
   const float *xdx[MC], *xs[MC];
-  __m512 acc[MC];
+  X8Acc acc[MC];
   #pragma GCC unroll 4
   for (int mm = 0; mm < MC; ++mm) {
     xq[mm] = act.q.data() + (m0 + mm) * rs.kp;
     xdx[mm] = act.dx.data() + (m0 + mm) * rs.lanes;
     xs[mm] = act.s16.data() + (m0 + mm) * (rs.kp / 16);
-    acc[mm] = _mm512_setzero_ps();
+    acc[mm] = x8_zero();
   }
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* p = g + b * kGroupBlock;
     #pragma GCC unroll 16
     for (int o = 0; o < kGroupBlock; o += 64)
       _mm_prefetch(reinterpret_cast<const char*>(p + kX8Ahead + o), _MM_HINT_T0);
-    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    const X8Acc d = x8_fp16(p);
     const int8_t* xb[MC];
     #pragma GCC unroll 4
     for (int mm = 0; mm < MC; ++mm) xb[mm] = xq[mm] + 32 * b;
-    __m512i sums[MC];
+    X8Int sums[MC];
     x8_block_sums<Q, MC>(p + kX8Rows * kH, xb, sums);
     #pragma GCC unroll 4
     for (int mm = 0; mm < MC; ++mm) {
-      const __m512 scale = _mm512_mul_ps(d, _mm512_set1_ps(xdx[mm][8 * b]));
-      acc[mm] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[mm]), scale, acc[mm]);
-      const float s = xs[mm][2 * b] + xs[mm][2 * b + 1];
-      if constexpr (Q == kQ4_1) {
-        const __m512 m = _mm512_cvtph_ps(
-            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 2 * kX8Rows)));
-        acc[mm] = _mm512_fmadd_ps(m, _mm512_set1_ps(s), acc[mm]);
-      } else {
-        acc[mm] = _mm512_fmadd_ps(d, _mm512_set1_ps(kB * s), acc[mm]);
+      acc[mm] = x8_fmadd(x8_cvt(sums[mm]), x8_mul(d, x8_set1(xdx[mm][8 * b])), acc[mm]);
+      if constexpr (Q == kQ4_1 || kB != 0.0f) {
+        const float s = xs[mm][2 * b] + xs[mm][2 * b + 1];
+        if constexpr (Q == kQ4_1) acc[mm] = x8_fmadd(x8_fp16(p + 2 * kX8Rows), x8_set1(s), acc[mm]);
+        else acc[mm] = x8_fmadd(d, x8_set1(kB * s), acc[mm]);
       }
     }
   }
   #pragma GCC unroll 4
   for (int mm = 0; mm < MC; ++mm) out[mm] = acc[mm];
 }
-
-#endif  // MINIVLLM_GGUF_AVX2 / MINIVLLM_GGUF_VNNI
-
-#if MINIVLLM_GGUF_X8
 
 // Rows [n0, n1) (whole groups) of an x8 weight x act rows [a0, a0 + m) into y rows [0, m)
 // (+ bias), as gguf_dot_rows: each group meets up to 4 of them per pass (its rows stay in L1
