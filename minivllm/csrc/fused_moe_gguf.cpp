@@ -4,6 +4,9 @@
 // sum: moe_common.h), each expert GEMM through the int8 dot kernels of gguf_dot.h or, for more
 // than kGgufDotMaxRows rows on AMX CPUs, gguf_amx.cpp's bf16 strips, as a plain GGUF linear of
 // that many rows would run. It builds on every CPU (gguf_dot.h picks VNNI, AVX2 or scalar).
+// Q4_0/Q4_1/Q8_0 experts in the x8 layout (gguf_x8.h; AVX2, VNNI without AMX) run x8 kernels
+// for every row count: x is quantized once in the natural layout and each group of kX8Rows
+// rows yields kX8Rows sums per load.
 //
 // Prompt-sized groups: each thread takes whole experts (gguf_gemm.cpp per expert GEMM).
 // Decode-sized groups (a few rows per expert, up to every expert active): x is quantized to int8
@@ -54,8 +57,10 @@ struct Layer {
 };
 
 // Whether m rows of x take bf16 x (the AMX strips, gguf_gemm.cpp's x^T tiles) rather than the
-// dot kernel on x quantized once (decode pieces).
+// dot kernel on x quantized once (decode pieces). x8 weights (no AMX) have one kernel for every
+// row count, which reads x quantized once.
 inline bool from_bf16_rows(const Layer& L, int64_t m) {
+  if ((L.w13.qtype | L.w2.qtype) & kX8Layout) return false;
   return m >= kTileMinRows || (L.amx && m > kGgufDotMaxRows);
 }
 
@@ -161,9 +166,9 @@ int run_experts(Layer L, const uint16_t* x, int64_t x_stride, const int64_t* ids
   const int64_t count = static_cast<int64_t>(active.size());
   const bool by_expert = whole_experts(count, n, num_threads);
   const bool vnni = minivllm_gguf_has_vnni() != 0;
-  // (x8 weights: the layout bit is no part of x's row shape)
-  const RowShape rs_x = row_shape(L.w13.qtype & ~kX8Layout, h, vnni);
-  const RowShape rs_h = row_shape(L.w2.qtype & ~kX8Layout, inter, vnni);
+  // (x8 weights read x in the natural layout, with its per-16 sums: gguf_x8.h)
+  const RowShape rs_x = row_shape(L.w13.qtype & ~kX8Layout, h, vnni && !(L.w13.qtype & kX8Layout));
+  const RowShape rs_h = row_shape(L.w2.qtype & ~kX8Layout, inter, vnni && !(L.w2.qtype & kX8Layout));
   if (!by_expert && !(reserve_rows(n, rs_x, &g_act_x) && reserve_rows(n, rs_h, &g_act_h)))
     return 3;
   // bf16 rows of x: whole experts' GEMMs, and decode pieces of experts with many rows
@@ -213,12 +218,13 @@ int minivllm_fused_experts_gguf(const uint16_t* x, int64_t x_stride, const uint8
                                 int32_t num_threads) {
   if (h % 32 != 0 || inter % 32 != 0 || k < 1 || t_count < 0 || w13_type < 0 || w2_type < 0)
     return 1;
-  // the x8 layout (gguf_x8.h) only for its types, in whole groups of 8 rows per expert, and
-  // only for the AVX2 kernels (the VNNI experts' x^T tiles and split activations read the file's)
+  // the x8 layout (gguf_x8.h) only where its kernels are built, for its types, in whole groups
+  // of kX8Rows rows per expert
   if ((w13_type | w2_type) & kX8Layout) {
-    if (kX8Rows != 8 || !MINIVLLM_GGUF_X8) return 1;
-    if ((w13_type & kX8Layout) && (!x8_type(w13_type & ~kX8Layout) || inter % 4 != 0)) return 1;
-    if ((w2_type & kX8Layout) && (!x8_type(w2_type & ~kX8Layout) || h % 8 != 0)) return 1;
+    if (!MINIVLLM_GGUF_X8) return 1;
+    if ((w13_type & kX8Layout) && (!x8_type(w13_type & ~kX8Layout) || 2 * inter % kX8Rows != 0))
+      return 1;
+    if ((w2_type & kX8Layout) && (!x8_type(w2_type & ~kX8Layout) || h % kX8Rows != 0)) return 1;
   }
   const Geometry g13 = geometry(w13_type & ~kX8Layout), g2 = geometry(w2_type & ~kX8Layout);
   if (g13.elems == 0 || g2.elems == 0 || h % g13.elems != 0 || inter % g2.elems != 0) return 1;

@@ -11,7 +11,7 @@ method copies this rank's part of each into one buffer per parameter as it arriv
   the intermediate dimension (a TP size that would split a block is refused with the valid ones);
 
 with `layer.w13_qweight_type` / `layer.w2_qweight_type` (`*_kernel_type`: what the kernels take,
-with the x8 layout bit on AVX2 CPUs, see `gguf_repack_for_cpu`). No dequantised copy is kept. bf16 SiLU
+with the x8 layout bit on CPUs with the x8 kernels, see `gguf_repack_for_cpu`). No dequantised copy is kept. bf16 SiLU
 experts without biases run in one native call (`fused_experts_gguf`: int8 dot kernels or AMX
 strips per expert, CPU-graph recordable); anything else (fp32 reference runs, other activations,
 biases) loops over the active experts with `gguf_matmul`, as the packed linears compute.
@@ -126,12 +126,11 @@ class GGUFMoEMethod(FusedMoEMethodBase):
             # would hold two copies at the peak.
             param.keep_in_place = True
             setattr(layer, f"{name}_type", qtype)
-            # AVX2 CPUs: the x8 layout of the same bytes, each expert's rows whole groups of 8
-            # (gguf_linear.gguf_repack_for_cpu); the kernels take the code with its layout bit.
-            # (The VNNI experts' x^T tiles read the file's layout: 16-row groups stay plain.)
-            code = qtype
-            if (qtype not in GGUF_FLOAT_TYPES and buffer.shape[1] % 8 == 0
-                    and gguf_x8_rows() == 8):
+            # CPUs with the x8 kernels (AVX2, AVX-512 VNNI without AMX): the x8 layout of the
+            # same bytes, each expert's rows whole groups of gguf_x8_rows() (8 or 16 rows;
+            # gguf_linear.gguf_repack_for_cpu); the kernels take the code with its layout bit.
+            code, group = qtype, gguf_x8_rows()
+            if qtype not in GGUF_FLOAT_TYPES and group and buffer.shape[1] % group == 0:
                 code = gguf_repack_for_cpu(buffer.view(-1, buffer.shape[2]), qtype)
             setattr(layer, f"{name}_kernel_type", code)
 

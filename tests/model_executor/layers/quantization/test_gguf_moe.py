@@ -88,21 +88,23 @@ def test_native_experts_match_dequantised_and_the_packed_loop(q13, q2, num_token
 @pytest.mark.requires_native
 @pytest.mark.parametrize("num_tokens", [1, 3, 40, 200])    # 200: whole experts per thread
 def test_native_experts_in_the_x8_layout(num_tokens):
-    """AVX2 CPUs rearrange Q4_0/Q4_1/Q8_0 experts into the x8 layout at load: the native call
-    on those bytes (decode pieces through gguf_dot_rows, prompts through gguf_gemm) gives the
-    plain layout's products up to the fp32 summation order."""
+    """CPUs with the x8 kernels (AVX2: 8-row groups, AVX-512 VNNI without AMX: 16) rearrange
+    Q4_0/Q4_1/Q8_0 experts into the x8 layout at load: the native call on those bytes (decode
+    pieces through gguf_dot_rows, prompts through gguf_gemm) gives the plain layout's products
+    up to the fp32 summation order."""
     w13, w2, _, _ = _experts(T.Q4_1, T.Q8_0)
     x, weights, ids = _tokens(num_tokens, seed=7)
     plain = fused_experts_gguf(x.bfloat16(), w13, int(T.Q4_1), w2, int(T.Q8_0), weights, ids)
-    if gl.gguf_x8_rows() == 16:
-        # the VNNI experts read the file's layout: the native call refuses the flag (the layer
-        # never sets it there, see test_loader_keeps_blocks_and_slices_whole_blocks_per_rank)
-        flagged = int(T.Q4_1) | gl.GGUF_X8_LAYOUT
-        assert fused_experts_gguf(x.bfloat16(), w13, flagged, w2, int(T.Q8_0), weights,
-                                  ids) is None
-    if gl.gguf_x8_rows() != 8:
-        pytest.skip("experts take the x8 layout with the AVX2 kernels only (this CPU runs VNNI, "
-                    "AMX or scalar ones)")
+    if not gl.gguf_x8_rows():
+        # AMX CPUs keep the file's layout for their strips; a build without the x8 kernels
+        # (scalar) refuses the flag (the layer never sets it there, see
+        # test_loader_keeps_blocks_and_slices_whole_blocks_per_rank)
+        if gl._resolve() is not None and not gl._Native.x8_rows:
+            flagged = int(T.Q4_1) | gl.GGUF_X8_LAYOUT
+            assert fused_experts_gguf(x.bfloat16(), w13, flagged, w2, int(T.Q8_0), weights,
+                                      ids) is None
+        pytest.skip("experts take the x8 layout with the AVX2 or VNNI kernels only (this CPU "
+                    "runs AMX or scalar ones)")
     x13, x2 = w13.clone(), w2.clone()
     c13 = gl.gguf_repack_for_cpu(x13.view(-1, x13.shape[2]), int(T.Q4_1))
     c2 = gl.gguf_repack_for_cpu(x2.view(-1, x2.shape[2]), int(T.Q8_0))
@@ -202,8 +204,8 @@ def test_loader_keeps_blocks_and_slices_whole_blocks_per_rank():
             layer.w2_qweight.weight_loader(layer.w2_qweight, _loaded(down, T.Q8_0), "d", "w2", e)
         method.process_weights_after_loading(layer)
         assert layer.w13_qweight.dtype == torch.uint8 and layer.w13_qweight_type == T.Q8_0
-        # the kernels' code: the x8 layout of the same bytes where the AVX2 kernels run
-        x8 = gl.GGUF_X8_LAYOUT if gl.gguf_x8_rows() == 8 else 0
+        # the kernels' code: the x8 layout of the same bytes where the x8 kernels run
+        x8 = gl.GGUF_X8_LAYOUT if gl.gguf_x8_rows() else 0
         assert layer.w13_qweight_kernel_type == layer.w2_qweight_kernel_type == T.Q8_0 | x8
         w13, w2 = (_file_bytes(p, layer.w13_qweight_kernel_type)
                    for p in (layer.w13_qweight, layer.w2_qweight))
