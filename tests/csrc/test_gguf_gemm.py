@@ -354,7 +354,7 @@ def test_x8_layout_same_values_and_products(x8_build, monkeypatch, qtype):
     with pytest.raises(IndexError, match=r"\[0, 48\)"):
         gl.gguf_embedding(torch.tensor([48]), x8, code, torch.bfloat16)
     bias = torch.randn(rows).bfloat16()
-    for m in (1, 2, 3, 4, 5, 9, 17):                  # passes of 4, 3, 2 and 1 tokens
+    for m in (1, 2, 3, 4, 5, 6, 7, 9, 17, 23):       # passes of 1-4 (AVX2) or 1-8 tokens (VNNI)
         x = torch.randn(m, cols).bfloat16()
         y = gl.gguf_linear(x, x8, code, bias, independent_rows=True)
         check_linear(y, x, ref, bias)
