@@ -6,9 +6,10 @@
 // place (no copy, no gather of weight tensors). The (token, expert) pairs are counting-sorted by
 // expert (stable: tokens ascending), their rows gathered into one contiguous group per expert,
 // and each active expert runs the AMX GEMMs of gemm_amx.cpp on its group: gate_up (SiluAndMul
-// after it), then down, all in one parallel region. Decode-sized groups: every thread computes
-// a slice of every active expert's rows (one token streams exactly its k experts' weights, all
-// threads busy); prompt-sized groups: each thread takes whole experts. Each active expert's
+// after it), then down, all in one parallel region. Decode-sized groups: the threads split
+// pieces of kPieceRows weight rows taken expert after expert (moe_common.h: long runs of
+// consecutive rows per thread, all threads busy; slices of 16 rows of every expert streamed
+// 0.5x the bandwidth on Zen 4); prompt-sized groups: each thread takes whole experts. Each active expert's
 // weight is streamed once for all of its rows. The k outputs of a token are summed in fp32 with
 // their routing weights and rounded to bf16 once.
 //
@@ -36,25 +37,25 @@ namespace {
 #ifdef MINIVLLM_MOE_BF16
 // The bf16 pair dot product of gemm_dot on this build's vectors: kStep bf16 a step into fp32
 // lanes, acc[i] += a[2i] b[2i] + a[2i+1] b[2i+1] (vdpbf16ps, or its emulation: the odd element
-// of each pair first).
+// of each pair first). kTokens: rows of x a weight step meets while in registers.
 #ifdef MINIVLLM_MOE_NATIVE
-constexpr int kStep = 32;
+constexpr int kStep = 32, kTokens = 4;  // 16 accumulators + 4 weight steps of 32 zmm
 using Lanes = __m512;
+using Step = __m512i;
 inline Lanes zero_lanes() { return _mm512_setzero_ps(); }
-inline Lanes dot_step(Lanes acc, const uint16_t* w, __m512i x) {
-  return minivllm::dot_bf16x32(acc, _mm512_loadu_si512(w), x);
-}
-inline __m512i load_step(const uint16_t* x) { return _mm512_loadu_si512(x); }
+inline Step load_step(const uint16_t* p) { return _mm512_loadu_si512(p); }
+inline Lanes dot_step(Lanes acc, Step w, Step x) { return minivllm::dot_bf16x32(acc, w, x); }
 inline float lane_sum(Lanes v) { return _mm512_reduce_add_ps(v); }
 #else  // AVX2 (Zen 2/3)
-constexpr int kStep = 16;
+constexpr int kStep = 16, kTokens = 2;  // 8 accumulators + 4 weight steps of 16 ymm
 using Lanes = __m256;
+using Step = __m256i;
 inline Lanes zero_lanes() { return _mm256_setzero_ps(); }
-inline __m256i load_step(const uint16_t* x) {
-  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
+inline Step load_step(const uint16_t* p) {
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
 }
-inline Lanes dot_step(Lanes acc, const uint16_t* w, __m256i x) {
-  const __m256i a = load_step(w), high = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
+inline Lanes dot_step(Lanes acc, Step a, Step x) {
+  const __m256i high = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
   acc = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_and_si256(a, high)),
                         _mm256_castsi256_ps(_mm256_and_si256(x, high)), acc);
   return _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(a, 16)),
@@ -63,24 +64,68 @@ inline Lanes dot_step(Lanes acc, const uint16_t* w, __m256i x) {
 inline float lane_sum(Lanes v) { return minivllm::hsum8(v); }
 #endif
 
+constexpr int kDotRows = 4;  // weight rows of a gemm_dot tile
+
+// Weight rows [0, R) (rows w_stride apart) times x rows [0, MT) into y (bf16): each weight step
+// is loaded once for the MT rows of x, so the products overlap the weight's stream from memory
+// (one x row per pass over L1-resident weight rows streamed first and multiplied after: 1.0x
+// the bandwidth, ~0.6x ... see gemm_dot). `prefetch`: also hint the next R rows' line per step.
+template <int R, int MT>
+void dot_tile(const uint16_t* x, int64_t x_stride, const uint16_t* w, int64_t w_stride,
+              int64_t k, bool prefetch, uint16_t* y, int64_t y_stride) {
+  Lanes acc[MT][R];
+  for (int mm = 0; mm < MT; ++mm)
+    for (int r = 0; r < R; ++r) acc[mm][r] = zero_lanes();
+  for (int64_t c = 0; c < k; c += kStep) {
+    Step wv[R];
+    for (int r = 0; r < R; ++r) wv[r] = load_step(w + r * w_stride + c);
+    if (prefetch)  // the next R rows' line at c (only rows of this call: an expert's rows
+                   // past them may be inactive, and their lines wasted bandwidth)
+      for (int r = 0; r < R; ++r)
+        _mm_prefetch(reinterpret_cast<const char*>(w + (R + r) * w_stride + c), _MM_HINT_T0);
+    for (int mm = 0; mm < MT; ++mm) {
+      const Step xv = load_step(x + mm * x_stride + c);
+      for (int r = 0; r < R; ++r) acc[mm][r] = dot_step(acc[mm][r], wv[r], xv);
+    }
+  }
+  for (int mm = 0; mm < MT; ++mm)
+    for (int r = 0; r < R; ++r) minivllm::store(lane_sum(acc[mm][r]), y + mm * y_stride + r);
+}
+
+// dot_tile for a runtime count of x rows (1..kTokens).
+template <int R>
+void dot_tile_rows(int mt, const uint16_t* x, int64_t x_stride, const uint16_t* w,
+                   int64_t w_stride, int64_t k, bool prefetch, uint16_t* y, int64_t y_stride) {
+  switch (mt) {
+#ifdef MINIVLLM_MOE_NATIVE
+    case 4: return dot_tile<R, 4>(x, x_stride, w, w_stride, k, prefetch, y, y_stride);
+    case 3: return dot_tile<R, 3>(x, x_stride, w, w_stride, k, prefetch, y, y_stride);
+#endif
+    case 2: return dot_tile<R, 2>(x, x_stride, w, w_stride, k, prefetch, y, y_stride);
+    default: return dot_tile<R, 1>(x, x_stride, w, w_stride, k, prefetch, y, y_stride);
+  }
+}
+
 // y [m, n] (rows y_stride apart, bf16) = x [m, k] W^T for bf16 x, W [n, k] (rows x_stride /
 // w_stride apart), k % 32 == 0, with bf16 pair dot products (fp32 sums, one bf16 rounding): the
-// expert GEMM on CPUs without AMX (AMD Zen 2-4, Ice Lake). Four weight rows at a time (16 KB at
-// k = 2048: they stay in L1 while every row of x meets them), so the weight streams from memory
-// once whatever m is.
+// expert GEMM on CPUs without AMX (AMD Zen 2-4, Ice Lake). kDotRows weight rows at a time (16 KB
+// at k = 2048: they stay in L1 while every row of x meets them), so the weight streams from
+// memory once whatever m is, overlapped with the first kTokens rows' products.
 void gemm_dot(const uint16_t* x, int64_t x_stride, const uint16_t* w, int64_t w_stride,
               uint16_t* y, int64_t y_stride, int64_t m, int64_t n, int64_t k) {
-  constexpr int kRows = 4;
-  for (int64_t n0 = 0; n0 < n; n0 += kRows) {
-    const int rows = static_cast<int>(std::min<int64_t>(kRows, n - n0));
-    for (int64_t i = 0; i < m; ++i) {
-      Lanes acc[kRows];
-      for (int r = 0; r < kRows; ++r) acc[r] = zero_lanes();
-      for (int64_t c = 0; c < k; c += kStep) {
-        const auto xv = load_step(x + i * x_stride + c);
-        for (int r = 0; r < rows; ++r) acc[r] = dot_step(acc[r], w + (n0 + r) * w_stride + c, xv);
-      }
-      for (int r = 0; r < rows; ++r) minivllm::store(lane_sum(acc[r]), y + i * y_stride + n0 + r);
+  for (int64_t n0 = 0; n0 < n; n0 += kDotRows) {
+    const uint16_t* wr = w + n0 * w_stride;
+    for (int64_t i = 0; i < m; i += kTokens) {
+      const int mt = static_cast<int>(std::min<int64_t>(kTokens, m - i));
+      const uint16_t* xr = x + i * x_stride;
+      uint16_t* yr = y + i * y_stride + n0;
+      if (n - n0 >= kDotRows)
+        dot_tile_rows<kDotRows>(mt, xr, x_stride, wr, w_stride, k,
+                                i == 0 && n0 + 2 * kDotRows <= n, yr, y_stride);
+      else  // the last rows one at a time (n % 4: never for the experts' multiples of 32)
+        for (int64_t r = n0; r < n; ++r)
+          dot_tile_rows<1>(mt, xr, x_stride, w + r * w_stride, w_stride, k, false,
+                           yr + (r - n0), y_stride);
     }
   }
 }
@@ -101,39 +146,16 @@ int expert_gemm(bool amx, const uint16_t* x, int64_t x_stride, const uint16_t* w
   return 0;
 }
 
-// Phase 1, this thread's rows [r0, r1) of every active expert's gate and up projections (each
-// thread a slice of every expert, so uneven expert loads stay balanced): gate and up into
-// gu [N, 2I] (bf16, as the separate linears round them), then h = silu(gate) * up into
-// hs [N, I]: the same bits as the fused gate_up epilogue of gemm_amx.cpp.
-int gate_up_slice(bool amx, const uint16_t* xs, const uint16_t* w13, const Groups& g,
-                  const std::vector<int64_t>& active, int64_t h, int64_t inter, int64_t r0,
-                  int64_t r1, uint16_t* gu, uint16_t* hs) {
-  for (const int64_t e : active) {
-    const int64_t begin = g.offsets[e], rows = g.rows(e);
-    uint16_t* out = gu + begin * 2 * inter;
-    for (int half = 0; half < 2; ++half) {  // gate rows [0, I), up rows [I, 2I)
-      const int64_t off = half * inter + r0;
-      const int rc = expert_gemm(amx, xs + begin * h, h, w13, 2 * inter * h, h, e, off,
-                                 out + off, 2 * inter, rows, r1 - r0, h);
-      if (rc != 0) return rc;
-    }
-    silu_mul_rows(out, rows, inter, r0, r1, hs + begin * inter);
-  }
-  return 0;
-}
-
-// Phase 2, this thread's output columns [c0, c1) of every active expert's down projection:
-// ys [N, H] (bf16) = hs W2^T.
-int down_slice(bool amx, const uint16_t* hs, const uint16_t* w2, const Groups& g,
-               const std::vector<int64_t>& active, int64_t h, int64_t inter, int64_t c0,
-               int64_t c1, uint16_t* ys) {
-  for (const int64_t e : active) {
-    const int64_t begin = g.offsets[e];
-    const int rc = expert_gemm(amx, hs + begin * inter, inter, w2, h * inter, inter, e, c0,
-                               ys + begin * h + c0, h, g.rows(e), c1 - c0, inter);
-    if (rc != 0) return rc;
-  }
-  return 0;
+// This thread's decode pieces of one projection over the active experts (moe_common.h):
+// y [N, n] (bf16, rows from each expert's first slot) = x [N, k] W[e]^T for W [E, n, k].
+int projection(bool amx, const uint16_t* x, const uint16_t* w, const Groups& g,
+               const std::vector<int64_t>& active, minivllm::WorkSplit* split, int t, int64_t k,
+               int64_t n, uint16_t* y) {
+  return for_each_piece(split, t, n, [&](int64_t ai, int64_t r0, int64_t r1) {
+    const int64_t e = active[ai], begin = g.offsets[e];
+    return expert_gemm(amx, x + begin * k, k, w, n * k, k, e, r0, y + begin * n + r0, n,
+                       g.rows(e), r1 - r0, k);
+  });
 }
 
 // Expert e on all of its rows in this thread: hs = SiluAndMul(x W13^T) (on AMX: fused into the
@@ -176,31 +198,33 @@ int run_experts(const uint16_t* x, int64_t x_stride, const uint16_t* w13, const 
   uint16_t* hs = gu + n * 2 * inter;  // [N, I]
   uint16_t* ys = hs + n * inter;    // [N, H]
   const std::vector<int64_t> active = active_experts(g, num_local);
-  const bool by_expert = whole_experts(static_cast<int64_t>(active.size()), n, num_threads);
-  minivllm::WorkSplit gate_up_split(inter / 16, num_threads), down_split(h / 16, num_threads);
+  const int64_t count = static_cast<int64_t>(active.size());
+  const bool by_expert = whole_experts(count, n, num_threads);
+  minivllm::WorkSplit gate_up(count * pieces_of(2 * inter), num_threads);
+  minivllm::WorkSplit down(count * pieces_of(h), num_threads);
   int failed = 0;
   // One parallel region for the whole layer (a region per expert GEMM cost a wake-up each,
   // and on a busy box a descheduled thread stalls every one of them).
 #pragma omp parallel num_threads(num_threads)
   {
     const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
-    for (int64_t s = n * t / threads; s < n * (t + 1) / threads; ++s)
+    const int64_t s0 = n * t / threads, s1 = n * (t + 1) / threads;
+    for (int64_t s = s0; s < s1; ++s)
       std::memcpy(xs + s * h, x + (g.pair_of_slot[s] / k) * x_stride, h * 2);
 #pragma omp barrier
-    int64_t b, e;
     int rc = 0;
     if (by_expert) {  // whole experts per thread: gate_up (SiluAndMul fused), then down
 #pragma omp for schedule(dynamic, 1)
-      for (int64_t i = 0; i < static_cast<int64_t>(active.size()); ++i) {
+      for (int64_t i = 0; i < count; ++i) {
         const int r = whole_expert(amx, xs, w13, w2, g, active[i], h, inter, gu, hs, ys);
         if (r != 0) rc = r;
       }
-    } else {          // slices of every expert, 16 columns a unit, stolen when one is done
-      while (rc == 0 && gate_up_split.next(t, &b, &e))
-        rc = gate_up_slice(amx, xs, w13, g, active, h, inter, 16 * b, 16 * e, gu, hs);
+    } else {          // decode pieces: gate_up, SiluAndMul of this thread's slots, down
+      rc = projection(amx, xs, w13, g, active, &gate_up, t, h, 2 * inter, gu);
 #pragma omp barrier
-      while (rc == 0 && down_split.next(t, &b, &e))
-        rc = down_slice(amx, hs, w2, g, active, h, inter, 16 * b, 16 * e, ys);
+      silu_mul_rows(gu + s0 * 2 * inter, s1 - s0, inter, 0, inter, hs + s0 * inter);
+#pragma omp barrier
+      if (rc == 0) rc = projection(amx, hs, w2, g, active, &down, t, inter, h, ys);
 #pragma omp barrier
     }
     finish_layer(ys, h, g, weights, t_count, k, out, out_stride, rc, &failed);

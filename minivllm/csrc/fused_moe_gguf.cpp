@@ -31,10 +31,6 @@ namespace {
 // Rows of x up to which the int8 dot kernel beats the AMX strips (GGUF_DOT_MAX_ROWS of
 // kernels/gguf_linear.py for a plain linear).
 constexpr int64_t kGgufDotMaxRows = 4;
-// Weight rows a decode unit of work covers (a multiple of 16, the strips' row block).
-constexpr int64_t kPieceRows = 64;
-
-inline int64_t pieces_of(int64_t rows) { return (rows + kPieceRows - 1) / kPieceRows; }
 
 // One expert matrix set as the kernels read it: GGUF block rows of `qtype`, experts
 // `expert_bytes` and rows `row_bytes` apart.
@@ -104,25 +100,14 @@ int expert_piece(const Layer& L, const ExpertBlocks& w, const Groups& g, int64_t
   return 0;
 }
 
-// This thread's pieces of one projection (n rows per expert) over the active experts: runs of
-// consecutive units (unit u: piece u % pieces of active[u / pieces]) per expert.
+// This thread's pieces of one projection (n rows per expert) over the active experts.
 int projection(const Layer& L, const ExpertBlocks& w, const Groups& g,
                const std::vector<int64_t>& active, minivllm::WorkSplit* split, int t,
                const uint16_t* x, const Activation& act, RowShape rs, int64_t k, int64_t n,
                uint16_t* y, int64_t y_stride) {
-  const int64_t pieces = pieces_of(n);
-  int64_t b, e;
-  while (split->next(t, &b, &e)) {
-    for (int64_t u = b; u < e;) {
-      const int64_t ai = u / pieces, last = std::min(e, (ai + 1) * pieces);
-      const int64_t r0 = (u - ai * pieces) * kPieceRows;
-      const int64_t r1 = std::min(n, (last - ai * pieces) * kPieceRows);
-      const int rc = expert_piece(L, w, g, active[ai], x, act, rs, k, r0, r1, y, y_stride);
-      if (rc != 0) return rc;
-      u = last;
-    }
-  }
-  return 0;
+  return for_each_piece(split, t, n, [&](int64_t ai, int64_t r0, int64_t r1) {
+    return expert_piece(L, w, g, active[ai], x, act, rs, k, r0, r1, y, y_stride);
+  });
 }
 
 Activation g_act_x, g_act_h;  // x and h quantized for the decode path (under g_scratch.lock)

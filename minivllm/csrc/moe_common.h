@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "cpu_math.h"
+#include "work_split.h"
 
 #include <omp.h>
 
@@ -89,6 +90,32 @@ constexpr int64_t kRowsPerExpert = 32;
 // between the two GEMMs) or slices of every expert (decode: all threads streaming weights).
 inline bool whole_experts(int64_t active, int64_t n, int64_t num_threads) {
   return active >= 4 * num_threads && n >= kRowsPerExpert * active;
+}
+
+// Weight rows a decode unit of work covers (a multiple of 16, the AMX kernels' row block).
+constexpr int64_t kPieceRows = 64;
+
+inline int64_t pieces_of(int64_t rows) { return (rows + kPieceRows - 1) / kPieceRows; }
+
+// Decode-sized groups: this thread's units of one projection with n weight rows per expert over
+// the active experts (unit u: piece u % pieces_of(n) of active expert u / pieces_of(n)), as
+// piece(active index, r0, r1) for runs of consecutive units of one expert: each thread streams
+// long runs of consecutive weight rows, which the hardware prefetcher follows. 0 or the first
+// error piece returns.
+template <typename Piece>
+int for_each_piece(minivllm::WorkSplit* split, int t, int64_t n, Piece piece) {
+  const int64_t pieces = pieces_of(n);
+  int64_t b, e;
+  while (split->next(t, &b, &e)) {
+    for (int64_t u = b; u < e;) {
+      const int64_t ai = u / pieces, last = std::min(e, (ai + 1) * pieces);
+      const int rc = piece(ai, (u - ai * pieces) * kPieceRows,
+                           std::min(n, (last - ai * pieces) * kPieceRows));
+      if (rc != 0) return rc;
+      u = last;
+    }
+  }
+  return 0;
 }
 
 // This thread's share [begin, end) of `count` rows, in whole 16-row blocks.

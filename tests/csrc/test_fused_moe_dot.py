@@ -1,7 +1,11 @@
 """The MoE kernel's path for CPUs without AMX (`csrc/fused_moe.cpp`, bf16 dot products):
 forced with use_amx=False, it equals fp32 maths within bf16 rounding and the AMX path within a
-rounding of its own, in the decode layout (slices of every expert) and the prompt layout (whole
-experts per thread), with idle experts and other ranks' experts."""
+rounding of its own, in the decode layout (pieces of 64 weight rows of every active expert) and
+the prompt layout (whole experts per thread), with idle experts and other ranks' experts."""
+
+import ctypes
+import os
+import subprocess
 
 import pytest
 import torch
@@ -81,3 +85,38 @@ def test_without_amx_decode_steps_take_the_dot_kernel_and_prompts_the_torch_loop
     out = fused_moe_py.fused_experts(x, w1, w2, w, ids)      # the torch loop, same maths
     fp32 = fused_moe_py.fused_experts(x.float(), w1.float(), w2.float(), w, ids)
     torch.testing.assert_close(out.float(), fp32, rtol=0.03, atol=0.02)
+
+
+class _PortableKernels:
+    """fused_moe.cpp (with gemm_amx.cpp, whose entry points it calls) built with extra `flags`,
+    typed as `_custom_ops` types its functions: what fused_experts_bf16 finds as native_lib()."""
+
+    def __init__(self, folder, flags: list[str]) -> None:
+        out = folder / "moe_portable.so"
+        subprocess.run([ops.cxx_compiler(), *ops._FLAGS, *flags, str(ops._CSRC / "fused_moe.cpp"),
+                        str(ops._CSRC / "gemm_amx.cpp"), "-o", str(out)], check=True,
+                       capture_output=True, timeout=300)
+        lib = ctypes.CDLL(str(out))
+        fn = lib.minivllm_fused_experts_bf16
+        fn.argtypes, fn.restype = ops._SIGNATURES["minivllm_fused_experts_bf16"], ctypes.c_int
+        self.minivllm_fused_experts_bf16 = fn
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64" or not ops.cpu_has("avx2"),
+                    reason="the AVX2 build of the kernel needs an x86 CPU with AVX2")
+def test_avx2_build_agrees(weights, tmp_path, monkeypatch):
+    """-mno-avx512f: the AVX2 dot products (Zen 2/3; 2 rows of x per weight tile, each bf16 pair
+    through two fp32 FMAs), on decode- and prompt-sized groups: equal to the rounded reference
+    and to this CPU's own build within a bf16 rounding."""
+    w1, w2 = weights
+    own = {n: _dot(*_routing(n, 2, seed=n)[:1], w1, w2, *_routing(n, 2, seed=n)[1:])
+           for n in (1, 3, 5, 64, 400)}
+    kernels = _PortableKernels(tmp_path, ["-mno-avx512f"])
+    monkeypatch.setattr(ops, "native_lib", lambda: kernels)
+    for n, reference in own.items():
+        x, w, ids = _routing(n, 2, seed=n)
+        out = fused_experts_bf16(x, w1, w2, w, ids, use_amx=False)
+        assert out is not None, "the AVX2 build refused"
+        torch.testing.assert_close(out, rounded_reference(x, w1, w2, w, ids), rtol=2 ** -6,
+                                   atol=2 ** -8)
+        torch.testing.assert_close(out.float(), reference.float(), rtol=2 ** -6, atol=2 ** -8)
