@@ -152,8 +152,9 @@ int run_experts(Layer L, const uint16_t* x, int64_t x_stride, const int64_t* ids
   const bool by_expert = whole_experts(count, n, num_threads);
   const bool vnni = minivllm_gguf_has_vnni() != 0;
   // (x8 weights read x in the natural layout, with its per-16 sums: gguf_x8.h)
-  const RowShape rs_x = row_shape(L.w13.qtype & ~kX8Layout, h, vnni && !(L.w13.qtype & kX8Layout));
-  const RowShape rs_h = row_shape(L.w2.qtype & ~kX8Layout, inter, vnni && !(L.w2.qtype & kX8Layout));
+  const bool x8_13 = L.w13.qtype & kX8Layout, x8_2 = L.w2.qtype & kX8Layout;
+  const RowShape rs_x = row_shape(L.w13.qtype & ~kX8Layout, h, vnni && !x8_13);
+  const RowShape rs_h = row_shape(L.w2.qtype & ~kX8Layout, inter, vnni && !x8_2);
   if (!by_expert && !(reserve_rows(n, rs_x, &g_act_x) && reserve_rows(n, rs_h, &g_act_h)))
     return 3;
   // bf16 rows of x: whole experts' GEMMs, and decode pieces of experts with many rows

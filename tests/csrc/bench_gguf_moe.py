@@ -56,7 +56,8 @@ def main() -> None:
     # the layout the loader gives the experts on this CPU (x8 where its kernels are built)
     c13 = gguf_repack_for_cpu(w13.view(-1, w13.shape[2]), int(qtype))
     c2 = gguf_repack_for_cpu(w2.view(-1, w2.shape[2]), int(qtype))
-    print(f"{qtype.name} experts (kernel codes {c13}, {c2}): {(w13.numel() + w2.numel()) / 1e6:.0f} MB packed, "
+    print(f"{qtype.name} experts (kernel codes {c13}, {c2}): "
+          f"{(w13.numel() + w2.numel()) / 1e6:.0f} MB packed, "
           f"{(b13.numel() + b2.numel()) * 2 / 1e6:.0f} MB bf16")
     for count in counts:
         gen = torch.Generator().manual_seed(count)
