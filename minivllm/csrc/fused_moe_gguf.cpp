@@ -52,11 +52,11 @@ struct Layer {
   uint16_t *xs, *gu, *hs, *ys;  // bf16 [N, H], [N, 2I], [N, I], [N, H]
 };
 
-// Whether m rows of x take bf16 x (the AMX strips, gguf_gemm.cpp's x^T tiles) rather than the
-// dot kernel on x quantized once (decode pieces). x8 weights (no AMX) have one kernel for every
-// row count, which reads x quantized once.
-inline bool from_bf16_rows(const Layer& L, int64_t m) {
-  if ((L.w13.qtype | L.w2.qtype) & kX8Layout) return false;
+// Whether m rows of x take bf16 x for matrix w (the AMX strips, gguf_gemm.cpp's x^T tiles)
+// rather than the dot kernel on x quantized once (decode pieces). x8 weights (no AMX) have one
+// kernel for every row count, which reads x quantized once.
+inline bool from_bf16_rows(const Layer& L, const ExpertBlocks& w, int64_t m) {
+  if (w.qtype & kX8Layout) return false;
   return m >= kTileMinRows || (L.amx && m > kGgufDotMaxRows);
 }
 
@@ -92,7 +92,7 @@ int expert_piece(const Layer& L, const ExpertBlocks& w, const Groups& g, int64_t
                  const uint16_t* x, const Activation& act, RowShape rs, int64_t k, int64_t r0,
                  int64_t r1, uint16_t* y, int64_t y_stride) {
   const int64_t begin = g.offsets[e], rows = g.rows(e);
-  if (from_bf16_rows(L, rows))
+  if (from_bf16_rows(L, w, rows))
     return expert_gemm(L, w, w.at(e, r0), x + begin * k, k, y + begin * y_stride + r0, y_stride,
                        rows, r1 - r0, k);
   gguf_dot_rows(w.qtype, w.at(e), w.row_bytes, act, rs, k, begin, rows, r0, r1, nullptr,
@@ -160,7 +160,8 @@ int run_experts(Layer L, const uint16_t* x, int64_t x_stride, const int64_t* ids
   // bf16 rows of x: whole experts' GEMMs, and decode pieces of experts with many rows
   int64_t most = 0;
   for (const int64_t e : active) most = std::max(most, g.rows(e));
-  const bool gather = by_expert || from_bf16_rows(L, most);
+  const bool gather =
+      by_expert || from_bf16_rows(L, L.w13, most) || from_bf16_rows(L, L.w2, most);
   minivllm::WorkSplit gate_up(count * pieces_of(2 * inter), num_threads);
   minivllm::WorkSplit down(count * pieces_of(h), num_threads);
   int failed = 0;

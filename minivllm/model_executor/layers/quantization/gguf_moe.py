@@ -11,10 +11,11 @@ method copies this rank's part of each into one buffer per parameter as it arriv
   the intermediate dimension (a TP size that would split a block is refused with the valid ones);
 
 with `layer.w13_qweight_type` / `layer.w2_qweight_type` (`*_kernel_type`: what the kernels take,
-with the x8 layout bit on CPUs with the x8 kernels, see `gguf_repack_for_cpu`). No dequantised copy is kept. bf16 SiLU
-experts without biases run in one native call (`fused_experts_gguf`: int8 dot kernels or AMX
-strips per expert, CPU-graph recordable); anything else (fp32 reference runs, other activations,
-biases) loops over the active experts with `gguf_matmul`, as the packed linears compute.
+with the x8 layout bit on CPUs with the x8 kernels, see `gguf_repack_for_cpu`). No dequantised
+copy is kept. bf16 SiLU experts without biases run in one native call (`fused_experts_gguf`:
+int8 dot kernels or AMX strips per expert, CPU-graph recordable); anything else (fp32 reference
+runs, other activations, biases) loops over the active experts with `gguf_matmul`, as the
+packed linears compute.
 """
 
 from typing import Any
