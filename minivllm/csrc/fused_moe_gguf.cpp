@@ -151,10 +151,11 @@ int run_experts(Layer L, const uint16_t* x, int64_t x_stride, const int64_t* ids
   const int64_t count = static_cast<int64_t>(active.size());
   const bool by_expert = whole_experts(count, n, num_threads);
   const bool vnni = minivllm_gguf_has_vnni() != 0;
-  // (x8 weights read x in the natural layout, with its per-16 sums: gguf_x8.h)
-  const bool x8_13 = L.w13.qtype & kX8Layout, x8_2 = L.w2.qtype & kX8Layout;
-  const RowShape rs_x = row_shape(L.w13.qtype & ~kX8Layout, h, vnni && !x8_13);
-  const RowShape rs_h = row_shape(L.w2.qtype & ~kX8Layout, inter, vnni && !x8_2);
+  // (x8 weights read x as the x8 kernels' records: gguf_x8.h)
+  const int q13 = L.w13.qtype & ~kX8Layout, q2 = L.w2.qtype & ~kX8Layout;
+  const RowShape rs_x = L.w13.qtype & kX8Layout ? x8_row_shape(q13, h) : row_shape(q13, h, vnni);
+  const RowShape rs_h =
+      L.w2.qtype & kX8Layout ? x8_row_shape(q2, inter) : row_shape(q2, inter, vnni);
   if (!by_expert && !(reserve_rows(n, rs_x, &g_act_x) && reserve_rows(n, rs_h, &g_act_h)))
     return 3;
   // bf16 rows of x: whole experts' GEMMs, and decode pieces of experts with many rows

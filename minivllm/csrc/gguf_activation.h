@@ -48,10 +48,13 @@ inline void store_sums(const float* out, int rows, int mc, int64_t n, int64_t m0
 // Geometry of a row for the kernels: units of `blocks` blocks (the last unit of a row may hold
 // fewer, nb_last), kp = k padded to whole units, lanes = fp32 lanes of dx / s4 per row.
 // split: the activation layout of NibbleUnit (each block's two halves in separate registers).
+// x8: the x8 kernels' records instead (x8_row_shape, gguf_x8.h), x8_b their b-term factor.
 struct RowShape {
   int64_t units, kp, lanes;
   int nb_last;
   bool split;
+  bool x8 = false;
+  float x8_b = 0.0f;
 };
 
 RowShape row_shape(int qtype, int64_t k, bool simd) {
@@ -73,9 +76,15 @@ struct Activation {
   std::vector<float> dx, s4;
   // dx * the sum of q per 16 elements [m, kp / 16], in the natural layout only: for the AVX2
   // kernels (gguf_avx2.h: one scalar FMA per 16 elements for the b term instead of a vector one
-  // per 32) and the x8 layout's (gguf_x8.h: a block's b term from two of them)
+  // per 32)
   std::vector<float> s16;
+  // RowShape::x8: [m, k / 32] records of kX8Record bytes instead of all the above: a block's 32
+  // q, then its dx and x8_b * S as floats (S = dx * sum(q), as the two s16 of the block sum),
+  // so that a token's whole block is one pointer's fixed offsets in the x8 kernels
+  std::vector<uint8_t> x8;
 };
+
+constexpr int64_t kX8Record = 40;  // bytes of one block's record (Activation::x8)
 
 #if MINIVLLM_GGUF_VNNI
 inline __m512 load16(const void* x, int64_t at, int dt) {
@@ -176,6 +185,10 @@ inline void zero_block(int64_t blk, bool split, int8_t* q, float* dx, float* s4,
 // Room for m rows of x in act (entries not yet written). false: out of memory.
 inline bool reserve_rows(int64_t m, RowShape rs, Activation* act) {
   try {
+    if (rs.x8) {
+      act->x8.resize(m * rs.units * kX8Record);
+      return true;
+    }
     act->q.resize(m * rs.kp);
     act->dx.resize(m * rs.lanes);
     act->s4.resize(m * rs.lanes);
@@ -189,6 +202,18 @@ inline bool reserve_rows(int64_t m, RowShape rs, Activation* act) {
 // The row of x at element `at` (k elements) into row r of act (sized by reserve_rows).
 inline void quantize_row(const void* x, int64_t at, int dt, int64_t k, RowShape rs, int64_t r,
                          Activation* act) {
+  if (rs.x8) {  // one block at a time through quantize_block's natural layout: the same values
+    uint8_t* rec = act->x8.data() + r * rs.units * kX8Record;
+    int8_t q[32];
+    float dx[8], s4[8], s16[2];
+    for (int64_t b = 0; b < rs.units; ++b, rec += kX8Record) {
+      quantize_block(x, at + 32 * b, dt, 0, false, q, dx, s4, s16);
+      const float tail[2] = {dx[0], rs.x8_b * (s16[0] + s16[1])};
+      std::memcpy(rec, q, 32);
+      std::memcpy(rec + 32, tail, 8);
+    }
+    return;
+  }
   int8_t* q = act->q.data() + r * rs.kp;
   float *dx = act->dx.data() + r * rs.lanes, *s4 = act->s4.data() + r * rs.lanes;
   float* s16 = rs.split ? nullptr : act->s16.data() + r * (rs.kp / 16);

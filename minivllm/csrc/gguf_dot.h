@@ -166,6 +166,7 @@ void gemm_rows_scalar(int qtype, const uint8_t* w, int64_t w_stride, const Activ
 
 // Rows [n0, n1) of W (qtype blocks, rows w_stride bytes apart, k columns) times act rows
 // [a0, a0 + m) into y rows [0, m) (+ bias): the vectorised kernels where built, else scalar.
+// An x8 weight needs act quantized with x8_row_shape (gguf_x8.h).
 inline void gguf_dot_rows(int qtype, const uint8_t* w, int64_t w_stride, const Activation& act,
                           RowShape rs, int64_t k, int64_t a0, int64_t m, int64_t n0, int64_t n1,
                           const void* bias, void* y, int64_t y_stride, int dt) {

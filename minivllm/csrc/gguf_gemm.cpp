@@ -75,7 +75,7 @@ int gemm_x8(int qtype, const void* x, int64_t x_stride, int dt, const uint8_t* w
             int64_t k, int num_threads) {
 #if MINIVLLM_GGUF_X8
   if (!x8_type(qtype) || k % 32 != 0 || n % kX8Rows != 0 || m < 1 || dt < 0 || dt > 2) return 1;
-  const RowShape rs = row_shape(qtype, k, false);
+  const RowShape rs = x8_row_shape(qtype, k);
   WorkSplit split(n / kX8Rows, num_threads);
   int failed = 0;
 #pragma omp parallel num_threads(num_threads)
