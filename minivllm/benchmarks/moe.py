@@ -13,7 +13,10 @@ Both backends are loaded together and measured in alternating rounds (the best r
 counts), so load from other processes falls on both. Printed with the same-run ratios and the
 decode floors the memory allows: the bytes of the parameters one token reads (attention, router,
 top-k experts, norms, LM head) / the measured read bandwidth, and for the batch's decode steps
-the bytes a step reads (the experts its tokens route to, uniform routing taken) / bandwidth.
+the bytes a step reads (the experts its tokens route to, uniform routing taken) / bandwidth;
+and the batch's compute floor: its multiply-adds / the rate of a large GEMM in --dtype here (with
+--gguf-type: of the faster of that and the packed kernel), which bounds the batch when the
+bandwidth floor does not.
 """
 
 import argparse
@@ -27,7 +30,8 @@ import torch
 from minivllm.benchmarks.backends import check_cpu_load, hf_generate, release
 from minivllm.benchmarks.gguf_variants import VARIANT_TYPES
 from minivllm.benchmarks.moe_gguf import load_state, write_moe_gguf
-from minivllm.benchmarks.roofline import measure_read_bandwidth
+from minivllm.benchmarks.roofline import (measure_gemm_rate, measure_gguf_gemm_rate,
+                                          measure_read_bandwidth)
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 
@@ -104,6 +108,21 @@ def _bytes_per_step(args: argparse.Namespace, experts_read: float,
     params = args.num_layers * (attn + experts) + h + args.vocab_size * h
     width = _DTYPES[args.dtype].itemsize if bytes_per_param is None else bytes_per_param
     return int(params * width)
+
+
+def batch_macs(args: argparse.Namespace) -> int:
+    """Multiply-adds of the batch run: every prompt's forward positions (its prompt, then each
+    generated token but the last) through the layers' projections, router, top-k experts and
+    attention over the positions so far, and the LM head at the sampled positions."""
+    h, d, heads = args.hidden_size, args.head_dim, args.num_heads
+    per_token = (h * d * (2 * heads + 2 * args.num_kv_heads) + h * args.num_experts
+                 + args.top_k * 3 * args.moe_intermediate_size * h)
+    positions = args.input_len + args.output_len - 1
+    # QK^T and PV at position p (0-based) read p + 1 keys: 2 * heads * d * (p + 1)
+    attention = 2 * heads * d * positions * (positions + 1) // 2
+    per_prompt = (args.num_layers * (positions * per_token + attention)
+                  + args.output_len * args.vocab_size * h)
+    return args.num_prompts * per_prompt
 
 
 def _prompts(args: argparse.Namespace, count: int, seed: int) -> list[list[int]]:
@@ -243,6 +262,24 @@ def _floors(args: argparse.Namespace, gguf_path: str | None) -> dict:
                    f"{name}batch_bytes_per_step": step_bytes,
                    f"{name}max_batch_decode_tokens_per_s": args.num_prompts * bandwidth
                    / step_bytes}
+    return floors | _compute_floors(args)
+
+
+def _compute_floors(args: argparse.Namespace) -> dict:
+    """The batch's multiply-adds / the rate of a large GEMM in --dtype (and with --gguf-type / the
+    faster of it and the packed kernel's rate): the least time the batch could take if every
+    multiply-add ran at that rate, and the output tok/s it allows."""
+    macs, tokens = batch_macs(args), args.num_prompts * args.output_len
+    rates = {"": measure_gemm_rate(_DTYPES[args.dtype])}
+    floors = {"batch_macs": macs, "gemm_dtype": args.dtype,
+              "gemm_rate_gmac_per_s": rates[""] / 1e9}
+    packed = measure_gguf_gemm_rate(args.gguf_type) if args.gguf_type else None
+    if packed is not None:
+        floors["gguf_gemm_rate_gmac_per_s"] = packed / 1e9
+        rates["gguf_"] = max(packed, rates[""])
+    for name, rate in rates.items():
+        floors |= {f"{name}compute_floor_batch_seconds": macs / rate,
+                   f"{name}max_batch_tokens_per_s_compute": tokens * rate / macs}
     return floors
 
 
@@ -313,3 +350,17 @@ def _print(results: dict) -> None:
               f"steps read ~{f['batch_experts_read_per_layer']:.0f} experts per layer "
               f"({f[name + 'batch_bytes_per_step'] / 1e6:.0f} MB a step): at most "
               f"{f[name + 'max_batch_decode_tokens_per_s']:.0f} tok/s")
+    _print_compute_floors(f)
+
+
+def _print_compute_floors(f: dict) -> None:
+    gmac = f["batch_macs"] / 1e9
+    print(f"compute floor: {gmac:.0f} GMAC for the batch (prompts, decode steps, LM head at the "
+          f"sampled positions) / {f['gemm_rate_gmac_per_s']:.0f} GMAC/s (a [1024, 2048] x "
+          f"[4096, 2048]^T {f['gemm_dtype']} F.linear here) = {f['compute_floor_batch_seconds']:.2f} s: "
+          f"at most {f['max_batch_tokens_per_s_compute']:.0f} tok/s")
+    if "gguf_compute_floor_batch_seconds" in f:
+        print(f"GGUF compute floor: {gmac:.0f} GMAC / the faster of that and the packed kernel "
+              f"(64 rows x a [4096, 2048] weight: {f['gguf_gemm_rate_gmac_per_s']:.0f} GMAC/s) "
+              f"= {f['gguf_compute_floor_batch_seconds']:.2f} s: at most "
+              f"{f['gguf_max_batch_tokens_per_s_compute']:.0f} tok/s")

@@ -1,4 +1,5 @@
-"""The decode-step floor the memory allows: GGUF weight bytes streamed per step / measured read bandwidth."""
+"""The floors the machine allows: for a decode step, GGUF weight bytes streamed per step / measured
+read bandwidth; for compute-bound work, multiply-adds / the measured rate of a large GEMM."""
 
 import time
 
@@ -29,6 +30,48 @@ def measure_read_bandwidth(num_bytes: int = 1 << 30, repeats: int = 5) -> float:
         buf.sum()
         times.append(time.perf_counter() - start)
     return buf.numel() * buf.element_size() / min(times)
+
+
+def measure_gemm_rate(dtype: torch.dtype = torch.bfloat16, m: int = 1024, n: int = 4096,
+                      k: int = 2048, repeats: int = 3) -> float:
+    """Multiply-adds/s of a large `F.linear` in `dtype` (x [m, k], W [n, k]) on torch's threads:
+    the rate compute-bound work in that dtype can reach here (best of `repeats` after a warm-up)."""
+    x = torch.randn(m, k, dtype=dtype)
+    w = torch.randn(n, k, dtype=dtype)
+    return m * n * k / _best_time(lambda: torch.nn.functional.linear(x, w), repeats)
+
+
+def measure_gguf_gemm_rate(type_name: str, m: int = 64, n: int = 4096, k: int = 2048,
+                           repeats: int = 3) -> float | None:
+    """Multiply-adds/s of the packed GGUF kernel (`gguf_linear`, int8 on CPUs with VNNI or AVX2)
+    on a random [n, k] weight of `type_name` times m rows, laid out as a loaded weight is; None
+    for a type `gguf.quants` cannot quantize (the K-quants)."""
+    import numpy as np
+    from gguf import GGMLQuantizationType, quants
+
+    from minivllm.model_executor.kernels.gguf_linear import gguf_linear, gguf_repack_for_cpu
+
+    qtype = GGMLQuantizationType[type_name]
+    values = np.random.default_rng(0).standard_normal((n, k), dtype=np.float32) * 0.02
+    try:
+        packed = torch.from_numpy(np.ascontiguousarray(quants.quantize(values, qtype)))
+    except NotImplementedError:
+        return None
+    kernel_type = gguf_repack_for_cpu(packed, int(qtype))
+    x = torch.randn(m, k, dtype=torch.bfloat16)
+    # independent_rows: the kernels a batched decode step runs on any row count
+    run = lambda: gguf_linear(x, packed, kernel_type, None, independent_rows=True)  # noqa: E731
+    return m * n * k / _best_time(run, repeats)
+
+
+def _best_time(fn, repeats: int) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
 
 
 def decode_weight_bytes(path: str) -> int:

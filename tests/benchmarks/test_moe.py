@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from minivllm.benchmarks.moe import active_bytes_per_token, experts_read_per_step
+from minivllm.benchmarks.moe import active_bytes_per_token, batch_macs, experts_read_per_step
 from minivllm.entrypoints.cli import build_parser, main
 
 TINY = ["--num-layers", "2", "--hidden-size", "64", "--num-experts", "4",
@@ -39,6 +39,26 @@ def test_moe_bench_end_to_end(tmp_path, capsys):
     floor = result["floor"]
     assert floor["max_batch_decode_tokens_per_s"] >= floor["max_decode_tokens_per_s"]
     assert "the batch's decode steps read" in printed
+    # the compute floor: the batch's multiply-adds at the measured fp32 GEMM rate
+    assert floor["gemm_dtype"] == "float32" and floor["gemm_rate_gmac_per_s"] > 0
+    assert floor["compute_floor_batch_seconds"] == pytest.approx(
+        floor["batch_macs"] / (floor["gemm_rate_gmac_per_s"] * 1e9))
+    assert floor["max_batch_tokens_per_s_compute"] == pytest.approx(
+        3 * 4 / floor["compute_floor_batch_seconds"])
+    assert "compute floor:" in printed and "float32 F.linear" in printed
+    assert "GGUF compute floor" not in printed
+
+
+def test_batch_macs_counts_every_forward_position():
+    """3 prompts of 8 tokens, 4 new each: 11 forward positions per prompt (the last new token is
+    never fed back), attention over 1..11 keys, the LM head at the 4 sampled positions."""
+    args = build_parser().parse_args(["bench", "moe", *TINY])
+    per_token = 64 * 16 * (2 * 4 + 2 * 2) + 64 * 4 + 2 * 3 * 32 * 64   # projections, router, top-2
+    attention = 2 * 4 * 16 * sum(range(1, 12))
+    assert batch_macs(args) == 3 * (2 * (11 * per_token + attention) + 4 * 256 * 64)
+    # the defaults (Qwen3-30B-A3B layers, 64 prompts of 32 in / 32 out): ~598 GMAC
+    defaults = build_parser().parse_args(["bench", "moe"])
+    assert 590e9 < batch_macs(defaults) < 605e9
 
 
 def test_batch_floor_counts_the_experts_a_step_reads():
@@ -71,6 +91,11 @@ def test_moe_bench_gguf_runs_the_packed_file_beside_bf16(tmp_path, capsys):
     assert floor["gguf_active_bytes_per_token"] == pytest.approx(
         floor["active_bytes_per_token"] * 34 / 32 / 2, rel=0.05)
     assert floor["gguf_max_batch_decode_tokens_per_s"] > floor["gguf_max_decode_tokens_per_s"]
+    # the packed compute floor takes the faster of the bf16 GEMM and the Q8_0 kernel
+    assert floor["gguf_gemm_rate_gmac_per_s"] > 0
+    assert floor["gguf_compute_floor_batch_seconds"] == pytest.approx(floor["batch_macs"] / (
+        1e9 * max(floor["gguf_gemm_rate_gmac_per_s"], floor["gemm_rate_gmac_per_s"])))
+    assert "GGUF compute floor" in printed
 
 
 def test_moe_bench_gguf_file_loads_as_qwen3_moe_with_packed_experts(tmp_path):
