@@ -229,8 +229,12 @@ def test_50_concurrent_streams(server):
 
 
 def test_disconnects_abort_and_free_blocks(server):
-    body = dict(model=MODEL, prompt=PROMPT, max_tokens=400, ignore_eos=True, stream=True)
+    # 480 new tokens (the prompt's 5 fill the 512-token context): ~0.3 s on the 2-core box, and
+    # at least one engine step each; an aborted request stops short of them.
+    body = dict(model=MODEL, prompt=PROMPT, max_tokens=480, ignore_eos=True, stream=True)
+    generated = lambda: metric(server.url, "vllm:generation_tokens_total")  # noqa: E731
     with httpx.Client(base_url=server.url, timeout=30) as http:
+        before = generated()
         with http.stream("POST", "/v1/completions", json=body) as response:
             lines = response.iter_lines()
             assert next(line for line in lines if line.startswith("data: "))
@@ -238,10 +242,13 @@ def test_disconnects_abort_and_free_blocks(server):
             assert metric(server.url, "vllm:kv_cache_usage_perc") > 0
         # Closed mid-stream: the request must be aborted and its blocks freed.
         wait_until_idle(server.url)
+        assert 0 < generated() - before < 480
         # A non-streaming request whose client gives up is aborted as well.
+        before = generated()
         with pytest.raises(httpx.ReadTimeout):
-            http.post("/v1/completions", json={**body, "stream": False}, timeout=0.3)
+            http.post("/v1/completions", json={**body, "stream": False}, timeout=0.05)
         wait_until_idle(server.url)
+        assert generated() - before < 480
     assert metric(server.url, "vllm:generation_tokens_total") > 0
     assert metric(server.url, "vllm:time_to_first_token_seconds_count") > 0
 
