@@ -198,19 +198,23 @@ def run_experts(hidden_states: torch.Tensor, topk_weights: torch.Tensor,
     order = order[:num_pairs]
     tokens = order // top_k                                         # [N] token of each pair
     weights = topk_weights.flatten()[order].to(hidden_states.dtype)[:, None]   # [N, 1]
-    x = hidden_states.index_select(0, tokens)                       # [N, H]
-    if apply_router_weight_on_input:
-        x = x * weights
-    out = torch.empty_like(x)
+    # One expert's rows at a time, gathered, multiplied and added back while they are in cache:
+    # [N, H] gathered rows and results written whole cost ~45 ms a layer on the 2-core box for a
+    # Qwen3-30B-A3B prompt of 2048 tokens (index_select, out * weights). A token's k results are
+    # summed in fp32 and rounded once (as one index_add_ over many pairs does on CPU).
+    out = torch.zeros(hidden_states.shape, dtype=torch.float32, device=hidden_states.device)
     start = 0
     for expert, n in enumerate(counts[:num_local]):                 # active experts only
         if n == 0:
             continue
-        out[start:start + n] = expert_mlp(expert, x[start:start + n])
+        rows, w = tokens[start:start + n], weights[start:start + n]
+        x = hidden_states.index_select(0, rows)                     # [n, H]
+        if apply_router_weight_on_input:
+            x = x * w
+        y = expert_mlp(expert, x)
+        out.index_add_(0, rows, (y if apply_router_weight_on_input else y * w).float())
         start += n
-    if not apply_router_weight_on_input:
-        out = out * weights
-    return torch.zeros_like(hidden_states).index_add_(0, tokens, out)
+    return out.to(hidden_states.dtype)
 
 
 def fused_moe(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
