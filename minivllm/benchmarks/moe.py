@@ -11,12 +11,7 @@ transformers runs its default experts implementation (recorded in the results), 
 dtype and with the same torch threads.
 Both backends are loaded together and measured in alternating rounds (the best round of each
 counts), so load from other processes falls on both. Printed with the same-run ratios and the
-decode floors the memory allows: the bytes of the parameters one token reads (attention, router,
-top-k experts, norms, LM head) / the measured read bandwidth, and for the batch's decode steps
-the bytes a step reads (the experts its tokens route to, uniform routing taken) / bandwidth;
-and the batch's compute floor: its multiply-adds / the rate of a large GEMM in --dtype here (with
---gguf-type: of the faster of that and the packed kernel), which bounds the batch when the
-bandwidth floor does not.
+floors the machine allows (`moe_floors`: bandwidth, compute and roofline).
 """
 
 import argparse
@@ -30,8 +25,7 @@ import torch
 from minivllm.benchmarks.backends import check_cpu_load, hf_generate, release
 from minivllm.benchmarks.gguf_variants import VARIANT_TYPES
 from minivllm.benchmarks.moe_gguf import load_state, write_moe_gguf
-from minivllm.benchmarks.roofline import (measure_gemm_rate, measure_gguf_gemm_rate,
-                                          measure_read_bandwidth)
+from minivllm.benchmarks.moe_floors import floors, print_floors
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 
@@ -83,46 +77,6 @@ def write_checkpoint(args: argparse.Namespace, folder: str) -> None:
     model = AutoModelForCausalLM.from_config(moe_config(args), dtype=_DTYPES[args.dtype])
     model.save_pretrained(folder)
     release(model)
-
-
-def active_bytes_per_token(args: argparse.Namespace) -> int:
-    """Parameter bytes one decode token reads: per layer attention, norms, router and the top-k
-    experts' gate/up/down; then the final norm and the LM head (the embedding is one row)."""
-    return _bytes_per_step(args, args.top_k)
-
-
-def experts_read_per_step(args: argparse.Namespace, batch: int) -> float:
-    """Experts a decode step of `batch` sequences reads per layer, routing taken as uniform:
-    each expert is missed by all of the step's tokens with probability (1 - k / E)^batch."""
-    e, k = args.num_experts, args.top_k
-    return e * (1.0 - (1.0 - k / e) ** batch)
-
-
-def _bytes_per_step(args: argparse.Namespace, experts_read: float,
-                    bytes_per_param: float | None = None) -> int:
-    """Parameter bytes of one decode step that reads `experts_read` experts per layer, each
-    parameter `bytes_per_param` wide (default: `--dtype`'s)."""
-    h, d = args.hidden_size, args.head_dim
-    attn = h * d * (2 * args.num_heads + 2 * args.num_kv_heads) + 2 * d + 2 * h
-    experts = experts_read * 3 * args.moe_intermediate_size * h + args.num_experts * h
-    params = args.num_layers * (attn + experts) + h + args.vocab_size * h
-    width = _DTYPES[args.dtype].itemsize if bytes_per_param is None else bytes_per_param
-    return int(params * width)
-
-
-def batch_macs(args: argparse.Namespace) -> int:
-    """Multiply-adds of the batch run: every prompt's forward positions (its prompt, then each
-    generated token but the last) through the layers' projections, router, top-k experts and
-    attention over the positions so far, and the LM head at the sampled positions."""
-    h, d, heads = args.hidden_size, args.head_dim, args.num_heads
-    per_token = (h * d * (2 * heads + 2 * args.num_kv_heads) + h * args.num_experts
-                 + args.top_k * 3 * args.moe_intermediate_size * h)
-    positions = args.input_len + args.output_len - 1
-    # QK^T and PV at position p (0-based) read p + 1 keys: 2 * heads * d * (p + 1)
-    attention = 2 * heads * d * positions * (positions + 1) // 2
-    per_prompt = (args.num_layers * (positions * per_token + attention)
-                  + args.output_len * args.vocab_size * h)
-    return args.num_prompts * per_prompt
 
 
 def _prompts(args: argparse.Namespace, count: int, seed: int) -> list[list[int]]:
@@ -213,7 +167,7 @@ def run_moe(args: argparse.Namespace) -> dict:
             results["hf"]["experts_implementation"] = getattr(
                 owners[-1].config, "_experts_implementation", None)
         del owners
-        results["floor"] = _floors(args, gguf_path)
+        results["floor"] = floors(args, gguf_path)
     _print(results)
     results["host"] = check_cpu_load(load_at_start)
     if args.output_json:
@@ -240,61 +194,6 @@ def _generators(args: argparse.Namespace, folder: str,
         gens["hf"], model = hf_generator(args, folder)
         owners.append(model)
     return gens, owners
-
-
-def _floors(args: argparse.Namespace, gguf_path: str | None) -> dict:
-    """Decode floors: the bytes a step reads / the measured read bandwidth, for the bf16 weights
-    and (with --gguf-type) the GGUF file's packed tensors."""
-    bandwidth = measure_read_bandwidth()
-    experts_read = experts_read_per_step(args, args.num_prompts)
-    sizes = {"": (active_bytes_per_token(args), _bytes_per_step(args, experts_read))}
-    if gguf_path is not None:
-        sizes["gguf_"] = (gguf_step_bytes(gguf_path, args.num_experts, args.top_k),
-                          gguf_step_bytes(gguf_path, args.num_experts, experts_read))
-    floors = {"read_bandwidth_gb_per_s": bandwidth / 1e9,
-              "batch_experts_read_per_layer": experts_read}
-    for name, (per_token, step_bytes) in sizes.items():
-        floors |= {f"{name}active_bytes_per_token": per_token,
-                   f"{name}decode_floor_ms_per_token": per_token / bandwidth * 1e3,
-                   f"{name}max_decode_tokens_per_s": bandwidth / per_token,
-                   # the batch's decode steps: every sequence one token, all sharing the
-                   # experts' weights they route to
-                   f"{name}batch_bytes_per_step": step_bytes,
-                   f"{name}max_batch_decode_tokens_per_s": args.num_prompts * bandwidth
-                   / step_bytes}
-    return floors | _compute_floors(args)
-
-
-def _compute_floors(args: argparse.Namespace) -> dict:
-    """The batch's multiply-adds / the rate of a large GEMM in --dtype (and with --gguf-type / the
-    faster of it and the packed kernel's rate): the least time the batch could take if every
-    multiply-add ran at that rate, and the output tok/s it allows."""
-    macs, tokens = batch_macs(args), args.num_prompts * args.output_len
-    rates = {"": measure_gemm_rate(_DTYPES[args.dtype])}
-    floors = {"batch_macs": macs, "gemm_dtype": args.dtype,
-              "gemm_rate_gmac_per_s": rates[""] / 1e9}
-    packed = measure_gguf_gemm_rate(args.gguf_type) if args.gguf_type else None
-    if packed is not None:
-        floors["gguf_gemm_rate_gmac_per_s"] = packed / 1e9
-        rates["gguf_"] = max(packed, rates[""])
-    for name, rate in rates.items():
-        floors |= {f"{name}compute_floor_batch_seconds": macs / rate,
-                   f"{name}max_batch_tokens_per_s_compute": tokens * rate / macs}
-    return floors
-
-
-def gguf_step_bytes(path: str, num_experts: int, experts_read: float) -> int:
-    """Bytes of the GGUF file's tensors one decode step reads: everything but the embedding (one
-    row), the expert stacks `ffn_*_exps` in the share `experts_read / num_experts`."""
-    from gguf import GGUFReader
-
-    total = 0.0
-    for tensor in GGUFReader(path).tensors:
-        if tensor.name == "token_embd.weight":
-            continue
-        share = experts_read / num_experts if "_exps." in tensor.name else 1.0
-        total += tensor.n_bytes * share
-    return int(total)
 
 
 def llama_cpp_generator(args: argparse.Namespace, path: str):
@@ -339,28 +238,4 @@ def _print(results: dict) -> None:
         extra = (f" (transformers experts: {b.get('experts_implementation')})"
                  if theirs == "hf" else "")
         print(f"{label} (same run): batch-1 decode {pair['decode']:.2f}x{batch}{extra}")
-    f = results["floor"]
-    for name, label in (("", "bandwidth floor"), ("gguf_", "GGUF bandwidth floor")):
-        if f"{name}active_bytes_per_token" not in f:
-            continue
-        print(f"{label}: {f[name + 'active_bytes_per_token'] / 1e6:.1f} MB of active parameters "
-              f"per token / {f['read_bandwidth_gb_per_s']:.1f} GB/s = "
-              f"{f[name + 'decode_floor_ms_per_token']:.1f} ms/token (at most "
-              f"{f[name + 'max_decode_tokens_per_s']:.1f} tok/s at batch 1); the batch's decode "
-              f"steps read ~{f['batch_experts_read_per_layer']:.0f} experts per layer "
-              f"({f[name + 'batch_bytes_per_step'] / 1e6:.0f} MB a step): at most "
-              f"{f[name + 'max_batch_decode_tokens_per_s']:.0f} tok/s")
-    _print_compute_floors(f)
-
-
-def _print_compute_floors(f: dict) -> None:
-    gmac = f["batch_macs"] / 1e9
-    print(f"compute floor: {gmac:.0f} GMAC for the batch (prompts, decode steps, LM head at the "
-          f"sampled positions) / {f['gemm_rate_gmac_per_s']:.0f} GMAC/s (a [1024, 2048] x "
-          f"[4096, 2048]^T {f['gemm_dtype']} F.linear here) = {f['compute_floor_batch_seconds']:.2f} s: "
-          f"at most {f['max_batch_tokens_per_s_compute']:.0f} tok/s")
-    if "gguf_compute_floor_batch_seconds" in f:
-        print(f"GGUF compute floor: {gmac:.0f} GMAC / the faster of that and the packed kernel "
-              f"(64 rows x a [4096, 2048] weight: {f['gguf_gemm_rate_gmac_per_s']:.0f} GMAC/s) "
-              f"= {f['gguf_compute_floor_batch_seconds']:.2f} s: at most "
-              f"{f['gguf_max_batch_tokens_per_s_compute']:.0f} tok/s")
+    print_floors(results["floor"])

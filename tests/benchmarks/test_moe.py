@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from minivllm.benchmarks.moe import active_bytes_per_token, batch_macs, experts_read_per_step
+from minivllm.benchmarks.moe_floors import (_step_macs, active_bytes_per_token, batch_macs,
+                                            experts_read_per_step)
 from minivllm.entrypoints.cli import build_parser, main
 
 TINY = ["--num-layers", "2", "--hidden-size", "64", "--num-experts", "4",
@@ -47,6 +48,13 @@ def test_moe_bench_end_to_end(tmp_path, capsys):
         3 * 4 / floor["compute_floor_batch_seconds"])
     assert "compute floor:" in printed and "float32 F.linear" in printed
     assert "GGUF compute floor" not in printed
+    # the roofline: no step faster than its multiply-adds or its weight reads allow
+    bandwidth = floor["read_bandwidth_gb_per_s"] * 1e9
+    assert floor["roofline_batch_seconds"] >= floor["compute_floor_batch_seconds"] * (1 - 1e-9)
+    assert floor["roofline_batch_seconds"] > 3 * floor["batch_bytes_per_step"] / bandwidth
+    assert floor["max_batch_tokens_per_s_roofline"] == pytest.approx(
+        12 / floor["roofline_batch_seconds"])
+    assert "roofline (each step at the larger of its compute and weight-read times)" in printed
 
 
 def test_batch_macs_counts_every_forward_position():
@@ -59,6 +67,11 @@ def test_batch_macs_counts_every_forward_position():
     # the defaults (Qwen3-30B-A3B layers, 64 prompts of 32 in / 32 out): ~598 GMAC
     defaults = build_parser().parse_args(["bench", "moe"])
     assert 590e9 < batch_macs(defaults) < 605e9
+    # the steps the roofline times: the prompts' (8 positions, 1 sampled), then 3 decode steps
+    steps = _step_macs(args)
+    assert len(steps) == 4 and sum(steps) == batch_macs(args)
+    assert steps[0] == 3 * (2 * (8 * per_token + 2 * 4 * 16 * sum(range(1, 9))) + 256 * 64)
+    assert steps[3] == 3 * (2 * (per_token + 2 * 4 * 16 * 11) + 256 * 64)
 
 
 def test_batch_floor_counts_the_experts_a_step_reads():
@@ -96,6 +109,8 @@ def test_moe_bench_gguf_runs_the_packed_file_beside_bf16(tmp_path, capsys):
     assert floor["gguf_compute_floor_batch_seconds"] == pytest.approx(floor["batch_macs"] / (
         1e9 * max(floor["gguf_gemm_rate_gmac_per_s"], floor["gemm_rate_gmac_per_s"])))
     assert "GGUF compute floor" in printed
+    assert floor["gguf_roofline_batch_seconds"] >= floor["gguf_compute_floor_batch_seconds"] * (
+        1 - 1e-9)
 
 
 def test_moe_bench_gguf_file_loads_as_qwen3_moe_with_packed_experts(tmp_path):
