@@ -66,18 +66,22 @@ def batch_macs(args: argparse.Namespace) -> int:
     return sum(_step_macs(args))
 
 
-def gguf_step_bytes(path: str, num_experts: int, experts_read: float) -> int:
-    """Bytes of the GGUF file's tensors one decode step reads: everything but the embedding (one
-    row), the expert stacks `ffn_*_exps` in the share `experts_read / num_experts`."""
+def gguf_step_bytes(path: str, num_experts: int,
+                    experts_read: tuple[float, ...]) -> tuple[int, ...]:
+    """For each count in `experts_read`: bytes of the GGUF file's tensors one decode step reads
+    with that many experts per layer (everything but the embedding, which is one row; the
+    expert stacks `ffn_*_exps` in the share count / num_experts). The file is read once."""
     from gguf import GGUFReader
 
-    total = 0.0
+    dense = experts = 0
     for tensor in GGUFReader(path).tensors:
         if tensor.name == "token_embd.weight":
             continue
-        share = experts_read / num_experts if "_exps." in tensor.name else 1.0
-        total += tensor.n_bytes * share
-    return int(total)
+        if "_exps." in tensor.name:
+            experts += int(tensor.n_bytes)
+        else:
+            dense += int(tensor.n_bytes)
+    return tuple(int(dense + experts * n / num_experts) for n in experts_read)
 
 
 def floors(args: argparse.Namespace, gguf_path: str | None) -> dict:
@@ -90,8 +94,7 @@ def floors(args: argparse.Namespace, gguf_path: str | None) -> dict:
     sizes = {"": (active_bytes_per_token(args), _bytes_per_step(args, experts_read),
                   _bytes_per_step(args, e))}
     if gguf_path is not None:
-        sizes["gguf_"] = tuple(gguf_step_bytes(gguf_path, e, n)
-                               for n in (args.top_k, experts_read, e))
+        sizes["gguf_"] = gguf_step_bytes(gguf_path, e, (args.top_k, experts_read, e))
     out = {"read_bandwidth_gb_per_s": bandwidth / 1e9,
            "batch_experts_read_per_layer": experts_read}
     for name, (per_token, step_bytes, _) in sizes.items():

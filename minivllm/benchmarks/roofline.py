@@ -23,13 +23,8 @@ def measure_read_bandwidth(num_bytes: int = 1 << 30, repeats: int = 5) -> float:
     """Bytes/s that torch's threads read from DRAM: the best of `repeats` sums over a buffer far
     larger than any cache (a decode step, too, only reads its weights)."""
     buf = torch.ones(num_bytes // 4, dtype=torch.float32)   # written: every page is resident
-    buf.sum()        # warm-up: torch's thread pool starts
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        buf.sum()
-        times.append(time.perf_counter() - start)
-    return buf.numel() * buf.element_size() / min(times)
+    # (the warm-up call also starts torch's thread pool)
+    return buf.numel() * buf.element_size() / _best_time(buf.sum, repeats)
 
 
 def measure_gemm_rate(dtype: torch.dtype = torch.bfloat16, m: int = 1024, n: int = 4096,
@@ -65,6 +60,7 @@ def measure_gguf_gemm_rate(type_name: str, m: int = 64, n: int = 4096, k: int = 
 
 
 def _best_time(fn, repeats: int) -> float:
+    """The least of `repeats` timed calls of fn, after one untimed warm-up call."""
     fn()
     times = []
     for _ in range(repeats):
