@@ -1,7 +1,20 @@
 """ParallelConfig: TP x PP layout and where the ranks meet."""
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+
+@dataclass
+class EPLBConfig:
+    """vLLM's expert-load-balancer settings, which MoE model files read. minivllm has no balancer:
+    experts are placed once, so there are no redundant copies."""
+
+    num_redundant_experts: int = 0
+
+    def __post_init__(self) -> None:
+        if self.num_redundant_experts != 0:
+            raise ValueError("redundant experts need expert load balancing (EPLB), which is not "
+                             "supported; num_redundant_experts must be 0")
 
 
 @dataclass
@@ -17,8 +30,17 @@ class ParallelConfig:
     # Split MoE experts over the TP ranks (whole experts per rank) instead of slicing every
     # expert's intermediate dimension.
     enable_expert_parallel: bool = False
+    # Read by vLLM 0.33's MoE files; only the values minivllm honours are accepted.
+    enable_eplb: bool = False
+    eplb_config: EPLBConfig = field(default_factory=EPLBConfig)
+    expert_placement_strategy: str = "linear"     # contiguous runs of experts per rank
 
     def __post_init__(self) -> None:
+        if self.enable_eplb:
+            raise ValueError("expert load balancing (enable_eplb) is not supported")
+        if self.expert_placement_strategy != "linear":
+            raise ValueError(f"expert_placement_strategy {self.expert_placement_strategy!r} is "
+                             "not supported; choose 'linear'")
         for name in ("tensor_parallel_size", "pipeline_parallel_size", "nnodes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -26,6 +48,11 @@ class ParallelConfig:
             raise ValueError(f"node_rank must be in [0, {self.nnodes}), got {self.node_rank}")
         if self.world_size % self.nnodes != 0:
             raise ValueError(f"world size {self.world_size} (TP x PP) must be divisible by nnodes={self.nnodes}")
+
+    @property
+    def use_sequence_parallel_moe(self) -> bool:
+        """vLLM splits MoE tokens over TP ranks only under data parallelism (size 1 here)."""
+        return False
 
     @property
     def world_size(self) -> int:

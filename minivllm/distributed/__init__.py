@@ -7,7 +7,8 @@ from minivllm.distributed.communication_op import (tensor_model_parallel_all_gat
 from minivllm.distributed.parallel_state import (GroupCoordinator, destroy_distributed_environment,
                                                  destroy_model_parallel,
                                                  ensure_model_parallel_initialized,
-                                                 get_dp_group, get_ep_group, get_pipeline_model_parallel_rank,
+                                                 get_dp_group, get_ep_group, get_pcp_group,
+                                                 get_pipeline_model_parallel_rank,
                                                  get_pipeline_model_parallel_world_size,
                                                  get_pp_group, get_tensor_model_parallel_rank,
                                                  get_tensor_model_parallel_world_size, get_tp_group,
@@ -18,7 +19,8 @@ from minivllm.distributed.utils import divide, get_pp_indices, split_tensor_alon
 
 __all__ = [
     "GroupCoordinator", "destroy_distributed_environment", "destroy_model_parallel", "divide",
-    "ensure_model_parallel_initialized", "get_dp_group", "get_ep_group", "get_pipeline_model_parallel_rank",
+    "ensure_model_parallel_initialized", "get_dp_group", "get_ep_group", "get_pcp_group",
+    "get_pipeline_model_parallel_rank",
     "get_pipeline_model_parallel_world_size", "get_pp_group", "get_pp_indices",
     "get_tensor_model_parallel_rank", "get_tensor_model_parallel_world_size", "get_tp_group",
     "get_world_group", "init_distributed_environment", "initialize_model_parallel",

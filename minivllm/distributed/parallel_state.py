@@ -13,6 +13,18 @@ import torch
 import torch.distributed as dist
 
 
+class _OneRankGroup:
+    """Stands in for the torch ProcessGroup of a one-rank group (no process group is created when
+    running alone): model files ask it `size()` and `rank()`. Collectives over a one-rank group
+    are identities, so the coordinator never hands it to torch.distributed."""
+
+    def size(self) -> int:
+        return 1
+
+    def rank(self) -> int:
+        return 0
+
+
 class GroupCoordinator:
     """One communication group: its ranks, this process's place in it, and its collectives."""
 
@@ -21,8 +33,9 @@ class GroupCoordinator:
         self.rank = rank                          # global rank of this process
         self.rank_in_group = ranks.index(rank)
         self.world_size = len(ranks)
-        self.device_group = group                 # torch ProcessGroup, None at size 1
-        self.cpu_group = group
+        # torch ProcessGroup; a stand-in answering size() / rank() for a one-rank group
+        self.device_group = group if group is not None or len(ranks) > 1 else _OneRankGroup()
+        self.cpu_group = self.device_group
         self.unique_name = name
 
     @property
@@ -214,6 +227,13 @@ def get_dp_group() -> GroupCoordinator:
     (vLLM's `--data-parallel-size` 1); `world_size` 1 makes every collective the identity."""
     world = get_world_group()
     return GroupCoordinator([world.rank], world.rank, None, "dp")
+
+
+def get_pcp_group() -> GroupCoordinator:
+    """The prefill context-parallel group (vLLM 0.33): this rank alone, since minivllm does not
+    split a prompt's tokens over ranks (`--prefill-context-parallel-size` 1)."""
+    world = get_world_group()
+    return GroupCoordinator([world.rank], world.rank, None, "pcp")
 
 
 def get_tensor_model_parallel_world_size() -> int:

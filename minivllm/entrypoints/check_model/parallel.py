@@ -10,7 +10,7 @@ from torch import nn
 from minivllm.config.vllm import valid_tp_sizes
 from minivllm.distributed.utils import get_pp_indices
 from minivllm.model_executor.kernels.gguf_linear import gguf_block_shape, splits_whole_blocks
-from minivllm.model_executor.layers.fused_moe import FusedMoE
+from minivllm.model_executor.layers.fused_moe import RoutedExperts
 from minivllm.model_executor.layers.linear import RowParallelLinear
 from minivllm.model_executor.layers.quantization.gguf import GGUFLinearMethod
 from minivllm.model_executor.layers.quantization.gguf_moe import GGUFMoEMethod
@@ -90,7 +90,7 @@ def layer_tp_limits(model: nn.Module | None) -> dict[str, Callable[[int], bool]]
     limits: dict[tuple, tuple[str, Callable[[int], bool]]] = {}
     for name, module in model.named_modules() if model is not None else ():
         method = getattr(module, "quant_method", None)
-        if isinstance(module, FusedMoE) and not module.use_ep:
+        if isinstance(module, RoutedExperts) and not module.use_ep:
             size, what = module.intermediate_size, "MoE intermediate"
             qtype = getattr(module, "w2_qweight_type", None) if isinstance(
                 method, GGUFMoEMethod) else None

@@ -19,6 +19,19 @@ from .llama import (LlamaAttention, LlamaDecoderLayer, LlamaForCausalLM, LlamaMo
                     input_norm)
 
 
+def granite_layer_attn_params(config, layer_idx: int) -> tuple[int | None, float, bool]:
+    """(sliding window or None, RoPE theta (0 = no RoPE), attention sinks?) of one layer, as
+    vLLM 0.33's Granite-MoE file reads them: plain Granite configs give (None, the global theta,
+    False); `layer_types` marks sliding layers and implies sinks unless `attention_sinks` says
+    otherwise; `layer_rope_theta` gives per-layer thetas."""
+    layer_types = getattr(config, "layer_types", None)
+    sliding = layer_types is not None and layer_types[layer_idx] == "sliding_attention"
+    thetas = getattr(config, "layer_rope_theta", None)
+    theta = thetas[layer_idx] if thetas is not None else config.rope_parameters["rope_theta"]
+    return (config.sliding_window if sliding else None, theta,
+            bool(getattr(config, "attention_sinks", layer_types is not None)))
+
+
 class GraniteAttention(LlamaAttention):
     def _init_rotary_emb(self, config, quant_config: QuantizationConfig | None) -> None:
         super()._init_rotary_emb(config, quant_config)

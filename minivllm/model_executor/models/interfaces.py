@@ -16,9 +16,10 @@ from minivllm.sequence import IntermediateTensors
 logger = init_logger(__name__)
 
 __all__ = [
-    "EagleModelMixin", "LocalArgmaxMixin", "SupportsCrossEncoding", "SupportsEagle",
+    "EagleModelMixin", "LocalArgmaxMixin", "MixtureOfExperts", "SupportsCrossEncoding", "SupportsEagle",
     "SupportsEagle3", "SupportsLoRA", "SupportsMultiModal", "SupportsPP", "SupportsQuant",
-    "is_pooling_model", "is_text_generation_model", "is_vllm_model", "supports_eagle",
+    "is_mixture_of_experts", "is_pooling_model", "is_text_generation_model", "is_vllm_model",
+    "supports_eagle",
     "supports_eagle3", "supports_lora", "supports_multimodal", "supports_pp", "supports_quant",
 ]
 
@@ -85,6 +86,37 @@ class SupportsCrossEncoding(Protocol):
     supports_cross_encoding: ClassVar[Literal[True]] = True
 
 
+@runtime_checkable
+class MixtureOfExperts(Protocol):
+    """A MoE model's expert counts and its MoE layers (vLLM 0.33's interface, which its MoE files
+    inherit). minivllm places experts once at load time: there is no load balancer (EPLB), so
+    physical experts equal logical ones and `set_eplb_state` refuses."""
+
+    expert_weights: list
+    num_moe_layers: int
+    num_expert_groups: int
+    num_logical_experts: int
+    num_physical_experts: int
+    num_local_physical_experts: int
+    num_routed_experts: int
+    num_shared_experts: int
+    num_redundant_experts: int
+    moe_layers: list
+
+    def set_eplb_state(self, expert_load_view: torch.Tensor,
+                       logical_to_physical_map: torch.Tensor,
+                       logical_replica_count: torch.Tensor) -> None:
+        raise NotImplementedError("expert load balancing (EPLB) is not supported")
+
+    def update_physical_experts_metadata(self, num_physical_experts: int,
+                                         num_local_physical_experts: int) -> None:
+        ...
+
+
+def is_mixture_of_experts(model: object) -> bool:
+    return isinstance(model, MixtureOfExperts) and getattr(model, "num_moe_layers", 0) > 0
+
+
 class EagleModelMixin:
     """Collects the hidden states of selected layers (global indices) for EAGLE-3 drafters.
 
@@ -113,9 +145,13 @@ class EagleModelMixin:
         self._aux_is_last_rank = pp.is_last_rank
 
     def _maybe_add_hidden_state(self, aux_hidden_states: list[torch.Tensor], layer_idx: int,
-                                hidden_states: torch.Tensor, residual: torch.Tensor | None) -> None:
+                                hidden_states: torch.Tensor, residual: torch.Tensor | None
+                                ) -> list[torch.Tensor]:
+        """Appends layer `layer_idx`'s input when it is an aux layer; returns the list (vLLM
+        0.33's files start it as `aux = self._maybe_add_hidden_state([], ...)`)."""
         if layer_idx in self.aux_hidden_state_layers:
             aux_hidden_states.append(hidden_states if residual is None else hidden_states + residual)
+        return aux_hidden_states
 
     def pack_local_aux_hidden_states(self, aux_hidden_states: list[torch.Tensor]) -> dict[str, torch.Tensor]:
         base = self._aux_remote_count

@@ -1,5 +1,6 @@
 """Qwen2 / Qwen2.5: Llama with a q/k/v bias (never an o_proj bias) and a 1e6 default RoPE theta."""
 
+import inspect
 from typing import TYPE_CHECKING, Any
 
 from torch import nn
@@ -54,7 +55,22 @@ class Qwen2Model(LlamaModel):
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "",
                  decoder_layer_type: type[nn.Module] = Qwen2DecoderLayer) -> None:
         set_default_rope_theta(vllm_config.model_config.hf_config, _QWEN_DEFAULT_ROPE_THETA)
-        super().__init__(vllm_config=vllm_config, prefix=prefix, layer_type=decoder_layer_type)
+        super().__init__(vllm_config=vllm_config, prefix=prefix,
+                         layer_type=_layer_factory(decoder_layer_type, vllm_config))
+
+
+def _layer_factory(layer_type: type[nn.Module], vllm_config: VllmConfig) -> Any:
+    """`layer_type` as LlamaModel calls it, `(vllm_config=, prefix=)`. A layer class written for
+    vLLM's Qwen2Model (vLLM's qwen3.py has one) takes `(config, cache_config, quant_config,
+    prefix)` instead, which is what vLLM's Qwen2Model passes."""
+    if "vllm_config" in inspect.signature(layer_type).parameters:
+        return layer_type
+    config = vllm_config.model_config.hf_config.get_text_config()
+
+    def build(vllm_config: VllmConfig, prefix: str) -> nn.Module:
+        return layer_type(config=config, cache_config=vllm_config.cache_config,
+                          quant_config=vllm_config.quant_config, prefix=prefix)
+    return build
 
 
 class Qwen2ForCausalLM(LlamaForCausalLM):

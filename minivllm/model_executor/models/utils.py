@@ -8,7 +8,8 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from minivllm.distributed import get_pp_group, get_pp_indices
+from minivllm.distributed import (get_pp_group, get_pp_indices, get_tensor_model_parallel_rank,
+                                  get_tensor_model_parallel_world_size)
 from minivllm.model_executor.models.auto_weights_loader import (AutoWeightsLoader,
                                                                 UnexpectedWeightsError)
 from minivllm.model_executor.models.placeholders import PPMissingLayer, StageMissingLayer
@@ -19,7 +20,7 @@ __all__ = [
     "AutoWeightsLoader", "PPMissingLayer", "StageMissingLayer", "UnexpectedWeightsError",
     "WeightsMapper", "extract_layer_index", "get_pp_missing_layer_names",
     "is_pp_missing_parameter", "make_empty_intermediate_tensors_factory", "make_layers",
-    "maybe_prefix", "no_init_weights", "spec_decode_needs_target_embed",
+    "maybe_prefix", "no_init_weights", "sequence_parallel_chunk", "spec_decode_needs_target_embed",
 ]
 
 # Speculative methods whose drafter reads the target's embeddings on the last PP stage.
@@ -66,6 +67,19 @@ def extract_layer_index(layer_name: str, num_attn_module: int = 1) -> int:
     # Several attention modules per layer: the second integer selects the module.
     assert len(int_vals) <= 2, f"layer name {layer_name} should contain at most two integers"
     return int_vals[0] * num_attn_module + int_vals[1] if len(int_vals) == 2 else int_vals[0]
+
+
+def sequence_parallel_chunk(x: torch.Tensor) -> torch.Tensor:
+    """This TP rank's share of the tokens, for sequence-parallel MoE: x [T, ...] padded with zero
+    rows to a multiple of the TP size, then rank r's [ceil(T / tp), ...] block."""
+    tp_size = get_tensor_model_parallel_world_size()
+    if tp_size == 1:
+        return x
+    chunk = -(-x.shape[0] // tp_size)
+    pad = chunk * tp_size - x.shape[0]
+    if pad:
+        x = torch.nn.functional.pad(x, (0, 0) * (x.dim() - 1) + (0, pad))
+    return x.narrow(0, get_tensor_model_parallel_rank() * chunk, chunk)
 
 
 # Weak keys: a freed model must not leave its names behind for a new model at the same id().

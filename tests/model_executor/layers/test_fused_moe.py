@@ -274,7 +274,7 @@ def test_enable_expert_parallel_flag_reaches_the_parallel_config():
 def test_linear_only_quant_config_leaves_experts_unquantized_and_says_so(monkeypatch):
     from unittest import mock
 
-    from minivllm.model_executor.layers.fused_moe import layer as layer_module
+    from minivllm.model_executor.layers.fused_moe import routed_experts as layer_module
     from minivllm.model_executor.layers.quantization.fp8 import Fp8Config
 
     monkeypatch.setattr(layer_module, "_WARNED", set())

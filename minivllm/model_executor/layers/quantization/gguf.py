@@ -65,7 +65,7 @@ class GGUFConfig(QuantizationConfig):
             return UnquantizedEmbeddingMethod() if skipped else GGUFEmbeddingMethod(prefix)
         if "LinearBase" in bases:
             return UnquantizedLinearMethod() if skipped else GGUFLinearMethod(prefix)
-        if "FusedMoE" in bases:
+        if "RoutedExperts" in bases:                       # FusedMoE and MoERunner experts
             return None if skipped else GGUFMoEMethod(prefix)
         return None
 
