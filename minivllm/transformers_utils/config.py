@@ -213,7 +213,13 @@ def _patch_one(cfg: "PretrainedConfig") -> None:
             rope["partial_rotary_factor"] = value
     if rope.get("partial_rotary_factor") == 1.0:
         rope.pop("partial_rotary_factor")
-    cfg.rope_parameters = rope if rope.get("rope_theta") is not None or len(rope) > 1 else None
+    if rope.get("rope_theta") is None and len(rope) <= 1:
+        rope = None
+        if not hasattr(cfg, "rope_parameters"):
+            # As vLLM: a config without RoPE fields stays without the attribute (vLLM's GPT-J
+            # reads `getattr(config, "rope_parameters", {})` and fills it in).
+            return
+    cfg.rope_parameters = rope
 
 
 def set_default_rope_theta(config: "PretrainedConfig", default_theta: float) -> None:

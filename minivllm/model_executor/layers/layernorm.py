@@ -125,30 +125,39 @@ class GemmaRMSNorm(CustomOp):
 
 
 class LayerNorm(nn.Module):
-    """Mean-centred layer norm over the last dim, computed in fp32 with fp32 parameters.
+    """Mean-centred layer norm over the last dim, computed in fp32 (vLLM 0.33's arguments).
 
-    `has_bias=False` gives the weight-only form (Cohere's). `norm(x, residual)` returns
-    `(norm(x + residual), x + residual)`, the same call form as `RMSNorm`.
+    `elementwise_affine=False` has no parameters; `bias=False` (or `has_bias=False`, the older
+    spelling) gives the weight-only form (Cohere's). Parameters are fp32 unless `dtype` is given.
+    `norm(x, residual)` returns `(norm(x + residual), x + residual)`, the same call form as
+    `RMSNorm`.
     """
 
-    def __init__(self, dim: int, eps: float = 1e-6, has_bias: bool = True) -> None:
+    def __init__(self, dim: int, eps: float = 1e-5, elementwise_affine: bool = True,
+                 bias: bool = True, dtype: torch.dtype | None = None, *,
+                 has_bias: bool | None = None) -> None:
         super().__init__()
         self.dim = dim
         self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim, dtype=torch.float32), requires_grad=False)
-        set_weight_attrs(self.weight, {"weight_loader": default_weight_loader})
-        if has_bias:
-            self.bias = nn.Parameter(torch.zeros(dim, dtype=torch.float32), requires_grad=False)
-            set_weight_attrs(self.bias, {"weight_loader": default_weight_loader})
-        else:
-            self.register_parameter("bias", None)
+        bias = bias if has_bias is None else has_bias
+        dtype = dtype or torch.float32
+        self.register_parameter("weight", None)
+        self.register_parameter("bias", None)
+        if elementwise_affine:
+            self.weight = nn.Parameter(torch.ones(dim, dtype=dtype), requires_grad=False)
+            set_weight_attrs(self.weight, {"weight_loader": default_weight_loader})
+            if bias:
+                self.bias = nn.Parameter(torch.zeros(dim, dtype=dtype), requires_grad=False)
+                set_weight_attrs(self.bias, {"weight_loader": default_weight_loader})
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None
                 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         if residual is not None:
             x = x + residual.to(x.dtype)
             residual = x
-        out = F.layer_norm(x.float(), (self.dim,), self.weight, self.bias, self.eps).to(x.dtype)
+        weight = None if self.weight is None else self.weight.float()
+        bias = None if self.bias is None else self.bias.float()
+        out = F.layer_norm(x.float(), (self.dim,), weight, bias, self.eps).to(x.dtype)
         return out if residual is None else (out, residual)
 
     def extra_repr(self) -> str:
