@@ -20,7 +20,9 @@ __all__ = [
     "AutoWeightsLoader", "PPMissingLayer", "StageMissingLayer", "UnexpectedWeightsError",
     "WeightsMapper", "extract_layer_index", "get_pp_missing_layer_names",
     "is_pp_missing_parameter", "make_empty_intermediate_tensors_factory", "make_layers",
-    "maybe_prefix", "no_init_weights", "sequence_parallel_chunk", "spec_decode_needs_target_embed",
+    "get_spec_layer_idx_from_weight_name", "maybe_fuse_shared_experts", "maybe_prefix",
+    "no_init_weights", "sequence_parallel_chunk", "skip_spec_layers",
+    "spec_decode_needs_target_embed",
 ]
 
 # Speculative methods whose drafter reads the target's embeddings on the last PP stage.
@@ -80,6 +82,38 @@ def sequence_parallel_chunk(x: torch.Tensor) -> torch.Tensor:
     if pad:
         x = torch.nn.functional.pad(x, (0, 0) * (x.dim() - 1) + (0, pad))
     return x.narrow(0, get_tensor_model_parallel_rank() * chunk, chunk)
+
+
+def get_spec_layer_idx_from_weight_name(config: Any, weight_name: str) -> int | None:
+    """The index of the multi-token-prediction layer a checkpoint weight belongs to, or None:
+    MTP layers follow the `num_hidden_layers` decoder layers (`num_nextn_predict_layers` of
+    them, DeepSeek / GLM-4 MoE checkpoints)."""
+    base = config.num_hidden_layers
+    for idx in range(base, base + (getattr(config, "num_nextn_predict_layers", 0) or 0)):
+        if weight_name.startswith((f"model.layers.{idx}.", f"layers.{idx}.",
+                                   f"model.language_model.layers.{idx}.")):
+            return idx
+    return None
+
+
+def skip_spec_layers(weights: Iterator[tuple[str, torch.Tensor]], config: Any
+                     ) -> Iterator[tuple[str, torch.Tensor]]:
+    """The checkpoint stream without its MTP-layer weights (the base model has no such layers;
+    minivllm runs no MTP drafter)."""
+    return ((name, w) for name, w in weights
+            if get_spec_layer_idx_from_weight_name(config, name) is None)
+
+
+def maybe_fuse_shared_experts(weights: Iterator[tuple[str, torch.Tensor]], *,
+                              n_routed_experts: int, n_shared_experts: int,
+                              ckpt_prefix: str = "mlp.shared_experts",
+                              enabled: bool | None = None
+                              ) -> Iterator[tuple[str, torch.Tensor]]:
+    """vLLM renames shared-expert weights into extra routed-expert slots when AITER fuses them;
+    minivllm never fuses (`fused_moe.utils`), so the stream passes through unchanged."""
+    if enabled:
+        raise NotImplementedError("fused shared experts (ROCm AITER) are not supported")
+    return weights
 
 
 # Weak keys: a freed model must not leave its names behind for a new model at the same id().

@@ -1,5 +1,5 @@
 """vLLM 0.33.0's own model files, import root renamed, run on minivllm and match transformers
-(26 files: the 18 families minivllm ships its own files for, and 8 it has none of).
+(27 files: the 18 families minivllm ships its own files for, and 9 it has none of).
 
 Each file is registered over minivllm's class for its architecture, then a tiny random
 transformers checkpoint of the family runs through `LLM`: fp32 greedy tokens identical and prompt
@@ -54,6 +54,13 @@ FAMILIES = {
     "bloom": ("BloomForCausalLM", "BloomConfig", None, dict(n_head=4, tie_word_embeddings=True)),
     "ernie45": ("Ernie4_5ForCausalLM", "Ernie4_5Config", None, {}),
     "exaone4": ("Exaone4ForCausalLM", "Exaone4Config", None, {}),
+    # GLM-4.5-style MoE: sigmoid scores with a correction bias, grouped top-k, routed scaling
+    # applied to the output, a shared expert, a dense first layer, partial RoPE, QK norm.
+    "glm4_moe": ("Glm4MoeForCausalLM", "Glm4MoeConfig", None,
+                 dict(moe_intermediate_size=32, n_routed_experts=8, num_experts_per_tok=2,
+                      n_shared_experts=1, first_k_dense_replace=1, n_group=2, topk_group=1,
+                      routed_scaling_factor=2.5, head_dim=16, partial_rotary_factor=0.5,
+                      use_qk_norm=True)),
     "gpt_j": ("GPTJForCausalLM", "GPTJConfig", None, dict(n_head=4, rotary_dim=8)),
     "nemotron": ("NemotronForCausalLM", "NemotronConfig", None, {}),
     "opt": ("OPTForCausalLM", "OPTConfig", None, dict(ffn_dim=128, word_embed_proj_dim=64)),

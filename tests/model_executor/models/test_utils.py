@@ -163,3 +163,44 @@ def test_no_init_weights_replaces_output_stage(tied):
     # An untied head moves to meta; a tied one keeps sharing the live embedding weight.
     assert old_head.weight.is_meta is (not tied)
     assert model.embed.weight.device.type == "cpu"
+
+
+def test_spec_layers_are_named_and_skipped():
+    """MTP layers follow the decoder layers: their weights leave the base model's stream."""
+    config = SimpleNamespace(num_hidden_layers=2, num_nextn_predict_layers=1)
+    names = ["model.layers.1.mlp.gate.weight", "model.layers.2.eh_proj.weight",
+             "model.layers.20.mlp.gate.weight", "lm_head.weight"]
+    assert [utils.get_spec_layer_idx_from_weight_name(config, n) for n in names] == [
+        None, 2, None, None]
+    kept = [n for n, _ in utils.skip_spec_layers(((n, None) for n in names), config)]
+    assert kept == [names[0], names[2], names[3]]
+    no_mtp = SimpleNamespace(num_hidden_layers=2)
+    assert utils.get_spec_layer_idx_from_weight_name(no_mtp, names[1]) is None
+
+
+def test_sequence_parallel_chunk_pads_and_slices(monkeypatch):
+    x = torch.arange(10.0).reshape(5, 2)
+    assert utils.sequence_parallel_chunk(x) is x                      # TP = 1
+    monkeypatch.setattr(utils, "get_tensor_model_parallel_world_size", lambda: 2)
+    monkeypatch.setattr(utils, "get_tensor_model_parallel_rank", lambda: 1)
+    chunk = utils.sequence_parallel_chunk(x)                           # 5 rows -> 3 + 3
+    assert torch.equal(chunk, torch.tensor([[6.0, 7.0], [8.0, 9.0], [0.0, 0.0]]))
+
+
+def test_shared_experts_are_never_fused():
+    from minivllm.model_executor.layers.fused_moe import utils as moe_utils
+
+    stream = [("model.layers.0.mlp.shared_experts.gate_proj.weight", None)]
+    assert list(utils.maybe_fuse_shared_experts(iter(stream), n_routed_experts=8,
+                                                n_shared_experts=1)) == stream
+    with pytest.raises(NotImplementedError, match="AITER"):
+        utils.maybe_fuse_shared_experts(iter(stream), n_routed_experts=8, n_shared_experts=1,
+                                        enabled=True)
+    assert moe_utils.resolve_layer_fused_shared_expert(None, "model.layers.0.mlp") is False
+    fused, plain = nn.Module(), nn.Module()
+    fused.mlp, plain.mlp = nn.Linear(1, 1), nn.Linear(1, 1)
+    fused.mlp.is_fused_shared_expert_enabled = True
+    assert moe_utils.is_model_fused_shared_expert_compatible([plain], nn.Linear, "mlp") is False
+    assert moe_utils.is_model_fused_shared_expert_compatible([fused], nn.Linear, "mlp") is True
+    with pytest.raises(NotImplementedError, match="1 of 2"):
+        moe_utils.is_model_fused_shared_expert_compatible([fused, plain], nn.Linear, "mlp")

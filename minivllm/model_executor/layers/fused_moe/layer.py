@@ -24,8 +24,9 @@ from minivllm.model_executor.layers.fused_moe.routed_experts import (ExpertMappi
                                                                      build_expert_params_mapping)
 from minivllm.model_executor.layers.fused_moe.runner.moe_runner import MoERunner
 
-# FusedMoEFactory arguments that only steer GPU kernels or bookkeeping with no effect here.
-_KERNEL_ONLY = ("router_logits_dtype", "skip_padding", "intermediate_pad")
+# FusedMoEFactory arguments that only steer GPU kernels or bookkeeping with no effect here
+# (`shared_expert_prefix` names the shared experts only when they are fused, which is refused).
+_KERNEL_ONLY = ("router_logits_dtype", "skip_padding", "intermediate_pad", "shared_expert_prefix")
 
 
 # NOTE: a function with a class-style name, as in vLLM (model files call it like a class).
