@@ -1,5 +1,5 @@
 """vLLM 0.33.0's own model files, import root renamed, run on minivllm and match transformers
-(27 files: the 18 families minivllm ships its own files for, and 9 it has none of).
+(29 files: the 18 families minivllm ships its own files for, and 11 it has none of).
 
 Each file is registered over minivllm's class for its architecture, then a tiny random
 transformers checkpoint of the family runs through `LLM`: fp32 greedy tokens identical and prompt
@@ -47,13 +47,20 @@ FAMILIES = {
     "phimoe": ("PhimoeForCausalLM", "PhimoeConfig", "PhiMoEForCausalLM",
                dict(_LOCAL_EXPERTS, attention_bias=True, lm_head_bias=True)),
     "granitemoe": ("GraniteMoeForCausalLM", "GraniteMoeConfig", None, _LOCAL_EXPERTS),
+    # Built on vLLM's granitemoe.py, which the port brings along (minivllm has no such module).
+    "granitemoeshared": ("GraniteMoeSharedForCausalLM", "GraniteMoeSharedConfig", None,
+                         dict(_LOCAL_EXPERTS, shared_intermediate_size=48)),
     # Families minivllm has no file of its own for: vLLM's file is the only implementation.
     "ernie45_moe": ("Ernie4_5_MoeForCausalLM", "Ernie4_5_MoeConfig", None,
                     dict(moe_intermediate_size=32, moe_num_experts=8, moe_k=2)),
     "apertus": ("ApertusForCausalLM", "ApertusConfig", None, {}),
     "bloom": ("BloomForCausalLM", "BloomConfig", None, dict(n_head=4, tie_word_embeddings=True)),
     "ernie45": ("Ernie4_5ForCausalLM", "Ernie4_5Config", None, {}),
-    "exaone4": ("Exaone4ForCausalLM", "Exaone4Config", None, {}),
+    # EXAONE: sliding-window layers (window 16: the prompts are longer) beside global ones.
+    "exaone4": ("Exaone4ForCausalLM", "Exaone4Config", None, dict(sliding_window=16)),
+    # On vLLM's exaone4.py (ported alongside): experts with a shared one, a correction bias.
+    "exaone_moe": ("ExaoneMoeForCausalLM", "ExaoneMoeConfig", None,
+                   dict(_MOE, sliding_window=16)),
     # GLM-4.5-style MoE: sigmoid scores with a correction bias, grouped top-k, routed scaling
     # applied to the output, a shared expert, a dense first layer, partial RoPE, QK norm.
     "glm4_moe": ("Glm4MoeForCausalLM", "Glm4MoeConfig", None,
