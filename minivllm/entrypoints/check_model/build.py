@@ -6,6 +6,8 @@ import json
 import os
 import sys
 import tempfile
+import types
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -18,6 +20,8 @@ from minivllm.model_executor.model_loader.weight_utils import get_quant_config
 from minivllm.model_executor.models.registry import ModelRegistry
 from minivllm.plugins import load_general_plugins
 from minivllm.transformers_utils.config import is_gguf, patch_rope_parameters
+
+from .vllm_file import imports_vllm, port_vllm_source
 
 # Out-of-tree files load inside the models package, so a copy of an in-tree model file (whose
 # imports are relative: `from .utils import ...`) loads unchanged.
@@ -66,31 +70,49 @@ def make_target(model: str, *, model_file: str | None = None, arch: str | None =
 
 
 def load_model_file(spec: str) -> type[nn.Module]:
-    """`path/to/file.py:ClassName` -> the class (the file is imported once per path)."""
+    """`path/to/file.py:ClassName` -> the class (the file is imported once per path). A file
+    written for vLLM (`from vllm... import`) is ported as it loads (`vllm_file.py`)."""
     path, sep, class_name = spec.rpartition(":")
     if not sep or not path.endswith(".py") or not class_name:
         raise ValueError(f"--model-file expects path/to/file.py:ClassName, got {spec!r}")
     path = os.path.abspath(os.path.expanduser(path))
     if not os.path.isfile(path):
         raise ValueError(f"--model-file: no such file {path!r}")
-    stem = os.path.splitext(os.path.basename(path))[0]
-    module_name = f"{_FILE_MODULE_PACKAGE}._checked_{stem}_{abs(hash(path)) % 10**8}"
-    module = sys.modules.get(module_name)
-    if module is None:
-        file_spec = importlib.util.spec_from_file_location(module_name, path)
-        module = importlib.util.module_from_spec(file_spec)
-        sys.modules[module_name] = module
-        try:
-            file_spec.loader.exec_module(module)
-        except BaseException:
-            del sys.modules[module_name]
-            raise
+    module = _import_model_file(path)
     cls = getattr(module, class_name, None)
     if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
         names = sorted(n for n, v in vars(module).items()
                        if isinstance(v, type) and issubclass(v, nn.Module))
         raise ValueError(f"{path} has no nn.Module class {class_name!r}; its classes: {names}")
     return cls
+
+
+def _import_model_file(path: str) -> types.ModuleType:
+    """The module of the file at `path`, inside minivllm's models package."""
+    stem = os.path.splitext(os.path.basename(path))[0]
+    module_name = f"{_FILE_MODULE_PACKAGE}._checked_{stem}_{zlib.crc32(path.encode()):08x}"
+    module = sys.modules.get(module_name)
+    if module is not None:
+        return module
+    file_spec = importlib.util.spec_from_file_location(module_name, path)
+    module = importlib.util.module_from_spec(file_spec)
+    sys.modules[module_name] = module
+    try:
+        with open(path) as f:
+            source = f.read()
+        if imports_vllm(source):
+            source = port_vllm_source(source, lambda name: _sibling(path, name))
+        exec(compile(source, path, "exec"), module.__dict__)
+    except BaseException:
+        del sys.modules[module_name]
+        raise
+    return module
+
+
+def _sibling(path: str, name: str) -> str | None:
+    """The module name of `<name>.py` beside `path`, imported (None when there is none)."""
+    sibling = os.path.join(os.path.dirname(path), f"{name}.py")
+    return _import_model_file(sibling).__name__ if os.path.isfile(sibling) else None
 
 
 class DuplicateRecorder(dict):

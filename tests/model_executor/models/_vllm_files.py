@@ -1,6 +1,6 @@
-"""vLLM 0.33.0's own model files, ported the way the README tells a user to: the import root
-renamed (`vllm.` -> `minivllm.`), the files' relative imports of their package pointed at
-minivllm's `model_executor.models` (as if the file were dropped there).
+"""vLLM 0.33.0's own model files, loaded as they are by `check-model --model-file`'s loader
+(`entrypoints/check_model/vllm_file.py`: the import root renamed as the README's porting rule
+says, relative imports finding minivllm's models package or the vLLM sibling file).
 
 The files come from the vLLM 0.33.0 source distribution on PyPI (code only, no weights),
 fetched once into `$MINIVLLM_CACHE_DIR/vllm-0.33.0` (default `~/.cache/minivllm`) and checked
@@ -8,12 +8,9 @@ against PyPI's sha256; `$MINIVLLM_VLLM_SOURCE` may name an unpacked source tree 
 """
 
 import hashlib
-import importlib.util
 import io
 import json
 import os
-import re
-import sys
 import tarfile
 import urllib.request
 from pathlib import Path
@@ -68,45 +65,7 @@ def vllm_models_dir() -> Path:
     return dest
 
 
-def port_source(text: str, sibling_prefix: str = "vllm033_") -> tuple[str, set[str]]:
-    """vLLM file text -> minivllm: the root renamed, package-relative imports made absolute.
-
-    `from .X import` points at minivllm's `model_executor.models.X`; where minivllm has no such
-    module, at the ported vLLM sibling `<sibling_prefix>X` instead (a user porting vLLM's
-    granitemoeshared.py ports the granitemoe.py it builds on too). Returns the text and the
-    siblings it needs."""
-    text = re.sub(r"\bvllm\b(?=[.\s])", "minivllm", text)
-    needed: set[str] = set()
-
-    def relative(match: re.Match) -> str:
-        indent, name = match.group(1), match.group(2)
-        top = name.split(".")[0]
-        if importlib.util.find_spec(f"minivllm.model_executor.models.{top}") is None:
-            needed.add(top)
-            return f"{indent}from {sibling_prefix}{name} "
-        return f"{indent}from minivllm.model_executor.models.{name} "
-    text = re.sub(r"^(\s*)from \.(\w+(?:\.\w+)*) ", relative, text, flags=re.M)
-    text = re.sub(r"^(\s*)from \. import", r"\1from minivllm.model_executor.models import", text,
-                  flags=re.M)
-    return text, needed
-
-
-def _write_ported(name: str, workdir: Path) -> Path:
-    """`workdir/vllm033_<name>.py`, and the vLLM siblings it imports, ported once."""
-    path = workdir / f"vllm033_{name}.py"
-    if not path.exists():
-        text, siblings = port_source((vllm_models_dir() / f"{name}.py").read_text())
-        for sibling in siblings:
-            _write_ported(sibling, workdir)
-        path.write_text(text)
-    return path
-
-
-def load_ported_class(name: str, class_name: str, workdir: Path) -> type:
-    """vLLM's `<name>.py`, ported and written to `workdir/vllm033_<name>.py`, then imported the
-    way `minivllm check-model --model-file` imports a file: its class `class_name`. Ported
-    siblings are imported by name, so `workdir` joins `sys.path`."""
-    path = _write_ported(name, workdir)
-    if str(workdir) not in sys.path:
-        sys.path.append(str(workdir))
-    return load_model_file(f"{path}:{class_name}")
+def load_vllm_class(name: str, class_name: str) -> type:
+    """The class `class_name` of vLLM's `<name>.py`, loaded the way `minivllm check-model
+    --model-file` loads a file (written for vLLM: ported as it loads)."""
+    return load_model_file(f"{vllm_models_dir() / name}.py:{class_name}")

@@ -14,7 +14,7 @@ import transformers
 from minivllm.model_executor.models.registry import ModelRegistry
 from tests.model_executor.models._family_helpers import (assert_matches_transformers,
                                                          build_model, write_tiny_checkpoint)
-from tests.model_executor.models._vllm_files import load_ported_class
+from tests.model_executor.models._vllm_files import load_vllm_class
 
 _MOE = dict(moe_intermediate_size=32, num_experts=8, num_experts_per_tok=2)
 _LOCAL_EXPERTS = dict(num_local_experts=8, num_experts_per_tok=2)
@@ -78,14 +78,12 @@ TOLERANCE = {"bloom": 1e-3}
 
 
 @pytest.fixture
-def registered_vllm_class(tmp_path_factory):
+def registered_vllm_class():
     """Registers vLLM's class for an architecture, restoring minivllm's afterwards."""
     saved = {}
-    workdir = tmp_path_factory.getbasetemp() / "vllm033_files"
-    workdir.mkdir(exist_ok=True)
 
     def register(file: str, arch: str, cls_name: str | None) -> type:
-        cls = load_ported_class(file, cls_name or arch, workdir)
+        cls = load_vllm_class(file, cls_name or arch)
         saved.setdefault(arch, ModelRegistry.models.get(arch))
         ModelRegistry.register_model(arch, cls)
         return cls
@@ -101,8 +99,24 @@ def registered_vllm_class(tmp_path_factory):
 def test_vllm_file_matches_transformers(file, registered_vllm_class, tmp_path):
     hf_name, config_name, cls_name, overrides = FAMILIES[file]
     cls = registered_vllm_class(file, hf_name, cls_name)
-    assert f"vllm033_{file}" in cls.__module__         # vLLM's class, not minivllm's own
+    assert f"._checked_{file}_" in cls.__module__      # vLLM's class, not minivllm's own
     path = write_tiny_checkpoint(tmp_path, getattr(transformers, config_name),
                                  getattr(transformers, hf_name), **overrides)
     assert type(build_model(path)) is cls              # the registry hands out vLLM's class
     assert_matches_transformers(path, atol=TOLERANCE.get(file, 1e-4))
+
+
+@pytest.mark.parametrize("file", ["qwen3_moe", "glm4_moe"])
+def test_check_model_passes_on_the_vllm_file_at_tp2(file, tmp_path):
+    """`minivllm check-model --model-file <vLLM's file>:Class --hf -tp 2`: every section passes,
+    with two real ranks loading vLLM's file through check-model's temporary plugin."""
+    from minivllm.entrypoints.check_model import CheckOptions, run_checks
+    from tests.model_executor.models._vllm_files import vllm_models_dir
+
+    hf_name, config_name, cls_name, overrides = FAMILIES[file]
+    path = write_tiny_checkpoint(tmp_path, getattr(transformers, config_name),
+                                 getattr(transformers, hf_name), **overrides)
+    spec = f"{vllm_models_dir() / file}.py:{cls_name or hf_name}"
+    report = run_checks(CheckOptions(path, hf=True, model_file=spec, tensor_parallel_size=2))
+    assert {s.status for s in report.sections.values()} == {"pass"}, report.to_text()
+    assert report.sections["numerics"].data["first_divergence"] is None

@@ -90,7 +90,7 @@ class RoutedExperts(PluggableLayer):
         if activation not in ACTIVATIONS:
             raise ValueError(f"Unsupported MoE activation {activation!r}; choose one of "
                              f"{', '.join(ACTIVATIONS)}")
-        self.layer_name = self.prefix = layer_name
+        self.prefix = layer_name          # the checkpoint's name of these experts
         self.global_num_experts = num_experts
         self.hidden_size, self.intermediate_size = hidden_size, intermediate_size
         self.activation, self.has_bias = activation, has_bias

@@ -35,6 +35,10 @@ class SharedExperts(nn.Module):
 class MoERunner(PluggableLayer):
     """`forward(hidden_states [T, H], router_logits [T, E])` -> [T, H], shared experts added."""
 
+    # The routed experts are named like the runner (`prefix`): quantization configs and
+    # checkpoints know them as "<block>.experts", never "<block>.experts.routed_experts".
+    prefix_shared_children = ("routed_experts",)
+
     def __init__(self, layer_name: str, router: FusedMoERouter, routed_experts: RoutedExperts,
                  gate: nn.Module | None = None, shared_experts: nn.Module | None = None,
                  shared_expert_gate: nn.Module | None = None,
@@ -42,7 +46,8 @@ class MoERunner(PluggableLayer):
                  routed_output_transform: nn.Module | None = None,
                  routed_scaling_factor: float = 1.0, reduce_results: bool = True) -> None:
         super().__init__()
-        self.layer_name = layer_name
+        # NOTE: `prefix`, not vLLM's `layer_name`: minivllm marks attention layers by the latter.
+        self.prefix = layer_name
         self.router = router
         self.gate = gate
         # vLLM fuses this gate into the router GEMM on some GPUs; the shared-expert module
@@ -115,7 +120,7 @@ class MoERunner(PluggableLayer):
         return routed
 
     def extra_repr(self) -> str:
-        return (f"layer_name={self.layer_name!r}, top_k={self.router.top_k}, "
+        return (f"prefix={self.prefix!r}, top_k={self.router.top_k}, "
                 f"scoring_func={self.router.scoring_func!r}, reduce_results={self.reduce_results}")
 
 

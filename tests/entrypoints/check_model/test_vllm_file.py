@@ -1,0 +1,77 @@
+"""A model file written for vLLM loads through `--model-file` as it is: the import root renamed
+in memory, relative imports resolved in minivllm's models package or to a sibling file."""
+
+import textwrap
+
+import pytest
+
+from minivllm.entrypoints.check_model.build import load_model_file
+from minivllm.entrypoints.check_model.vllm_file import imports_vllm, port_vllm_source
+from tests.model_executor.layers._helpers import layer_context
+
+VLLM_STYLE = textwrap.dedent("""\
+    import torch
+    import vllm.envs as envs
+    from vllm import _custom_ops as ops
+    from vllm.config import VllmConfig
+    from vllm.model_executor.layers.layernorm import RMSNorm
+    from .utils import maybe_prefix
+    from .llama import LlamaForCausalLM
+    op = torch.ops.vllm.moe_forward if False else None   # an op namespace, not the root
+    vllm_config_name = "vllm_config"
+""")
+
+
+def test_only_the_import_root_is_renamed():
+    assert imports_vllm(VLLM_STYLE) and not imports_vllm("import torch\nvllm_config = 1\n")
+    ported = port_vllm_source(VLLM_STYLE, lambda name: None)
+    assert "import minivllm.envs as envs" in ported
+    assert "from minivllm import _custom_ops as ops" in ported
+    assert "from minivllm.config import VllmConfig" in ported
+    assert "from minivllm.model_executor.layers.layernorm import RMSNorm" in ported
+    assert "torch.ops.vllm.moe_forward" in ported and '"vllm_config"' in ported
+    # minivllm has these modules: the relative imports stay relative (the file loads inside
+    # minivllm's models package).
+    assert "from .utils import maybe_prefix" in ported
+    assert "from .llama import LlamaForCausalLM" in ported
+
+
+def test_relative_import_of_a_module_minivllm_lacks_takes_the_sibling():
+    asked = []
+
+    def sibling(name: str) -> str | None:
+        asked.append(name)
+        return "pkg._checked_granitemoe_1" if name == "granitemoe" else None
+    source = "from .granitemoe import GraniteMoeModel\nfrom .no_such_family.sub import X\n"
+    ported = port_vllm_source(source, sibling)
+    assert ported.splitlines() == ["from pkg._checked_granitemoe_1 import GraniteMoeModel",
+                                   "from .no_such_family.sub import X"]
+    assert asked == ["granitemoe", "no_such_family"]
+
+
+def test_vllm_file_with_a_sibling_loads_through_model_file(tmp_path):
+    (tmp_path / "tiny_base.py").write_text(textwrap.dedent("""\
+        from torch import nn
+        from vllm.model_executor.layers.layernorm import RMSNorm
+
+        class TinyBase(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.norm = RMSNorm(4)
+    """))
+    (tmp_path / "tiny_top.py").write_text(textwrap.dedent("""\
+        from vllm.model_executor.models.utils import maybe_prefix
+        from .tiny_base import TinyBase
+
+        class TinyTop(TinyBase):
+            prefix = maybe_prefix("model", "norm")
+    """))
+    cls = load_model_file(f"{tmp_path / 'tiny_top.py'}:TinyTop")
+    assert cls.prefix == "model.norm"
+    with layer_context():
+        assert type(cls().norm).__module__ == "minivllm.model_executor.layers.layernorm"
+    assert load_model_file(f"{tmp_path / 'tiny_top.py'}:TinyTop") is cls     # imported once
+    (tmp_path / "orphan.py").write_text("from vllm.config import VllmConfig\n"
+                                        "from .missing_family import Thing\n")
+    with pytest.raises(ModuleNotFoundError, match="missing_family"):
+        load_model_file(f"{tmp_path / 'orphan.py'}:Thing")
