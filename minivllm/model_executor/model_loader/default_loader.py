@@ -7,7 +7,8 @@ import torch.nn as nn
 
 from minivllm.config import LoadConfig, ModelConfig, VllmConfig
 from minivllm.logger import init_logger
-from minivllm.model_executor.model_loader.gguf_loader import (gguf_quant_weights_iterator,
+from minivllm.model_executor.model_loader.gguf_loader import (dequantize_for_plain_layers,
+                                                              gguf_quant_weights_iterator,
                                                               release_file_pages)
 from minivllm.model_executor.model_loader.utils import initialize_model, process_weights_after_loading
 from minivllm.model_executor.model_loader.weight_iterators import (gguf_weights_iterator,
@@ -47,9 +48,12 @@ class DefaultModelLoader(BaseModelLoader):
                 raise ValueError(f"load_format={fmt!r} cannot read the GGUF file {model_config.model!r}; "
                                  "use 'auto' or 'gguf'")
             # quantization="gguf" keeps the blocks packed; "none" dequantises (reference runs).
-            reader = (gguf_quant_weights_iterator if model_config.quantization == "gguf"
-                      else gguf_weights_iterator)
-            weights = reader(model_config.model, model_config.hf_config)
+            if model_config.quantization == "gguf":
+                weights = dequantize_for_plain_layers(
+                    gguf_quant_weights_iterator(model_config.model, model_config.hf_config),
+                    {name for name, _ in model.named_parameters()})
+            else:
+                weights = gguf_weights_iterator(model_config.model, model_config.hf_config)
         else:
             if fmt == "gguf":
                 raise ValueError(f"load_format='gguf' needs a .gguf file, got {model_config.model!r}")

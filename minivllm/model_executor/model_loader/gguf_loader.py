@@ -60,6 +60,25 @@ def gguf_quant_weights_iterator(path: str, hf_config: "PretrainedConfig") -> Wei
         _release(tensor.data)
 
 
+def dequantize_for_plain_layers(weights: Weights, param_names: set[str]) -> Weights:
+    """The packed stream for a model some of whose layers were built without the quant config
+    (vLLM's Mixtral file embeds its tokens so): a `<module>.qweight` whose module holds a plain
+    `weight` instead arrives dequantised, [rows, cols] fp32, as that `weight`."""
+    import gguf
+
+    for name, weight in weights:
+        plain = name[: -len(".qweight")] + ".weight"
+        if name.endswith(".qweight") and name not in param_names and plain in param_names:
+            qtype = gguf.GGMLQuantizationType(weight.gguf_type)
+            if weight.dtype == torch.bfloat16:
+                yield plain, weight.float()
+                continue
+            data = gguf.quants.dequantize(weight.numpy(), qtype)
+            yield plain, torch.from_numpy(np.ascontiguousarray(data)).float()
+            continue
+        yield name, weight
+
+
 def _packed_experts(tensor, name: str, shape: tuple[int, ...]) -> Weights:
     """A stacked expert tensor [E, rows, cols] as E `experts.{e}.<proj>.qweight` views of the
     file's rows (uint8 block rows, or floats), each with its `gguf_type` (GGUFMoEMethod copies

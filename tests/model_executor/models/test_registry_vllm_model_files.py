@@ -120,3 +120,30 @@ def test_check_model_passes_on_the_vllm_file_at_tp2(file, tmp_path):
     report = run_checks(CheckOptions(path, hf=True, model_file=spec, tensor_parallel_size=2))
     assert {s.status for s in report.sections.values()} == {"pass"}, report.to_text()
     assert report.sections["numerics"].data["first_divergence"] is None
+
+
+@pytest.mark.requires_native
+@pytest.mark.parametrize("file", ["mixtral", "qwen2_moe", "qwen3_moe"])
+def test_vllm_moe_file_on_a_packed_gguf(file, registered_vllm_class, tmp_path):
+    """A Q8_0 GGUF of the family through vLLM's file: the experts stay packed (the GGUF method
+    matched by prefix on the runner's routed experts), the router arrives dequantised, a layer
+    the file builds without the quant config (Mixtral's embedding) gets its weight dequantised;
+    greedy tokens equal transformers' on the dequantised weights."""
+    import os
+
+    from safetensors.torch import load_file
+
+    from minivllm.model_executor.layers.fused_moe import RoutedExperts
+    from minivllm.model_executor.layers.quantization.gguf_moe import GGUFMoEMethod
+    from tests.model_executor.model_loader.test_gguf_loader_moe import write_moe_gguf
+    from tests.model_executor.models._family_helpers import make_prompts
+
+    hf_name, _, cls_name, _ = FAMILIES[file]
+    registered_vllm_class(file, hf_name, cls_name)
+    path, hf_dir = write_moe_gguf(str(tmp_path), file)
+    model = build_model(path, quantization="gguf")
+    experts = [m for m in model.modules() if isinstance(m, RoutedExperts)]
+    assert experts and all(isinstance(m.quant_method, GGUFMoEMethod) for m in experts)
+    vocab = len(load_file(os.path.join(hf_dir, "model.safetensors"))["model.embed_tokens.weight"])
+    assert_matches_transformers(path, prompts=make_prompts(vocab, (7, 33)), num_tokens=8,
+                                reference=hf_dir, quantization="gguf")

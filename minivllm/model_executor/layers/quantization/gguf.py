@@ -63,6 +63,8 @@ class GGUFConfig(QuantizationConfig):
         bases = {cls.__name__ for cls in type(layer).__mro__}
         if "VocabParallelEmbedding" in bases:                 # also the LM head
             return UnquantizedEmbeddingMethod() if skipped else GGUFEmbeddingMethod(prefix)
+        if "GateLinear" in bases:     # MoE routers: the packed reader dequantises them
+            return UnquantizedLinearMethod()
         if "LinearBase" in bases:
             return UnquantizedLinearMethod() if skipped else GGUFLinearMethod(prefix)
         if "RoutedExperts" in bases:                       # FusedMoE and MoERunner experts
