@@ -1,13 +1,18 @@
-"""vLLM's home of the weight loaders (they live in `parameter.py`), `get_quant_config` and
-`maybe_remap_kv_scale_name`."""
+"""vLLM's home of the weight loaders (they live in `parameter.py`), `get_quant_config`, the
+checkpoint-name remappers (`maybe_remap_kv_scale_name`, `remap_moe_expert_weights`) and
+attention sinks (`make_attention_sink`)."""
 
 import json
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
+import torch
+
 from minivllm.config import LoadConfig, ModelConfig
+from minivllm.distributed import (get_tensor_model_parallel_rank,
+                                  get_tensor_model_parallel_world_size)
 from minivllm.logger import init_logger
 from minivllm.model_executor.layers.quantization import (QuantizationConfig,
                                                          get_quantization_config)
@@ -15,7 +20,9 @@ from minivllm.model_executor.parameter import (composed_weight_loader, default_w
                                                row_parallel_weight_loader, sharded_weight_loader)
 
 __all__ = ["composed_weight_loader", "default_weight_loader", "get_quant_config",
-           "maybe_remap_kv_scale_name", "row_parallel_weight_loader", "sharded_weight_loader"]
+           "load_attention_sink", "make_attention_sink", "maybe_remap_kv_scale_name",
+           "maybe_remap_moe_expert_param_name", "remap_moe_expert_weights",
+           "row_parallel_weight_loader", "sharded_weight_loader"]
 
 logger = init_logger(__name__)
 
@@ -79,3 +86,46 @@ def maybe_remap_kv_scale_name(name: str, params_dict: Mapping[str, Any]) -> str 
                        "parameter %s; the scale is not loaded.", name, remapped)
         return None
     return remapped
+
+
+def maybe_remap_moe_expert_param_name(name: str, params_dict: Mapping[str, Any]) -> str:
+    """`...experts.w13_weight` as `...experts.routed_experts.w13_weight` when the model's MoE
+    layers are `MoERunner`s (their weights sit one level down); any other name unchanged."""
+    if ".experts." not in name or name in params_dict:
+        return name
+    head, _, tail = name.partition(".experts.")
+    for between in ("routed_experts.", "base_layer.routed_experts."):
+        candidate = f"{head}.experts.{between}{tail}"
+        if candidate in params_dict:
+            return candidate
+    return name
+
+
+def remap_moe_expert_weights(weights: Iterable[tuple[str, torch.Tensor]],
+                             params_dict: Mapping[str, Any]
+                             ) -> Iterator[tuple[str, torch.Tensor]]:
+    """The stream with `maybe_remap_moe_expert_param_name` applied to every name."""
+    for name, weight in weights:
+        yield maybe_remap_moe_expert_param_name(name, params_dict), weight
+
+
+def load_attention_sink(param: torch.Tensor, loaded_weight: torch.Tensor) -> None:
+    """This TP rank's heads of a sink [heads]; a parameter padded past them keeps -inf there
+    (a padded head then adds nothing to any softmax denominator)."""
+    tp_size = get_tensor_model_parallel_world_size()
+    heads = loaded_weight.numel()
+    if heads % tp_size:
+        raise ValueError(f"attention sink heads ({heads}) must be divisible by the tensor "
+                         f"parallel size ({tp_size})")
+    local = heads // tp_size
+    start = get_tensor_model_parallel_rank() * local
+    default_weight_loader(param[:local], loaded_weight.narrow(0, start, local))
+    param.data[local:].fill_(-float("inf"))
+
+
+def make_attention_sink(num_heads: int, dtype: torch.dtype | None = None) -> torch.nn.Parameter:
+    """A sink logit per local head [num_heads], -inf until loaded, with its TP loader."""
+    sink = torch.nn.Parameter(torch.full((num_heads,), -float("inf"), dtype=dtype),
+                              requires_grad=False)
+    sink.weight_loader = load_attention_sink
+    return sink

@@ -1,7 +1,8 @@
 """gpt-oss: Llama-style pre-norm blocks with biased q/k/v/o projections, attention sinks (one
 learned logit per head in every softmax denominator), sliding windows on alternate layers
 (`layer_types`), YaRN RoPE, and a MoE block on every layer: a biased router, softmax over the
-top-k logits, experts with biases and the clamped SwiGLU (`swigluoai`).
+top-k logits, experts with biases and the clamped SwiGLU (vLLM's `swigluoai_uninterleave`:
+the loader splits the interleaved gate / up columns into the gate-first layout).
 
 Checkpoints store the experts fused: `gate_up_proj [E, H, 2I]` with gate and up interleaved
 along the last dimension, `down_proj [E, I, H]`, and their biases; `GptOssExperts.load_weights`
@@ -98,7 +99,8 @@ class GptOssMoE(nn.Module):
         self.experts = GptOssExperts(
             num_experts=num_experts, top_k=config.num_experts_per_tok,
             hidden_size=config.hidden_size, intermediate_size=config.intermediate_size,
-            reduce_results=True, renormalize=True, has_bias=True, activation="swigluoai",
+            reduce_results=True, renormalize=True, has_bias=True,
+            activation="swigluoai_uninterleave",        # loaded gate rows first (above)
             quant_config=quant_config, prefix=f"{prefix}.experts")
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:

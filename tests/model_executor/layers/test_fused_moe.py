@@ -109,9 +109,12 @@ def _ref_experts(x, w1, w2, weights, ids, activation="silu", b1=None, b2=None):
         for j in range(ids.shape[1]):
             e = int(ids[t, j])
             h = x[t].double() @ w1[e].double().T + (b1[e].double() if b1 is not None else 0)
-            gate, up = h[:I], h[I:]
+            # gpt-oss's layout (vLLM's "swigluoai") alternates gate and up rows.
+            gate, up = (h[0::2], h[1::2]) if activation == "swigluoai" else (h[:I], h[I:])
             if activation == "silu":
                 a = F.silu(gate) * up
+            elif activation == "gelu_tanh":
+                a = F.gelu(gate, approximate="tanh") * up
             else:
                 gate, up = gate.clamp(max=7.0), up.clamp(-7.0, 7.0)
                 a = (up + 1) * gate * torch.sigmoid(1.702 * gate)
@@ -120,7 +123,9 @@ def _ref_experts(x, w1, w2, weights, ids, activation="silu", b1=None, b2=None):
     return out
 
 
-@pytest.mark.parametrize("activation, bias", [("silu", False), ("swigluoai", True)])
+@pytest.mark.parametrize("activation, bias", [("silu", False), ("swigluoai", True),
+                                              ("swigluoai_uninterleave", True),
+                                              ("gelu_tanh", False)])
 def test_fused_experts_match_per_token_loop(activation, bias):
     x = torch.randn(T, H, generator=_gen(6))
     w1, w2, b1, b2 = _weights(bias=bias)

@@ -1,5 +1,5 @@
 """vLLM 0.33.0's own model files, import root renamed, run on minivllm and match transformers
-(29 files: the 18 families minivllm ships its own files for, and 11 it has none of).
+(30 files: the 19 families minivllm ships its own files for, and 11 it has none of).
 
 Each file is registered over minivllm's class for its architecture, then a tiny random
 transformers checkpoint of the family runs through `LLM`: fp32 greedy tokens identical and prompt
@@ -9,6 +9,7 @@ distribution on PyPI (47 MB, fetched once and cached; see `_vllm_files`), the sa
 """
 
 import pytest
+import torch
 import transformers
 
 from minivllm.model_executor.models.registry import ModelRegistry
@@ -47,6 +48,15 @@ FAMILIES = {
     "phimoe": ("PhimoeForCausalLM", "PhimoeConfig", "PhiMoEForCausalLM",
                dict(_LOCAL_EXPERTS, attention_bias=True, lm_head_bias=True)),
     "granitemoe": ("GraniteMoeForCausalLM", "GraniteMoeConfig", None, _LOCAL_EXPERTS),
+    # Attention sinks, sliding windows on alternate layers, YaRN, biased experts whose gate / up
+    # columns interleave ("swigluoai"), loaded by the file's own loop into the routed experts.
+    "gpt_oss": ("GptOssForCausalLM", "GptOssConfig", None,
+                dict(intermediate_size=32, num_local_experts=4, num_experts_per_tok=2,
+                     head_dim=16, sliding_window=8,
+                     rope_parameters={"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0,
+                                      "beta_slow": 1.0, "truncate": False,
+                                      "rope_theta": 150000.0,
+                                      "original_max_position_embeddings": 64})),
     # Built on vLLM's granitemoe.py, which the port brings along (minivllm has no such module).
     "granitemoeshared": ("GraniteMoeSharedForCausalLM", "GraniteMoeSharedConfig", None,
                          dict(_LOCAL_EXPERTS, shared_intermediate_size=48)),
@@ -106,7 +116,7 @@ def test_vllm_file_matches_transformers(file, registered_vllm_class, tmp_path):
     assert_matches_transformers(path, atol=TOLERANCE.get(file, 1e-4))
 
 
-@pytest.mark.parametrize("file", ["qwen3_moe", "glm4_moe"])
+@pytest.mark.parametrize("file", ["qwen3_moe", "glm4_moe", "gpt_oss"])
 def test_check_model_passes_on_the_vllm_file_at_tp2(file, tmp_path):
     """`minivllm check-model --model-file <vLLM's file>:Class --hf -tp 2`: every section passes,
     with two real ranks loading vLLM's file through check-model's temporary plugin."""
@@ -147,3 +157,50 @@ def test_vllm_moe_file_on_a_packed_gguf(file, registered_vllm_class, tmp_path):
     vocab = len(load_file(os.path.join(hf_dir, "model.safetensors"))["model.embed_tokens.weight"])
     assert_matches_transformers(path, prompts=make_prompts(vocab, (7, 33)), num_tokens=8,
                                 reference=hf_dir, quantization="gguf")
+
+
+@pytest.mark.parametrize("file, parallel", [
+    ("qwen3_moe", dict(tensor_parallel_size=2)),
+    ("gpt_oss", dict(tensor_parallel_size=2)),
+    ("gpt_oss", dict(tensor_parallel_size=2, enable_expert_parallel=True)),
+    ("mixtral", dict(pipeline_parallel_size=2))])
+def test_vllm_moe_file_in_parallel_equals_one_process(file, parallel, registered_vllm_class,
+                                                      tmp_path):
+    """Real gloo worker processes run vLLM's file (each loads it through check-model's
+    temporary plugin): TP slices the experts and sinks in the file's own loader, EP hands out
+    whole experts, PP splits the layers; greedy tokens equal one process's, logprobs to 1e-5.
+    The copy of the file the ranks load marks every process that builds the model."""
+    import os
+
+    from minivllm import LLM
+    from minivllm.entrypoints.check_model.build import model_file_plugin
+    from tests._parallel_helpers import engine_kwargs, greedy_run, prompts
+    from tests.model_executor.models._vllm_files import vllm_models_dir
+
+    hf_name, config_name, cls_name, overrides = FAMILIES[file]
+    cls_name = cls_name or hf_name
+    registered_vllm_class(file, hf_name, cls_name)
+    path = write_tiny_checkpoint(tmp_path / "ckpt", getattr(transformers, config_name),
+                                 getattr(transformers, hf_name), **overrides)
+    reference = greedy_run(LLM(model=path, **engine_kwargs()), prompts())
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    copy = tmp_path / f"{file}.py"
+    copy.write_text((vllm_models_dir() / f"{file}.py").read_text() + f"""
+import functools
+_built = {cls_name}.__init__
+@functools.wraps(_built)                  # the signature stays (the loader reads vllm_config)
+def _marked_init(self, *args, **kwargs):
+    import os
+    open(os.path.join({str(marks)!r}, str(os.getpid())), "w").close()
+    _built(self, *args, **kwargs)
+{cls_name}.__init__ = _marked_init
+""")
+    with model_file_plugin(f"{copy}:{cls_name}", hf_name):
+        llm = LLM(model=path, **engine_kwargs(**parallel))
+        tokens, logprobs = greedy_run(llm, prompts())
+        llm.shutdown()
+    ranks = {int(p) for p in os.listdir(marks)} - {os.getpid()}
+    assert len(ranks) == 2                              # both worker ranks built vLLM's class
+    assert tokens == reference[0]
+    torch.testing.assert_close(logprobs, reference[1], rtol=0, atol=1e-5)

@@ -24,7 +24,9 @@ from minivllm.model_executor.layers.fused_moe.cpu_fused_moe import (experts_supp
                                                                     fused_experts_bf16)
 
 SCORING_FUNCS = ("softmax", "sigmoid")
-ACTIVATIONS = ("silu", "gelu", "swigluoai")
+# vLLM 0.33's gated MoE activations: "swigluoai" reads gate/up rows interleaved, as gpt-oss
+# checkpoints store them; every other one (its "swigluoai_uninterleave" too) gate rows first.
+ACTIVATIONS = ("silu", "gelu", "gelu_tanh", "swigluoai", "swigluoai_uninterleave")
 # gpt-oss's clamped SwiGLU (vLLM's "swigluoai"): alpha and limit of its reference code.
 SWIGLUOAI_ALPHA, SWIGLUOAI_LIMIT = 1.702, 7.0
 
@@ -107,14 +109,20 @@ def grouped_topk(hidden_states: torch.Tensor, gating_output: torch.Tensor, topk:
 
 
 def gated_activation(h: torch.Tensor, activation: str) -> torch.Tensor:
-    """Gated activation of gate_up rows [n, 2I] (gate rows first) -> [n, I]."""
-    d = h.shape[-1] // 2
-    gate, up = h[:, :d], h[:, d:]
+    """Gated activation of gate_up rows [n, 2I] -> [n, I]: the gate half first, then the up
+    half; for "swigluoai" the two alternate (gate0, up0, gate1, up1, ...)."""
+    if activation == "swigluoai":
+        gate, up = h[:, 0::2], h[:, 1::2]
+    else:
+        d = h.shape[-1] // 2
+        gate, up = h[:, :d], h[:, d:]
     if activation == "silu":
         return F.silu(gate) * up
     if activation == "gelu":
         return F.gelu(gate) * up
-    if activation == "swigluoai":
+    if activation == "gelu_tanh":
+        return F.gelu(gate, approximate="tanh") * up
+    if activation in ("swigluoai", "swigluoai_uninterleave"):
         gate = gate.clamp(max=SWIGLUOAI_LIMIT)
         up = up.clamp(min=-SWIGLUOAI_LIMIT, max=SWIGLUOAI_LIMIT)
         return (up + 1) * (gate * torch.sigmoid(gate * SWIGLUOAI_ALPHA))

@@ -26,6 +26,8 @@ from minivllm.model_executor.layers.fused_moe.runner.moe_runner import MoERunner
 
 # FusedMoEFactory arguments that only steer GPU kernels or bookkeeping with no effect here
 # (`shared_expert_prefix` names the shared experts only when they are fused, which is refused).
+# NOTE: custom `runner_cls` / `moe_config_cls` are refused (in `unsupported`): their vLLM
+# counterparts drive GPU kernel pipelines minivllm does not have.
 _KERNEL_ONLY = ("router_logits_dtype", "skip_padding", "intermediate_pad", "shared_expert_prefix")
 
 
@@ -52,9 +54,12 @@ def FusedMoEFactory(num_experts: int, top_k: int, hidden_size: int, intermediate
                     routed_input_transform: nn.Module | None = None,
                     routed_output_transform: nn.Module | None = None,
                     apply_routed_scale_to_output: bool = False,
+                    routed_experts_cls: type[RoutedExperts] | None = None,
+                    routed_experts_args: dict | None = None,
                     **unsupported: object) -> MoERunner:
-    """A `MoERunner`: router, routed experts (prefix `prefix.routed_experts`) and the model's
-    gate / shared experts, with vLLM 0.33's arguments."""
+    """A `MoERunner`: router, routed experts (at `.routed_experts`, named `prefix`) and the
+    model's gate / shared experts, with vLLM 0.33's arguments. `routed_experts_cls` may be a
+    model's RoutedExperts subclass (its own weight loading), built with the same arguments."""
     unsupported = {k: v for k, v in unsupported.items() if k not in _KERNEL_ONLY}
     _refuse_unsupported(enable_eplb, num_redundant_experts, is_sequence_parallel, dp_size,
                         pcp_size, unsupported)
@@ -66,12 +71,17 @@ def FusedMoEFactory(num_experts: int, top_k: int, hidden_size: int, intermediate
             custom_routing_function, scoring_func,
             1.0 if apply_routed_scale_to_output else routed_scaling_factor,
             e_score_correction_bias)
-    experts = RoutedExperts(
+    experts_cls = routed_experts_cls or RoutedExperts
+    if not issubclass(experts_cls, RoutedExperts):
+        raise TypeError(f"routed_experts_cls must subclass RoutedExperts, got {experts_cls}")
+    experts = experts_cls(
         prefix, params_dtype, num_experts=num_experts, hidden_size=hidden_size,
         intermediate_size=intermediate_size, quant_config=quant_config, tp_size=tp_size,
         activation=activation, has_bias=has_bias,
         apply_router_weight_on_input=apply_router_weight_on_input, ckpt_names=ckpt_names,
-        is_fused_checkpoint_transposed=is_fused_checkpoint_transposed)
+        is_fused_checkpoint_transposed=is_fused_checkpoint_transposed,
+        **(routed_experts_args or {}))
+    experts.top_k = top_k
     return MoERunner(prefix, router, experts, gate=gate, shared_experts=shared_experts,
                      shared_expert_gate=shared_expert_gate,
                      routed_input_transform=routed_input_transform,

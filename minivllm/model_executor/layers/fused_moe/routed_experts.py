@@ -28,6 +28,7 @@ from minivllm.distributed import (get_ep_group, get_tensor_model_parallel_rank,
                                   get_tensor_model_parallel_world_size)
 from minivllm.logger import init_logger
 from minivllm.model_executor.custom_op import PluggableLayer
+from minivllm.model_executor.layers.fused_moe.config import FusedMoEConfig, FusedMoEParallelConfig
 from minivllm.model_executor.layers.fused_moe.fused_moe import ACTIVATIONS, fused_experts_op
 from minivllm.model_executor.layers.fused_moe.fused_moe_method_base import FusedMoEMethodBase
 from minivllm.model_executor.models.auto_weights_loader import UnexpectedWeightsError
@@ -166,8 +167,20 @@ class RoutedExperts(PluggableLayer):
             return expert_id
         return int(self.expert_map[expert_id])
 
+    def _map_global_expert_id_to_local_expert_id(self, expert_id: int) -> int:
+        return self._local_expert(expert_id)
+
     def update_expert_map(self) -> None:
         """The placement is fixed (no load balancer): nothing to recompute."""
+
+    @property
+    def moe_config(self) -> FusedMoEConfig:
+        """This layer's sizes and split, as vLLM's model files read them."""
+        parallel = FusedMoEParallelConfig(tp_size=self.tp_size, tp_rank=self.tp_rank,
+                                          ep_size=self.ep_size, ep_rank=self.ep_rank)
+        return FusedMoEConfig(self.global_num_experts, getattr(self, "top_k", 0),
+                              self.hidden_size, self.intermediate_size_per_partition,
+                              self.local_num_experts, parallel, self.activation, self.has_bias)
 
     def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor, weight_name: str,
                       shard_id: str, expert_id: int, return_success: bool = False) -> bool | None:

@@ -1,0 +1,1 @@
+"""Shared constants of the quantization formats (vLLM's `quantization.utils` package)."""
