@@ -15,15 +15,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from minivllm.config import VllmConfig, get_current_vllm_config
-from minivllm.distributed import get_tensor_model_parallel_rank
-from minivllm.model_executor.layers.attention import Attention
+from minivllm.config import VllmConfig
 from minivllm.model_executor.layers.fused_moe import FusedMoE
 from minivllm.model_executor.layers.fused_moe.fused_moe import SWIGLUOAI_ALPHA, SWIGLUOAI_LIMIT
 from minivllm.model_executor.layers.linear import ReplicatedLinear
 from minivllm.model_executor.layers.quantization import QuantizationConfig
 from minivllm.model_executor.models.auto_weights_loader import UnexpectedWeightsError
-from minivllm.model_executor.parameter import set_weight_attrs
 
 from .llama import LlamaAttention, LlamaModel
 from .qwen2_moe import MoeDecoderLayer, MoeForCausalLM
@@ -38,24 +35,8 @@ _FUSED_EXPERT_TENSORS = {"gate_up_proj": ("w13_weight", ("w1", "w3")),
 class GptOssAttention(LlamaAttention):
     """Llama attention plus `sinks` [num_heads / TP], handed to the attention backend."""
 
-    def __init__(self, config: Any, *args: Any, **kwargs: Any) -> None:
-        super().__init__(config, *args, **kwargs)
-        self.sinks = nn.Parameter(torch.empty(self.num_heads), requires_grad=False)
-        set_weight_attrs(self.sinks, {"weight_loader": self._load_sinks})
-        # NOTE: the base built `attn` without sinks; it is rebuilt with them under the same
-        # name (and the same per-layer sliding window), replacing its forward-context entry.
-        prefix, window = self.attn.layer_name, self.attn.sliding_window
-        del get_current_vllm_config().compilation_config.static_forward_context[prefix]
-        self.attn = Attention(self.num_heads, self.head_dim, self.scaling,
-                              num_kv_heads=self.num_kv_heads,
-                              cache_config=kwargs.get("cache_config"),
-                              quant_config=kwargs.get("quant_config"),
-                              per_layer_sliding_window=window, prefix=prefix, sinks=self.sinks)
-
-    def _load_sinks(self, param: nn.Parameter, loaded_weight: torch.Tensor) -> None:
-        """This rank's heads of the checkpoint's [num_heads] sinks."""
-        rank = get_tensor_model_parallel_rank()
-        param.data.copy_(loaded_weight.narrow(0, rank * self.num_heads, self.num_heads))
+    def _make_sinks(self, config: Any, layer_idx: int) -> nn.Parameter:
+        return self._register_sinks()
 
 
 class GptOssExperts(FusedMoE):

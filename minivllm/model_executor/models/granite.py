@@ -1,8 +1,10 @@
-"""IBM Granite (3.x): Llama with four scalar multipliers from the config.
+"""IBM Granite (3.x, and the SWA variant): Llama with four scalar multipliers from the config.
 
 `embedding_multiplier` scales the input embeddings, `attention_multiplier` replaces the
 `head_dim ** -0.5` attention scale, `residual_multiplier` scales each block's output before it
-joins the residual stream, and the logits are divided by `logits_scaling`.
+joins the residual stream, and the logits are divided by `logits_scaling`. Granite SWA
+(`GraniteSWAForCausalLM`) adds sliding-window layers, a learned sink per head and per-layer
+RoPE bases, position-free where the base is 0 (`granite_layer_attn_params`).
 """
 
 import torch
@@ -13,6 +15,7 @@ from minivllm.config import VllmConfig
 from minivllm.distributed import get_pp_group
 from minivllm.model_executor.layers.logits_processor import LogitsProcessor
 from minivllm.model_executor.layers.quantization import QuantizationConfig
+from minivllm.model_executor.layers.rotary_embedding import get_rope
 from minivllm.sequence import IntermediateTensors
 
 from .llama import (LlamaAttention, LlamaDecoderLayer, LlamaForCausalLM, LlamaModel,
@@ -33,11 +36,25 @@ def granite_layer_attn_params(config, layer_idx: int) -> tuple[int | None, float
 
 
 class GraniteAttention(LlamaAttention):
+    """Llama attention scaled by `attention_multiplier`; Granite SWA checkpoints add per-layer
+    sliding windows (`layer_types`, read by the base), sinks and RoPE bases (0: no RoPE)."""
+
     def _init_rotary_emb(self, config, quant_config: QuantizationConfig | None) -> None:
-        super()._init_rotary_emb(config, quant_config)
+        _, theta, _ = granite_layer_attn_params(config, self.layer_idx)
+        if not theta:
+            self.rotary_emb = None
+        else:
+            self.rotary_emb = get_rope(
+                self.head_dim, max_position=self.max_position_embeddings,
+                rope_parameters={**config.rope_parameters, "rope_theta": theta},
+                is_neox_style=True)
         # NOTE: LlamaAttention calls this hook before it builds `self.attn`, which takes
         # `self.scaling` as its softmax scale.
         self.scaling = config.attention_multiplier
+
+    def _make_sinks(self, config, layer_idx: int) -> nn.Parameter | None:
+        _, _, has_sink = granite_layer_attn_params(config, layer_idx)
+        return self._register_sinks() if has_sink else None
 
 
 class GraniteDecoderLayer(LlamaDecoderLayer):

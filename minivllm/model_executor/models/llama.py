@@ -19,6 +19,7 @@ from minivllm.model_executor.layers.linear import (MergedColumnParallelLinear, Q
 from minivllm.model_executor.layers.logits_processor import LogitsProcessor
 from minivllm.model_executor.layers.quantization import QuantizationConfig
 from minivllm.model_executor.layers.rotary_embedding import get_rope
+from minivllm.model_executor.parameter import set_weight_attrs, sharded_weight_loader
 from minivllm.model_executor.layers.vocab_parallel_embedding import (ParallelLMHead,
                                                                      VocabParallelEmbedding)
 from minivllm.sequence import IntermediateTensors
@@ -69,7 +70,7 @@ class LlamaAttention(nn.Module):
                  bias: bool = False, bias_o_proj: bool = False, cache_config: CacheConfig | None = None,
                  prefix: str = "", attn_type: str = AttentionType.DECODER) -> None:
         super().__init__()
-        layer_idx = extract_layer_index(prefix)
+        layer_idx = self.layer_idx = extract_layer_index(prefix)
         self.hidden_size = hidden_size
         tp_size = get_tensor_model_parallel_world_size()
         self.total_num_heads = num_heads
@@ -104,15 +105,30 @@ class LlamaAttention(nn.Module):
             if layer_types[effective_idx] == "sliding_attention":
                 sliding_window = config.sliding_window
         attn_cls = EncoderOnlyAttention if attn_type == AttentionType.ENCODER_ONLY else Attention
+        sinks = self._make_sinks(config, layer_idx)
+        extra = {} if sinks is None else {"sinks": sinks}
         self.attn = attn_cls(self.num_heads, self.head_dim, self.scaling,
                              num_kv_heads=self.num_kv_heads, cache_config=cache_config,
                              quant_config=quant_config, per_layer_sliding_window=sliding_window,
-                             attn_type=attn_type, prefix=f"{prefix}.attn")
+                             attn_type=attn_type, prefix=f"{prefix}.attn", **extra)
+
+    def _make_sinks(self, config: "LlamaConfig", layer_idx: int) -> nn.Parameter | None:
+        """Attention sinks [num_heads / TP] (one learned logit per head in every softmax
+        denominator), registered as `self.sinks`; None (Llama) for none. Families with sinks
+        override this hook, which runs before `attn` is built."""
+        return None
+
+    def _register_sinks(self) -> nn.Parameter:
+        """`self.sinks` [num_heads / TP], loaded as this rank's heads of the checkpoint's."""
+        self.sinks = nn.Parameter(torch.empty(self.num_heads), requires_grad=False)
+        set_weight_attrs(self.sinks, {"weight_loader": sharded_weight_loader(0)})
+        return self.sinks
 
     def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
         qkv, _ = self.qkv_proj(hidden_states)              # [T, q_size + 2 * kv_size]
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q, k = self.rotary_emb(positions, q, k)
+        if self.rotary_emb is not None:                    # None: a position-free (NoPE) layer
+            q, k = self.rotary_emb(positions, q, k)
         attn_output = self.attn(q, k, v)                   # [T, q_size]
         output, _ = self.o_proj(attn_output)               # [T, H]
         return output

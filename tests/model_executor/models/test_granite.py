@@ -30,3 +30,30 @@ def test_granite_is_registered():
     cls, _ = ModelRegistry.resolve_model_cls(["GraniteForCausalLM"])
     assert cls.__module__ == "minivllm.model_executor.models.granite"
     assert ModelRegistry.is_pp_supported_model(["GraniteForCausalLM"])
+
+
+def test_granite_swa_matches_transformers(tmp_path):
+    """Granite SWA: a window-8 layer beside full ones, a learned sink per head (random here:
+    transformers starts them at 0), per-layer RoPE bases and one position-free layer (base 0).
+    The prompts run past the window."""
+    import torch
+    from safetensors.torch import load_file, save_file
+    from transformers import GraniteSWAConfig, GraniteSWAForCausalLM
+
+    path = write_tiny_checkpoint(
+        tmp_path / "granite_swa", GraniteSWAConfig, GraniteSWAForCausalLM, num_hidden_layers=4,
+        sliding_window=8, layer_rope_theta=[10000.0, 500.0, 10000.0, 0.0],
+        layer_types=["full_attention", "sliding_attention", "sliding_attention",
+                     "full_attention"], **MULTIPLIERS)
+    weights = load_file(f"{path}/model.safetensors")
+    gen = torch.Generator().manual_seed(3)
+    for name in weights:
+        if name.endswith(".sinks"):
+            weights[name] = torch.randn(weights[name].shape, generator=gen)
+    save_file(weights, f"{path}/model.safetensors", metadata={"format": "pt"})
+    assert_matches_transformers(path)
+    assert_prefixes_clean(path, "GraniteForCausalLM")
+    layers = build_model(path).model.layers
+    assert layers[3].self_attn.rotary_emb is None                  # theta 0: no RoPE
+    assert [layer.self_attn.attn.sliding_window for layer in layers] == [None, 8, 8, None]
+    assert torch.equal(layers[1].self_attn.sinks, weights["model.layers.1.self_attn.sinks"])
