@@ -261,3 +261,24 @@ def test_runner_tp2_and_ep2_processes_sum_to_the_whole_layer():
     fork_ok = "fork" in mp.get_all_start_methods() and not dist.is_initialized()
     mp.start_processes(_tp2_runner_worker, args=(free_port(),), nprocs=2, join=True,
                        start_method="fork" if fork_ok else "spawn")
+
+
+def test_interleaved_swigluoai_places_gate_and_up_rows_alternately():
+    """Per-expert gate / up shards under "swigluoai" (gpt-oss's layout) land on even / odd rows,
+    so the runner computes what the gate-first "swigluoai_uninterleave" layer does."""
+    from minivllm.model_executor.layers.quantization.gguf import GGUFConfig
+
+    state = _experts_state()
+    x, logits = torch.randn(T, H, generator=_gen(13)), torch.randn(T, E, generator=_gen(14))
+    with layer_context():
+        kwargs = dict(num_experts=E, top_k=K, hidden_size=H, intermediate_size=I)
+        interleaved = FusedMoEFactory(activation="swigluoai", **kwargs)
+        gate_first = FusedMoEFactory(activation="swigluoai_uninterleave", **kwargs)
+        with pytest.raises(NotImplementedError, match="swigluoai_uninterleave"):
+            FusedMoEFactory(activation="swigluoai", quant_config=GGUFConfig(), **kwargs)
+    interleaved.load_weights(state.items())
+    gate_first.load_weights(state.items())
+    w13 = interleaved.routed_experts.w13_weight
+    assert torch.equal(w13[2, 0::2], state["2.gate_proj.weight"])
+    assert torch.equal(w13[2, 1::2], state["2.up_proj.weight"])
+    torch.testing.assert_close(interleaved(x, logits), gate_first(x, logits))

@@ -2,7 +2,7 @@
 expert parallelism (vLLM 0.33's name; `FusedMoEFactory` and the older `FusedMoE` build on it).
 
 Parameters (vLLM's layout): `w13_weight [E_local, 2 * I_p, H]` (each expert's gate rows, then
-its up rows) and `w2_weight [E_local, H, I_p]`, optional `w13_bias [E_local, 2 * I_p]` and
+its up rows; alternating gate, up rows for the "swigluoai" activation) and `w2_weight [E_local, H, I_p]`, optional `w13_bias [E_local, 2 * I_p]` and
 `w2_bias [E_local, H]`. Checkpoint tensors arrive one expert and one shard at a time through
 `weight_loader(param, w, weight_name, shard_id, expert_id)`, `shard_id` "w1" (gate), "w3" (up)
 or "w2" (down); `make_expert_params_mapping` names them. `load_weights` also takes the stacked
@@ -101,6 +101,9 @@ class RoutedExperts(PluggableLayer):
         self.expert_mapping = expert_mapping or build_expert_params_mapping(
             *ckpt_names, num_experts)
         self.quant_method = _moe_quant_method(self, quant_config, layer_name)
+        if self.quant_method is not None and activation == "swigluoai":
+            raise NotImplementedError("quantized experts keep gate rows first: use activation "
+                                      "'swigluoai_uninterleave' instead of 'swigluoai'")
         self._create_weights(params_dtype or torch.get_default_dtype())
 
     def _init_parallel(self, tp_size: int | None, ep_size: int | None) -> None:
@@ -200,7 +203,10 @@ class RoutedExperts(PluggableLayer):
                 loaded_weight = torch.zeros_like(loaded_weight)
         else:
             loaded_weight = loaded_weight.narrow(0, self.tp_rank * i_p, i_p)
-            target = target[:i_p] if shard_id == "w1" else target[i_p:]
+            if self.activation == "swigluoai":      # gate and up rows alternate (gpt-oss's)
+                target = target[0::2] if shard_id == "w1" else target[1::2]
+            else:
+                target = target[:i_p] if shard_id == "w1" else target[i_p:]
         if target.shape != loaded_weight.shape:
             raise ValueError(f"{weight_name}: expert {expert_id} shard {shard_id} has shape "
                              f"{tuple(loaded_weight.shape)}, expected {tuple(target.shape)}")
