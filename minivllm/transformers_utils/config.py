@@ -1,6 +1,7 @@
 """Loading Hugging Face configs (folders and GGUF files) and normalising their RoPE fields."""
 
 import importlib
+import json
 import os
 from typing import TYPE_CHECKING, Any
 
@@ -71,15 +72,27 @@ def get_config(model: str) -> "PretrainedConfig | HFTextConfig":
     elif os.path.isdir(model):
         if not os.path.isfile(os.path.join(model, "config.json")):
             raise ValueError(f"{model!r} has no config.json; pass a HF checkpoint folder or a .gguf file")
-        # Imported here for start-up time: the auto tables cost ~0.3 s and GGUF runs skip them.
-        from transformers import AutoConfig
-
-        config = AutoConfig.from_pretrained(model)
+        config = _folder_config(model)
     else:
         raise ValueError(f"Model path {model!r} is neither a folder nor a .gguf file "
                          "(minivllm never downloads from a hub)")
     patch_rope_parameters(config)
     return config
+
+
+def _folder_config(model: str) -> "PretrainedConfig":
+    """AutoConfig's reading of a folder, or one of `configs.CONFIG_REGISTRY`'s classes for the
+    model types transformers does not know (legacy Falcon's "RefinedWeb")."""
+    with open(os.path.join(model, "config.json")) as f:
+        model_type = json.load(f).get("model_type")
+    from minivllm.transformers_utils.configs import CONFIG_REGISTRY
+
+    if model_type in CONFIG_REGISTRY:
+        return CONFIG_REGISTRY[model_type].from_pretrained(model)
+    # Imported here for start-up time: the auto tables cost ~0.3 s and GGUF runs skip them.
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(model)
 
 
 def gguf_config_dict(gguf_file: GGUFFile) -> dict[str, Any]:

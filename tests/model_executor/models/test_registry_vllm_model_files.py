@@ -1,5 +1,5 @@
 """vLLM 0.33.0's own model files, import root renamed, run on minivllm and match transformers
-(30 files: the 19 families minivllm ships its own files for, and 11 it has none of).
+(31 files: the 19 families minivllm ships its own files for, and 12 it has none of).
 
 Each file is registered over minivllm's class for its architecture, then a tiny random
 transformers checkpoint of the family runs through `LLM`: fp32 greedy tokens identical and prompt
@@ -204,3 +204,44 @@ def _marked_init(self, *args, **kwargs):
     assert len(ranks) == 2                              # both worker ranks built vLLM's class
     assert tokens == reference[0]
     torch.testing.assert_close(logprobs, reference[1], rtol=0, atol=1e-5)
+
+
+_FALCON = dict(tie_word_embeddings=True, layer_norm_epsilon=1e-5, rms_norm_eps=None,
+               intermediate_size=None, num_key_value_heads=None)
+
+
+@pytest.mark.parametrize("variant", [
+    dict(multi_query=True, parallel_attn=True, bias=False),                    # falcon-7b
+    dict(new_decoder_architecture=True, num_kv_heads=2, parallel_attn=True),   # falcon-40b
+    dict(alibi=True, bias=True, multi_query=False, parallel_attn=False)],      # falcon-rw-1b
+    ids=["7b", "40b", "rw_alibi"])
+def test_vllm_falcon_file_matches_transformers(variant, registered_vllm_class, tmp_path):
+    """vLLM's falcon.py (minivllm has no Falcon file): multi-query parallel blocks, the new
+    decoder architecture's grouped KV heads, ALiBi with biases."""
+    registered_vllm_class("falcon", "FalconForCausalLM", None)
+    path = write_tiny_checkpoint(tmp_path, transformers.FalconConfig,
+                                 transformers.FalconForCausalLM, **_FALCON, **variant)
+    assert_matches_transformers(path)
+
+
+def test_vllm_falcon_file_on_a_refinedweb_checkpoint(registered_vllm_class, tmp_path):
+    """The same weights under a legacy RefinedWebModel config.json (`RWForCausalLM`, read as
+    RWConfig) give transformers' tokens on the modern folder."""
+    import json
+    import shutil
+
+    registered_vllm_class("falcon", "RWForCausalLM", "FalconForCausalLM")
+    hf = write_tiny_checkpoint(tmp_path / "hf", transformers.FalconConfig,
+                               transformers.FalconForCausalLM, **_FALCON, multi_query=True,
+                               parallel_attn=True, bias=False)
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    legacy = tmp_path / "legacy"
+    legacy.mkdir()
+    shutil.copy(tmp_path / "hf" / "model.safetensors", legacy)
+    (legacy / "config.json").write_text(json.dumps({
+        "model_type": "RefinedWebModel", "architectures": ["RWForCausalLM"],
+        "n_head": config["num_attention_heads"], "n_layer": config["num_hidden_layers"],
+        "n_embed": config["hidden_size"], "vocab_size": config["vocab_size"],
+        "multi_query": True, "parallel_attn": True, "bias": False, "alibi": False,
+        "layer_norm_epsilon": 1e-5, "tie_word_embeddings": True}))
+    assert_matches_transformers(str(legacy), reference=hf)
