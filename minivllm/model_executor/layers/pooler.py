@@ -76,3 +76,37 @@ class Pooler(nn.Module):
         if self.head is not None:
             pooled = self.head(pooled)
         return F.normalize(pooled, p=2, dim=-1) if self.normalize else pooled
+
+
+class DispatchPooler(nn.Module):
+    """vLLM 0.33's holder of one pooler per pooling task ("embed", "classify", ...), which its
+    model files build. minivllm's pooling engine runs one task per model, so `forward` is the
+    pooler of the task the holder was built for (`for_embedding`: "embed", `for_seq_cls`:
+    "classify")."""
+
+    def __init__(self, poolers_by_task: dict[str, nn.Module], task: str | None = None) -> None:
+        super().__init__()
+        if not poolers_by_task:
+            raise ValueError("DispatchPooler needs at least one pooler")
+        self.poolers_by_task = nn.ModuleDict(poolers_by_task)
+        self.task = task or next(iter(poolers_by_task))
+        if self.task not in self.poolers_by_task:
+            raise ValueError(f"no pooler for task {self.task!r}; have {sorted(poolers_by_task)}")
+
+    @classmethod
+    def for_embedding(cls, pooler_config: Any) -> "DispatchPooler":
+        return cls({"embed": Pooler.from_pooler_config(pooler_config)}, "embed")
+
+    @classmethod
+    def for_seq_cls(cls, pooler_config: Any, *, classifier: Callable[[torch.Tensor], torch.Tensor],
+                    **_kernel_options: Any) -> "DispatchPooler":
+        """Logits [B, num_labels] of `classifier` on each sequence's pooled state."""
+        pooling = getattr(pooler_config, "seq_pooling_type", None) or PoolingType.LAST
+        return cls({"classify": Pooler.for_seq_cls(classifier, pooling)}, "classify")
+
+    def get_supported_tasks(self) -> set[str]:
+        return set(self.poolers_by_task)
+
+    def forward(self, hidden_states: torch.Tensor, prompt_lens: Sequence[int] | torch.Tensor
+                ) -> torch.Tensor | list[torch.Tensor]:
+        return self.poolers_by_task[self.task](hidden_states, prompt_lens)

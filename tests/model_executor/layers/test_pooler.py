@@ -21,3 +21,20 @@ def test_from_pooler_config():
     hidden = torch.randn(5, 3)
     assert pooler.pooling_type == PoolingType.MEAN and not pooler.normalize
     assert torch.allclose(pooler(hidden, [5])[0], hidden.mean(0), atol=1e-6)
+
+
+def test_dispatch_pooler_runs_the_pooler_of_its_task():
+    import pytest
+
+    from minivllm.model_executor.layers.pooler import DispatchPooler
+
+    hidden, lens = torch.randn(7, 4), [3, 4]
+    head = torch.nn.Linear(4, 2, bias=False)
+    classify = DispatchPooler.for_seq_cls(PoolerConfig(pooling_type="MEAN"), classifier=head)
+    assert classify.get_supported_tasks() == {"classify"}
+    means = torch.stack([hidden[:3].mean(0), hidden[3:].mean(0)])
+    torch.testing.assert_close(classify(hidden, lens), head(means))
+    embed = DispatchPooler.for_embedding(PoolerConfig(pooling_type="LAST", normalize=True))
+    torch.testing.assert_close(embed(hidden, lens), F.normalize(hidden[[2, 6]], dim=-1))
+    with pytest.raises(ValueError, match="no pooler for task 'embed'"):
+        DispatchPooler({"classify": classify.poolers_by_task["classify"]}, task="embed")

@@ -1,5 +1,5 @@
 """vLLM 0.33.0's own model files, import root renamed, run on minivllm and match transformers
-(31 files: the 19 families minivllm ships its own files for, and 12 it has none of).
+(32 files: the 19 families minivllm ships its own files for, and 13 it has none of).
 
 Each file is registered over minivllm's class for its architecture, then a tiny random
 transformers checkpoint of the family runs through `LLM`: fp32 greedy tokens identical and prompt
@@ -79,6 +79,8 @@ FAMILIES = {
                       routed_scaling_factor=2.5, head_dim=16, partial_rotary_factor=0.5,
                       use_qk_norm=True)),
     "gpt_j": ("GPTJForCausalLM", "GPTJConfig", None, dict(n_head=4, rotary_dim=8)),
+    "gpt2": ("GPT2LMHeadModel", "GPT2Config", None,
+             dict(n_head=4, n_positions=512, tie_word_embeddings=True)),
     "nemotron": ("NemotronForCausalLM", "NemotronConfig", None, {}),
     "opt": ("OPTForCausalLM", "OPTConfig", None, dict(ffn_dim=128, word_embed_proj_dim=64)),
 }
@@ -245,3 +247,23 @@ def test_vllm_falcon_file_on_a_refinedweb_checkpoint(registered_vllm_class, tmp_
         "multi_query": True, "parallel_attn": True, "bias": False, "alibi": False,
         "layer_norm_epsilon": 1e-5, "tie_word_embeddings": True}))
     assert_matches_transformers(str(legacy), reference=hf)
+
+
+def test_vllm_gpt2_sequence_classifier_through_the_pooling_engine(registered_vllm_class, tmp_path):
+    """vLLM's GPT2ForSequenceClassification (its `DispatchPooler.for_seq_cls`) under
+    `runner="pooling"`: each prompt's last-token logits equal transformers'."""
+    from minivllm import LLM
+    from tests.model_executor.models._family_helpers import make_prompts
+
+    registered_vllm_class("gpt2", "GPT2ForSequenceClassification", None)
+    path = write_tiny_checkpoint(tmp_path, transformers.GPT2Config,
+                                 transformers.GPT2ForSequenceClassification, n_head=4,
+                                 n_positions=512, num_labels=3)
+    prompts = make_prompts(1000, (5, 17, 40))
+    hf = transformers.GPT2ForSequenceClassification.from_pretrained(path).eval()
+    with torch.no_grad():
+        expected = [hf(torch.tensor([ids])).logits[0] for ids in prompts]
+    llm = LLM(model=path, dtype="float32", runner="pooling")
+    outputs = llm.encode([{"prompt_token_ids": ids} for ids in prompts], use_tqdm=False)
+    for out, ref in zip(outputs, expected):
+        torch.testing.assert_close(torch.as_tensor(out.outputs.data), ref, rtol=1e-5, atol=1e-5)
