@@ -18,8 +18,8 @@ BREAKAGES: dict[str, tuple[str, str]] = {
                      'quant_config=quant_config, reduce_results=reduce_results, disable_tp=disable_tp,\n'
                      '            prefix=f"{prefix}.down_proj" if ".1." not in prefix else f"{prefix}.down")'),
     # layer 1's attention registers under layer 0's name
-    "duplicate_attention": ('attn_type=attn_type, prefix=f"{prefix}.attn")',
-                            'attn_type=attn_type, prefix=f"{prefix}.attn".replace("layers.1.", "layers.0."))'),
+    "duplicate_attention": ('attn_type=attn_type, prefix=f"{prefix}.attn", **extra)',
+                            'attn_type=attn_type, prefix=f"{prefix}.attn".replace("layers.1.", "layers.0."), **extra)'),
     # gate_up_proj has two shards but the mapping lists one
     "packed_shard_count": ('"gate_up_proj": ["gate_proj", "up_proj"]}', '"gate_up_proj": ["gate_proj"]}'),
     # the checkpoint's gate_proj / up_proj are never stacked into gate_up_proj

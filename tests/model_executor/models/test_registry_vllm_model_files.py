@@ -267,3 +267,57 @@ def test_vllm_gpt2_sequence_classifier_through_the_pooling_engine(registered_vll
     outputs = llm.encode([{"prompt_token_ids": ids} for ids in prompts], use_tqdm=False)
     for out, ref in zip(outputs, expected):
         torch.testing.assert_close(torch.as_tensor(out.outputs.data), ref, rtol=1e-5, atol=1e-5)
+
+
+def _variants() -> dict[str, tuple]:
+    """The harder configurations of minivllm's own family tests, through vLLM's files:
+    (file, transformers class, config class, vLLM class, config overrides, engine kwargs)."""
+    from tests.model_executor.models import test_commandr, test_gemma2_gemma3, test_phi3
+
+    return {
+        # Gemma 2: soft-capped attention and logits, alternating window-8 layers.
+        "gemma2_softcap_swa": ("gemma2", "Gemma2ForCausalLM", "Gemma2Config", None,
+                               dict(test_gemma2_gemma3.GEMMA2, tie_word_embeddings=True), {}),
+        # Gemma 3: window-8 local layers with their own RoPE base, linear-scaled global ones.
+        "gemma3_local_global": ("gemma3", "Gemma3ForCausalLM", "Gemma3TextConfig", None,
+                                test_gemma2_gemma3.GEMMA3, {}),
+        # Command-R7B (Cohere2): sliding layers beside position-free global ones. vLLM's file
+        # widens the window by one token ("the training convention"), so transformers runs
+        # the same weights with window 9 as the reference.
+        "cohere2": ("commandr", "Cohere2ForCausalLM", "Cohere2Config", "CohereForCausalLM",
+                    dict(test_commandr.BASE, sliding_window=8,
+                         layer_types=["sliding_attention", "full_attention"]),
+                    dict(reference_config={"sliding_window": 9})),
+        # Phi-3 LongRoPE with partial rotary, prompts past the original context (long factors).
+        "phi3_longrope": ("phi3", "Phi3ForCausalLM", "Phi3Config", None,
+                          dict(rms_norm_eps=1e-5, max_position_embeddings=256, pad_token_id=0,
+                               original_max_position_embeddings=test_phi3.ORIGINAL_MAX,
+                               partial_rotary_factor=0.5,
+                               rope_parameters=test_phi3._longrope(4)),
+                          dict(prompt_lens=(70, 90), num_tokens=16)),
+        "mistral_swa": ("mistral", "MistralForCausalLM", "MistralConfig", None,
+                        dict(sliding_window=8), {}),
+    }
+
+
+@pytest.mark.parametrize("variant", ["gemma2_softcap_swa", "gemma3_local_global", "cohere2",
+                                     "phi3_longrope", "mistral_swa"])
+def test_vllm_file_variant_matches_transformers(variant, registered_vllm_class, tmp_path):
+    from tests.model_executor.models._family_helpers import make_prompts
+
+    file, hf_name, config_name, cls_name, overrides, run = _variants()[variant]
+    registered_vllm_class(file, hf_name, cls_name)
+    path = write_tiny_checkpoint(tmp_path, getattr(transformers, config_name),
+                                 getattr(transformers, hf_name), **overrides)
+    prompts = make_prompts(1000, run["prompt_lens"]) if "prompt_lens" in run else None
+    reference = None
+    if "reference_config" in run:
+        import json
+        import shutil
+
+        reference = tmp_path / "reference"
+        shutil.copytree(path, reference)
+        config = json.loads((reference / "config.json").read_text())
+        (reference / "config.json").write_text(json.dumps({**config, **run["reference_config"]}))
+    assert_matches_transformers(path, prompts=prompts, num_tokens=run.get("num_tokens", 24),
+                                reference=None if reference is None else str(reference))
