@@ -321,3 +321,47 @@ def test_vllm_file_variant_matches_transformers(variant, registered_vllm_class, 
         (reference / "config.json").write_text(json.dumps({**config, **run["reference_config"]}))
     assert_matches_transformers(path, prompts=prompts, num_tokens=run.get("num_tokens", 24),
                                 reference=None if reference is None else str(reference))
+
+
+def test_vllm_llama_file_serves_peft_adapters(registered_vllm_class, tiny_llama_factory,
+                                              tmp_path):
+    """LoRA matched by prefix on vLLM's llama.py: an all-linear PEFT adapter (fused q/k/v and
+    gate/up shards included) gives transformers + PEFT's tokens, and changes the base's."""
+    from minivllm import LLM
+    from minivllm.lora.request import LoRARequest
+    from tests.lora._lora_helpers import ALL_LINEAR, hf_reference, run, write_adapter
+
+    registered_vllm_class("llama", "LlamaForCausalLM", None)
+    base = tiny_llama_factory("vllm_file_lora_base")
+    adapter = write_adapter(base, str(tmp_path / "all"), 2, ALL_LINEAR)
+    llm = LLM(base, dtype="float32", enable_lora=True, max_loras=2, max_lora_rank=8,
+              block_size=4, num_gpu_blocks_override=64, max_model_len=64)
+    prompts = [[5, 17, 300, 42, 7, 99, 3, 250, 11], [400, 8, 61, 2, 77]]
+    ours = run(llm, prompts, LoRARequest("all", 1, adapter))
+    plain = run(llm, prompts)
+    llm.shutdown()
+    for prompt, (tokens, logprobs), (base_tokens, _) in zip(prompts, ours, plain):
+        ref_tokens, ref_logprobs = hf_reference(base, adapter, prompt)
+        assert tokens == ref_tokens and tokens != base_tokens
+        torch.testing.assert_close(logprobs, ref_logprobs, atol=1e-4, rtol=0)
+
+
+@pytest.mark.requires_native
+def test_vllm_llama_file_serves_the_default_model_packed(registered_vllm_class,
+                                                         default_model_path):
+    """vLLM's llama.py on the embedded Q4_1 GGUF (tied embeddings, packed GGUF methods matched by
+    prefix): the same greedy chat answer, token for token, as minivllm's own Llama file."""
+    from minivllm import LLM, SamplingParams
+    from minivllm.model_executor.layers.quantization.gguf import GGUFLinearMethod
+
+    chat = [{"role": "user", "content": "What is the capital of France?"}]
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    own = LLM(model=default_model_path).chat(chat, params, use_tqdm=False)[0].outputs[0]
+    cls = registered_vllm_class("llama", "LlamaForCausalLM", None)
+    llm = LLM(model=default_model_path)
+    model = llm.llm_engine.executor.worker.model_runner.model
+    assert type(model) is cls
+    assert isinstance(model.model.layers[0].self_attn.qkv_proj.quant_method, GGUFLinearMethod)
+    theirs = llm.chat(chat, params, use_tqdm=False)[0].outputs[0]
+    assert list(theirs.token_ids) == list(own.token_ids)
+    assert theirs.text.startswith("The capital of France is Paris")
