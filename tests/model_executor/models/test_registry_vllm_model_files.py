@@ -3,9 +3,11 @@
 
 Each file is registered over minivllm's class for its architecture, then a tiny random
 transformers checkpoint of the family runs through `LLM`: fp32 greedy tokens identical and prompt
-logprobs within 1e-4 (`assert_matches_transformers`). The files come from vLLM's source
-distribution on PyPI (47 MB, fetched once and cached; see `_vllm_files`), the same index
-`make test` installs from; ~30 s on 2 cores.
+logprobs within 1e-4 (`assert_matches_transformers`). Further tests run vLLM's files under
+check-model, over TP / EP / PP worker processes, on packed GGUF files, with LoRA adapters and on
+the embedded default model. The files come from vLLM's source distribution on PyPI (47 MB,
+fetched once and cached; see `_vllm_files`), the same index `make test` installs from; ~70 s
+on 2 cores.
 """
 
 import pytest
