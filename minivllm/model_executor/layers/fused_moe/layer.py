@@ -130,17 +130,17 @@ class FusedMoE(RoutedExperts):
                             None, unsupported)
         if apply_router_weight_on_input and top_k != 1:
             raise ValueError("apply_router_weight_on_input needs top_k == 1")
-        self_router = FusedMoERouter(top_k, num_experts, renormalize, use_grouped_topk,
-                                     num_expert_group, topk_group, custom_routing_function,
-                                     scoring_func, routed_scaling_factor,
-                                     e_score_correction_bias)
+        # Built before the module: nn.Module attributes can only be set after its __init__.
+        router = FusedMoERouter(top_k, num_experts, renormalize, use_grouped_topk,
+                                num_expert_group, topk_group, custom_routing_function,
+                                scoring_func, routed_scaling_factor, e_score_correction_bias)
         super().__init__(prefix, params_dtype, num_experts=num_experts, hidden_size=hidden_size,
                          intermediate_size=intermediate_size, quant_config=quant_config,
                          tp_size=tp_size, ep_size=ep_size, activation=activation,
                          has_bias=has_bias,
                          apply_router_weight_on_input=apply_router_weight_on_input,
                          expert_mapping=expert_mapping)
-        self.router = self_router
+        self.router = router
         self.top_k, self.reduce_results = top_k, reduce_results
         # Held outside the module tree: the model owns them (and their prefixes) already.
         self._outside = (shared_experts, gate)
