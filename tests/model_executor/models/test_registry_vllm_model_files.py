@@ -367,3 +367,22 @@ def test_vllm_llama_file_serves_the_default_model_packed(registered_vllm_class,
     theirs = llm.chat(chat, params, use_tqdm=False)[0].outputs[0]
     assert list(theirs.token_ids) == list(own.token_ids)
     assert theirs.text.startswith("The capital of France is Paris")
+
+
+@pytest.mark.requires_native
+def test_vllm_moe_file_under_torch_compile(registered_vllm_class, tmp_path):
+    """vLLM's qwen3_moe.py compiled (`support_torch_compile`, inductor; the MoE runner traced)
+    gives the eager run's greedy tokens."""
+    from minivllm import LLM, SamplingParams
+    from tests.model_executor.models._family_helpers import make_prompts
+
+    hf_name, config_name, cls_name, overrides = FAMILIES["qwen3_moe"]
+    registered_vllm_class("qwen3_moe", hf_name, cls_name)
+    path = write_tiny_checkpoint(tmp_path, getattr(transformers, config_name),
+                                 getattr(transformers, hf_name), **overrides)
+    prompts, params = make_prompts(1000, (5, 17)), SamplingParams(temperature=0, max_tokens=8,
+                                                                  ignore_eos=True)
+    runs = [[list(o.outputs[0].token_ids) for o in LLM(model=path, dtype="float32",
+                                                       enforce_eager=eager).generate(
+                 prompts, params, use_tqdm=False)] for eager in (True, False)]
+    assert runs[0] == runs[1]
