@@ -19,9 +19,9 @@ from minivllm.model_executor.layers.linear import (MergedColumnParallelLinear, Q
 from minivllm.model_executor.layers.logits_processor import LogitsProcessor
 from minivllm.model_executor.layers.quantization import QuantizationConfig
 from minivllm.model_executor.layers.rotary_embedding import get_rope
-from minivllm.model_executor.parameter import set_weight_attrs, sharded_weight_loader
 from minivllm.model_executor.layers.vocab_parallel_embedding import (ParallelLMHead,
                                                                      VocabParallelEmbedding)
+from minivllm.model_executor.parameter import set_weight_attrs, sharded_weight_loader
 from minivllm.sequence import IntermediateTensors
 from minivllm.v1.attention.backend import AttentionType
 

@@ -61,10 +61,8 @@ def FusedMoEFactory(num_experts: int, top_k: int, hidden_size: int, intermediate
     model's gate / shared experts, with vLLM 0.33's arguments. `routed_experts_cls` may be a
     model's RoutedExperts subclass (its own weight loading), built with the same arguments."""
     unsupported = {k: v for k, v in unsupported.items() if k not in _KERNEL_ONLY}
-    _refuse_unsupported(enable_eplb, num_redundant_experts, is_sequence_parallel, dp_size,
-                        pcp_size, unsupported)
-    if apply_router_weight_on_input and top_k != 1:
-        raise ValueError("apply_router_weight_on_input needs top_k == 1")
+    _check_arguments(top_k, apply_router_weight_on_input, enable_eplb, num_redundant_experts,
+                     is_sequence_parallel, dp_size, pcp_size, unsupported)
     if router is None:
         router = FusedMoERouter(
             top_k, num_experts, renormalize, use_grouped_topk, num_expert_group, topk_group,
@@ -126,10 +124,8 @@ class FusedMoE(RoutedExperts):
                  expert_mapping: ExpertMapping | None = None,
                  shared_experts: nn.Module | None = None, gate: nn.Module | None = None,
                  **unsupported: object) -> None:
-        _refuse_unsupported(enable_eplb, num_redundant_experts, is_sequence_parallel, dp_size,
-                            None, unsupported)
-        if apply_router_weight_on_input and top_k != 1:
-            raise ValueError("apply_router_weight_on_input needs top_k == 1")
+        _check_arguments(top_k, apply_router_weight_on_input, enable_eplb, num_redundant_experts,
+                         is_sequence_parallel, dp_size, None, unsupported)
         # Built before the module: nn.Module attributes can only be set after its __init__.
         router = FusedMoERouter(top_k, num_experts, renormalize, use_grouped_topk,
                                 num_expert_group, topk_group, custom_routing_function,
@@ -201,10 +197,13 @@ class FusedMoE(RoutedExperts):
                 f"scoring_func={self.scoring_func!r}")
 
 
-def _refuse_unsupported(enable_eplb: bool, num_redundant_experts: int,
-                        is_sequence_parallel: bool, dp_size: int | None, pcp_size: int | None,
-                        unsupported: dict[str, object]) -> None:
-    """Features minivllm's MoE does not provide raise here, naming the feature."""
+def _check_arguments(top_k: int, apply_router_weight_on_input: bool, enable_eplb: bool,
+                     num_redundant_experts: int, is_sequence_parallel: bool, dp_size: int | None,
+                     pcp_size: int | None, unsupported: dict[str, object]) -> None:
+    """Both constructors' argument checks: features minivllm's MoE does not provide raise,
+    naming the feature."""
+    if apply_router_weight_on_input and top_k != 1:
+        raise ValueError("apply_router_weight_on_input needs top_k == 1")
     if enable_eplb or num_redundant_experts:
         raise NotImplementedError("expert load balancing (EPLB) is not supported")
     if is_sequence_parallel or (dp_size or 1) > 1 or (pcp_size or 1) > 1:
