@@ -33,7 +33,10 @@ def check_prefixes(model: nn.Module, root_prefix: str = "") -> list[PrefixMismat
 
     A module held at two places (vLLM 0.33's MoE runner holds the gate the block built) is
     judged at its first. A parent may name children that carry its own prefix in
-    `prefix_shared_children` (the runner's `routed_experts`: checkpoint names have no such part).
+    `prefix_shared_children` (the runner's `routed_experts`: checkpoint names have no such part),
+    or children built under another name in `prefix_renamed_children` (MLA's `mla_attn` is
+    `<prefix>.attn`, as in vLLM); a module with `records_parent_prefix` carries its parent's
+    (vLLM's MLA wrapper, built with the attention block's prefix).
     """
     mismatches = []
     expected_of: dict[str, str] = {"": root_prefix}
@@ -43,7 +46,9 @@ def check_prefixes(model: nn.Module, root_prefix: str = "") -> list[PrefixMismat
             parent_path, _, name = path.rpartition(".")
             parent = model.get_submodule(parent_path) if parent_path else model
             parent_expected = expected_of.get(parent_path, root_prefix)
-            shared = name in getattr(parent, "prefix_shared_children", ())
+            shared = (name in getattr(parent, "prefix_shared_children", ())
+                      or getattr(module, "records_parent_prefix", False))
+            name = getattr(parent, "prefix_renamed_children", {}).get(name, name)
             expected_of[path] = (parent_expected if shared else
                                  f"{parent_expected}.{name}" if parent_expected else name)
         if id(module) in seen:

@@ -105,7 +105,7 @@ def assert_matches_transformers(path: str, vocab_size: int | None = None,
     if prompts is None:
         prompts = make_prompts(vocab_size or TINY_DENSE["vocab_size"])
     ref = hf_greedy(reference or path, prompts, num_tokens)
-    kwargs = dict(dtype="float32", block_size=4, max_num_batched_tokens=512, **llm_kwargs)
+    kwargs = {"dtype": "float32", "block_size": 4, "max_num_batched_tokens": 512, **llm_kwargs}
     ours = minivllm_greedy(LLM(model=path, **kwargs), prompts, num_tokens)
     for i, ((tokens, lp), (ref_tokens, ref_lp)) in enumerate(zip(ours, ref)):
         assert tokens == ref_tokens, f"prompt {i}: tokens differ from transformers"

@@ -169,13 +169,7 @@ class TorchAttentionImpl:
             if self._attend_prompt_kernel(g, q, key, value, out):
                 continue
             o = self._attend_group(g, q, key, value, kv_cache, attn_metadata)  # [Bg, Lq, nH, d_v]
-            if g.row_start is not None:
-                out[g.row_start:g.row_start + g.num_seqs * g.q_len].copy_(o.flatten(0, 1))
-                continue
-            o = o.reshape(g.num_seqs * g.q_len, self.num_heads, self.head_size_v)
-            if g.out_pos is not None:
-                o = o.index_select(0, g.out_pos)
-            out.index_copy_(0, g.out_rows, o.to(out.dtype))
+            g.store_output(o, out)
         return output
 
     def _write_kv(self, layer: torch.nn.Module, key: torch.Tensor | None,
@@ -252,7 +246,7 @@ class TorchAttentionImpl:
         n = g.num_seqs
         # [n, nH*d] rows viewed as [n, nH, 1, d]: with one query per sequence this is already
         # the [B, heads, Lq, d] layout SDPA wants, without a transpose.
-        qg = self._rows(q, g).view(n, self.num_heads, 1, self.head_size)
+        qg = g.select_rows(q).view(n, self.num_heads, 1, self.head_size)
         k, v = self._gather_kv(g, kv_cache, md)                 # [n, nKV, Lk, d]
         if k.dtype != qg.dtype:
             k, v = k.to(qg.dtype), v.to(qg.dtype)
@@ -269,10 +263,10 @@ class TorchAttentionImpl:
                       value: torch.Tensor | None, kv_cache: torch.Tensor,
                       md: TorchAttentionMetadata) -> torch.Tensor:
         """SDPA over one group; returns [Bg, Lq, nH, d_v] (a strided view)."""
-        qg = self._rows(q, g).view(g.num_seqs, g.q_len, self.num_heads, -1).transpose(1, 2)
+        qg = g.select_rows(q).view(g.num_seqs, g.q_len, self.num_heads, -1).transpose(1, 2)
         if g.kv_from_input and key is not None and value is not None:
-            k = self._rows(key.view(-1, self.num_kv_heads, self.head_size), g)
-            v = self._rows(value.view(-1, self.num_kv_heads, self.head_size_v), g)
+            k = g.select_rows(key.view(-1, self.num_kv_heads, self.head_size))
+            v = g.select_rows(value.view(-1, self.num_kv_heads, self.head_size_v))
             k = k.view(g.num_seqs, g.q_len, self.num_kv_heads, -1).transpose(1, 2)
             v = v.view(g.num_seqs, g.q_len, self.num_kv_heads, -1).transpose(1, 2)
         else:
@@ -287,13 +281,6 @@ class TorchAttentionImpl:
                 qg, k, v, attn_mask=mask, is_causal=g.use_is_causal and mask is None,
                 scale=self.scale, enable_gqa=self.num_queries_per_kv > 1)
         return o.transpose(1, 2)
-
-    @staticmethod
-    def _rows(x: torch.Tensor, g: AttnGroup) -> torch.Tensor:
-        """The group's padded rows of a per-token tensor: a slice when they are consecutive."""
-        if g.row_start is not None:
-            return x[g.row_start:g.row_start + g.num_seqs * g.q_len]
-        return x.index_select(0, g.q_index)
 
     def _gather_kv(self, g: AttnGroup, kv_cache: torch.Tensor,
                    md: TorchAttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:

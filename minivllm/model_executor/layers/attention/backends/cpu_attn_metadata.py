@@ -105,6 +105,22 @@ class AttnGroup:
             mask = mask & (k_pos > q_pos - window)
         return mask.unsqueeze(1)                                   # [Bg, 1, Lq or 1, Lk]
 
+    def select_rows(self, x: torch.Tensor) -> torch.Tensor:
+        """The group's padded rows [Bg*Lq, ...] of a per-token tensor: a slice when consecutive."""
+        if self.row_start is not None:
+            return x[self.row_start:self.row_start + self.num_seqs * self.q_len]
+        return x.index_select(0, self.q_index)
+
+    def store_output(self, o: torch.Tensor, out: torch.Tensor) -> None:
+        """Write the group's result o [Bg, Lq, nH, d] to its real rows of out [T, nH, d]."""
+        if self.row_start is not None:
+            out[self.row_start:self.row_start + self.num_seqs * self.q_len].copy_(o.flatten(0, 1))
+            return
+        o = o.reshape(self.num_seqs * self.q_len, *out.shape[1:])
+        if self.out_pos is not None:
+            o = o.index_select(0, self.out_pos)
+        out.index_copy_(0, self.out_rows, o.to(out.dtype))
+
     def gather_targets(self, workspace: "Workspace", kv_cache: torch.Tensor, head_size: int,
                        head_size_v: int) -> tuple:
         """Workspace rows to gather blocks into, and the K/V views SDPA reads; cached per step.

@@ -39,7 +39,8 @@ class FusedMoERouter:
         if self.use_grouped_topk:
             return grouped_topk(
                 hidden_states, router_logits, self.top_k, self.renormalize,
-                self.num_expert_group or 0, self.topk_group or 0, self.scoring_func,
+                # No group count (DeepSeek-V2-Lite's n_group null): all experts in one group.
+                self.num_expert_group or 1, self.topk_group or 1, self.scoring_func,
                 self.routed_scaling_factor, self.e_score_correction_bias)
         # bf16 only: fp32 models keep torch's routing bit for bit (their experts stay in torch).
         # Compiled graphs take torch's routing (a ctypes call would break the graph).

@@ -1,0 +1,117 @@
+"""DeepSeek-V2 / V3 (multi-head latent attention on a latent-row KV cache; fine-grained MoE with
+shared experts, grouped / biased routing) against transformers, and the same over TP=2."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from transformers import (DeepseekV2Config, DeepseekV2ForCausalLM, DeepseekV3Config,
+                          DeepseekV3ForCausalLM)
+
+from minivllm import LLM
+from tests._parallel_helpers import engine_kwargs, greedy_run, live_children, prompts
+from tests.model_executor.models._family_helpers import (assert_bad_names_reported,
+                                                         assert_matches_transformers,
+                                                         assert_prefixes_clean, build_model,
+                                                         make_prompts, write_tiny_checkpoint)
+
+# Head dims that differ from each other (Dn 16, R 8, Dv 12) so a swapped split would show.
+TINY_MLA = dict(kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=12,
+                num_key_value_heads=4, head_dim=None, n_routed_experts=8, num_experts_per_tok=2,
+                moe_intermediate_size=32, n_shared_experts=1, first_k_dense_replace=1)
+YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
+        "mscale": 1.0, "mscale_all_dim": 0.707, "beta_fast": 32, "beta_slow": 1,
+        "rope_theta": 10000.0}
+
+
+def _v2_without_q_lora(**fields) -> DeepseekV2Config:
+    # V2-Lite's shape: queries straight from the hidden state (write_tiny_checkpoint drops
+    # None overrides, so the field is set here).
+    return DeepseekV2Config(**fields, q_lora_rank=None)
+
+
+VARIANTS = {
+    # V2-Lite: no query LoRA, greedy softmax routing, shared expert.
+    "v2_lite": (_v2_without_q_lora, DeepseekV2ForCausalLM, {}),
+    # V2: query LoRA (the fused q_a / kv_a projection), top-k inside the best 2 of 4 groups.
+    "v2_grouped": (DeepseekV2Config, DeepseekV2ForCausalLM, dict(
+        q_lora_rank=24, topk_method="group_limited_greedy", n_group=4, topk_group=2,
+        routed_scaling_factor=1.5)),
+    # V3: sigmoid scores with the correction bias, renormalised, scaled; YaRN with mscale.
+    "v3": (DeepseekV3Config, DeepseekV3ForCausalLM, dict(
+        q_lora_rank=24, n_group=4, topk_group=2, routed_scaling_factor=2.5,
+        norm_topk_prob=True, rope_parameters=YARN)),
+}
+
+
+def _randomise_correction_bias(path: str) -> None:
+    """The V3 correction bias starts at 0: give it values that change the expert choice."""
+    file = f"{path}/model.safetensors"
+    state = load_file(file)
+    gen = torch.Generator().manual_seed(5)
+    state["model.layers.1.mlp.gate.e_score_correction_bias"] = torch.randn(8, generator=gen)
+    save_file(state, file, metadata={"format": "pt"})
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory) -> dict[str, str]:
+    paths = {}
+    for name, (config_cls, model_cls, extra) in VARIANTS.items():
+        paths[name] = write_tiny_checkpoint(tmp_path_factory.mktemp(f"deepseek_{name}"),
+                                            config_cls, model_cls, **TINY_MLA, **extra)
+    _randomise_correction_bias(paths["v3"])
+    return paths
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_deepseek_matches_transformers(checkpoints, name):
+    assert_matches_transformers(checkpoints[name])
+
+
+def test_deepseek_chunked_prefill_and_prefix_cache(checkpoints):
+    # 8-token chunks over 4-token blocks: prompt chunks attend to cached latent rows (gathered
+    # from the cache and decompressed), and a repeated prompt starts from cached blocks.
+    path = checkpoints["v2_grouped"]
+    lens = (5, 17, 33, 33)
+    batch = make_prompts(1000, lens)
+    batch[3] = batch[2][:20] + batch[3][20:]                    # shares 20 tokens with prompt 2
+    assert_matches_transformers(path, prompts=batch, max_num_batched_tokens=8,
+                                enable_prefix_caching=True)
+
+
+def test_deepseek_latent_cache_and_prefixes(checkpoints, tmp_path):
+    from minivllm.model_executor.layers.attention.mla_attention import MLAAttention
+
+    path = checkpoints["v3"]
+    model = build_model(path)
+    assert_prefixes_clean(path, "DeepseekV3ForCausalLM")
+    mla = [m for m in model.modules() if isinstance(m, MLAAttention)]
+    assert len(mla) == 2
+    # One latent row (kv_lora_rank + qk_rope_head_dim) per token and layer, not per head.
+    assert mla[0].get_kv_cache_shape(10, 4) == (10, 4, 32 + 8)
+    assert_bad_names_reported(
+        path, tmp_path / "broken",
+        drop=["model.layers.1.mlp.gate.e_score_correction_bias",
+              "model.layers.0.self_attn.kv_b_proj.weight"])
+
+
+def test_deepseek_unsupported_topk_method(tmp_path):
+    path = write_tiny_checkpoint(tmp_path, DeepseekV2Config, DeepseekV2ForCausalLM, **TINY_MLA,
+                                 q_lora_rank=24)
+    config = json.load(open(f"{path}/config.json"))
+    config["topk_method"] = "hashed"
+    json.dump(config, open(f"{path}/config.json", "w"))
+    with pytest.raises(ValueError, match="topk_method 'hashed'.*greedy, group_limited_greedy"):
+        build_model(path)
+
+
+def test_deepseek_tp2_matches_single_process(checkpoints):
+    path = checkpoints["v3"]
+    ref_tokens, ref_logprobs = greedy_run(LLM(model=path, **engine_kwargs()), prompts())
+    llm = LLM(model=path, tensor_parallel_size=2, **engine_kwargs())
+    assert len(live_children()) == 2
+    tokens, logprobs = greedy_run(llm, prompts())
+    llm.shutdown()
+    assert tokens == ref_tokens
+    assert (logprobs - ref_logprobs).abs().max().item() <= 1e-4
