@@ -40,6 +40,7 @@ _FIXED: dict[str, tuple[Any, str]] = {
     "VLLM_BATCH_INVARIANT": (False, "no batch-invariant kernels"),
     "VLLM_ROCM_USE_AITER": (False, "no ROCm / AITER kernels"),
     "VLLM_USE_DEEP_GEMM": (False, "no DeepGEMM kernels"),
+    "VLLM_DCP_Q_REPLICATE": (False, "no decode context parallelism"),
 }
 _reported: set[str] = set()
 

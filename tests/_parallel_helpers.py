@@ -62,3 +62,16 @@ def wait_until_gone(pids: list[int], timeout_s: float = 10.0) -> list[int]:
         if not alive or time.monotonic() > deadline:
             return alive
         time.sleep(0.1)
+
+
+def assert_parallel_matches_one_process(path: str, atol: float = 1e-4, **parallel) -> None:
+    """`LLM(path, **parallel)` over real worker processes gives the one-process greedy tokens,
+    logprobs within `atol` (e.g. parallel = {"tensor_parallel_size": 2})."""
+    ref_tokens, ref_logprobs = greedy_run(LLM(model=path, **engine_kwargs()), prompts())
+    llm = LLM(model=path, **parallel, **engine_kwargs())
+    assert len(live_children()) == (parallel.get("tensor_parallel_size", 1)
+                                    * parallel.get("pipeline_parallel_size", 1))
+    tokens, logprobs = greedy_run(llm, prompts())
+    llm.shutdown()
+    assert tokens == ref_tokens
+    assert (logprobs - ref_logprobs).abs().max().item() <= atol

@@ -221,6 +221,20 @@ class ModelConfig:
         cfg = self.hf_text_config
         return getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
 
+    @property
+    def is_deepseek_mla(self) -> bool:
+        """Multi-head latent attention (DeepSeek-V2/V3 and the files built on them): the config
+        has a KV latent rank beside its RoPE head dim."""
+        cfg = self.hf_text_config
+        return (getattr(cfg, "kv_lora_rank", None) is not None
+                and bool(getattr(cfg, "qk_rope_head_dim", 0)))
+
+    @property
+    def use_mla(self) -> bool:
+        return self.is_deepseek_mla
+
     def get_head_size(self) -> int:
         cfg = self.hf_text_config
+        if self.use_mla:                    # the cached latent row
+            return cfg.kv_lora_rank + cfg.qk_rope_head_dim
         return getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads

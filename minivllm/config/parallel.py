@@ -55,6 +55,19 @@ class ParallelConfig:
         return False
 
     @property
+    def decode_context_parallel_size(self) -> int:
+        """vLLM's DCP / PCP split the KV cache's tokens over ranks; minivllm has neither."""
+        return 1
+
+    @property
+    def prefill_context_parallel_size(self) -> int:
+        return 1
+
+    @property
+    def dcp_q_replicate(self) -> bool:
+        return False
+
+    @property
     def world_size(self) -> int:
         return self.tensor_parallel_size * self.pipeline_parallel_size
 

@@ -210,12 +210,20 @@ def _matmul_tiles(x: torch.Tensor, weight: torch.Tensor,
     return out
 
 
+def fp8_quant_groups(x: torch.Tensor, group: int,
+                     eps: float = 1e-12) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] -> (e4m3 [M, ceil(K/g), g], fp32 scales [M, ceil(K/g), 1]): one dynamic scale
+    per (token, group of `group` columns); a last partial group is zero-padded."""
+    m, k = x.shape
+    padded = F.pad(x.float(), (0, (-k) % group)).reshape(m, -1, group)   # [M, K/g, g]
+    scale = (padded.abs().amax(dim=-1, keepdim=True) / FP8_MAX).clamp_(min=eps)
+    return (padded / scale).clamp_(-FP8_MAX, FP8_MAX).to(FP8_DTYPE), scale
+
+
 def _fake_quant_fp8_groups(x: torch.Tensor, group: int) -> torch.Tensor:
     """x [M, K] rounded to e4m3 with one dynamic scale per (token, group of `group` columns)."""
     m, k = x.shape
-    padded = F.pad(x.float(), (0, (-k) % group)).reshape(m, -1, group)   # [M, K/g, g]
-    scale = (padded.abs().amax(dim=-1, keepdim=True) / FP8_MAX).clamp_(min=1e-12)
-    q = (padded / scale).clamp_(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+    q, scale = fp8_quant_groups(x, group)
     return (fp8_to_dtype(q, torch.float32) * scale).reshape(m, -1)[:, :k].to(x.dtype)
 
 

@@ -18,6 +18,7 @@ from minivllm.distributed import (divide, get_tensor_model_parallel_rank,
                                   tensor_model_parallel_all_reduce)
 from minivllm.model_executor.custom_op import PluggableLayer
 from minivllm.model_executor.layers import linear_v2_loader as v2
+from minivllm.model_executor.layers.linear_dcp import DCPGroupColumnParallelLinear
 from minivllm.model_executor.layers.quantization import (QuantizationConfig,
                                                          UnquantizedLinearMethod,
                                                          resolve_quant_method)
@@ -25,7 +26,7 @@ from minivllm.model_executor.parameter import (WEIGHT_LOADER_V2_SUPPORTED, defau
                                               set_weight_attrs)
 
 __all__ = [
-    "ColumnParallelLinear", "LinearBase", "MergedColumnParallelLinear", "QKVParallelLinear",
+    "ColumnParallelLinear", "DCPGroupColumnParallelLinear", "LinearBase", "MergedColumnParallelLinear", "QKVParallelLinear",
     "ReplicatedLinear", "RowParallelLinear", "UnquantizedLinearMethod",
     "WEIGHT_LOADER_V2_SUPPORTED", "set_weight_attrs",
 ]

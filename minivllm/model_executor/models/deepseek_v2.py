@@ -1,4 +1,4 @@
-"""DeepSeek-V2 / V3 (also Kimi-K2, Moonlight): multi-head latent attention and a fine-grained MoE.
+"""DeepSeek-V2 / V3 (also Kimi-K2, Moonlight, GLM-4.7-Flash): multi-head latent attention and a fine-grained MoE.
 
 Each layer attends through MLA (`layers/mla.py`: queries through an optional low-rank
 `q_a_proj` -> `q_b_proj`, keys and values compressed into one cached latent row per token) and,
@@ -111,7 +111,7 @@ class DeepseekV2MLAAttention(nn.Module):
 def _routing(config: Any) -> tuple[str, str]:
     """(topk_method, scoring_func): V3 configs may leave both out (transformers' V3 always
     routes with sigmoid scores and the correction bias), V2 ones mean greedy softmax."""
-    v3 = getattr(config, "model_type", "") in ("deepseek_v3", "kimi_k2")
+    v3 = getattr(config, "model_type", "") in ("deepseek_v3", "kimi_k2", "glm4_moe_lite")
     topk_method = getattr(config, "topk_method", None) or ("noaux_tc" if v3 else "greedy")
     scoring_func = getattr(config, "scoring_func", None) or ("sigmoid" if v3 else "softmax")
     if topk_method not in ("greedy", "group_limited_greedy", "noaux_tc"):
@@ -173,6 +173,8 @@ class DeepseekV2DecoderLayer(MoeDecoderLayer):
     attn_cls = DeepseekV2MLAAttention
 
     def sparse(self, config: Any, layer_idx: int) -> bool:
+        if layer_types := getattr(config, "mlp_layer_types", None):    # GLM-4.7-Flash
+            return layer_types[layer_idx] == "sparse"
         freq = getattr(config, "moe_layer_freq", 1) or 1
         return (config.n_routed_experts is not None
                 and layer_idx >= config.first_k_dense_replace and layer_idx % freq == 0)
@@ -218,5 +220,11 @@ class DeepseekV3ForCausalLM(DeepseekV2ForCausalLM):
     differences are all config fields)."""
 
 
+class Glm4MoeLiteForCausalLM(DeepseekV2ForCausalLM):
+    """GLM-4.7-Flash: DeepSeek-V3's layers (MLA, sigmoid routing with the correction bias),
+    dense or sparse MLP per `mlp_layer_types`."""
+
+
 __all__ = ["DeepseekV2DecoderLayer", "DeepseekV2ForCausalLM", "DeepseekV2MLAAttention",
-           "DeepseekV2MoE", "DeepseekV2Model", "DeepseekV3ForCausalLM", "mla_softmax_scale"]
+           "DeepseekV2MoE", "DeepseekV2Model", "DeepseekV3ForCausalLM", "Glm4MoeLiteForCausalLM",
+           "mla_softmax_scale"]

@@ -49,6 +49,31 @@ def test_relative_import_of_a_module_minivllm_lacks_takes_the_sibling():
     assert asked == ["granitemoe", "no_such_family"]
 
 
+def test_names_minivllm_lacks_come_from_the_sibling_except_for_contract_modules():
+    asked = []
+
+    def sibling(name: str) -> str | None:
+        asked.append(name)
+        return f"pkg._checked_{name}_1"
+    # minivllm's deepseek_v2 has DeepseekV2MLAAttention but not vLLM's non-MLA
+    # DeepseekV2Attention (vLLM's glm4_moe_lite.py imports both); its utils lack `no_such`, a
+    # gap the port must not paper over with vLLM's copy.
+    source = textwrap.dedent("""\
+        from vllm.model_executor.models.deepseek_v2 import (
+            DeepseekV2Attention,
+            DeepseekV2MLAAttention,
+        )
+        from vllm.model_executor.models.deepseek_v2 import DeepseekV2MLAAttention as MLA
+        from .utils import maybe_prefix, no_such
+    """)
+    lines = port_vllm_source(source, sibling).splitlines()
+    assert lines[0] == "from pkg._checked_deepseek_v2_1 import ("
+    assert lines[4] == ("from minivllm.model_executor.models.deepseek_v2 import "
+                        "DeepseekV2MLAAttention as MLA")
+    assert lines[5] == "from .utils import maybe_prefix, no_such"
+    assert asked == ["deepseek_v2"]
+
+
 def test_vllm_file_with_a_sibling_loads_through_model_file(tmp_path):
     (tmp_path / "tiny_base.py").write_text(textwrap.dedent("""\
         from torch import nn

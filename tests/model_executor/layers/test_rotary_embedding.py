@@ -159,3 +159,19 @@ def test_bf16_queries_use_a_cast_cache():
     assert q_bf.dtype == torch.bfloat16 and rope.cos_sin_cache.dtype == torch.bfloat16
     torch.testing.assert_close(q_bf.float(), q_ref, atol=0.05, rtol=0.02)
     torch.testing.assert_close(k_bf.float(), k_ref, atol=0.05, rtol=0.02)
+
+
+@pytest.mark.parametrize("mscale, mscale_all_dim", [(1.0, 0.0), (0.707, 0.707), (1.0, 0.8)])
+def test_deepseek_yarn_scales_by_the_mscale_ratio(mscale, mscale_all_dim):
+    # vLLM's DeepSeek file renames YaRN to "deepseek_yarn": same frequencies, cos/sin scaled by
+    # mscale(f, mscale) / mscale(f, mscale_all_dim) (defaults 1 and 0), nothing else.
+    from minivllm.model_executor.layers.rotary_embedding.common import yarn_get_mscale
+
+    base = {"factor": 4.0, "original_max_position_embeddings": 64, "beta_fast": 32,
+            "beta_slow": 1, "rope_theta": 10000.0}
+    ds = get_rope(16, 256, False, {**base, "rope_type": "deepseek_yarn", "mscale": mscale,
+                                   "mscale_all_dim": mscale_all_dim})
+    plain = get_rope(16, 256, False, {**base, "rope_type": "yarn", "attention_factor": 1.0})
+    ratio = yarn_get_mscale(4.0, mscale) / yarn_get_mscale(4.0, mscale_all_dim)
+    assert isinstance(ds, YaRNScalingRotaryEmbedding)
+    torch.testing.assert_close(ds.cos_sin_cache, plain.cos_sin_cache * ratio)

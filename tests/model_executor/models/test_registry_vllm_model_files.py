@@ -14,10 +14,8 @@ import pytest
 import torch
 import transformers
 
-from minivllm.model_executor.models.registry import ModelRegistry
 from tests.model_executor.models._family_helpers import (assert_matches_transformers,
                                                          build_model, write_tiny_checkpoint)
-from tests.model_executor.models._vllm_files import load_vllm_class
 
 _MOE = dict(moe_intermediate_size=32, num_experts=8, num_experts_per_tok=2)
 _LOCAL_EXPERTS = dict(num_local_experts=8, num_experts_per_tok=2)
@@ -89,24 +87,6 @@ FAMILIES = {
 # vLLM's Bloom runs the exact GELU where transformers' runs the tanh approximation: the same
 # greedy tokens, logprobs ~3e-4 apart on these random weights (vLLM's own deviation).
 TOLERANCE = {"bloom": 1e-3}
-
-
-@pytest.fixture
-def registered_vllm_class():
-    """Registers vLLM's class for an architecture, restoring minivllm's afterwards."""
-    saved = {}
-
-    def register(file: str, arch: str, cls_name: str | None) -> type:
-        cls = load_vllm_class(file, cls_name or arch)
-        saved.setdefault(arch, ModelRegistry.models.get(arch))
-        ModelRegistry.register_model(arch, cls)
-        return cls
-    yield register
-    for arch, entry in saved.items():
-        if entry is None:
-            ModelRegistry.models.pop(arch, None)
-        else:
-            ModelRegistry.models[arch] = entry
 
 
 @pytest.mark.parametrize("file", sorted(FAMILIES))

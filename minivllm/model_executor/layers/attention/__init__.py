@@ -1,6 +1,9 @@
-"""The attention layers a model file builds: `Attention` and `EncoderOnlyAttention`."""
+"""The attention layers a model file builds: `Attention`, `EncoderOnlyAttention`, MLA's
+`MLAAttention` and vLLM's `RSWAAttention`."""
 
 from minivllm.model_executor.layers.attention.attention import Attention
 from minivllm.model_executor.layers.attention.encoder_only_attention import EncoderOnlyAttention
+from minivllm.model_executor.layers.attention.mla_attention import MLAAttention
+from minivllm.model_executor.layers.attention.rswa_attention import RSWAAttention
 
-__all__ = ["Attention", "EncoderOnlyAttention"]
+__all__ = ["Attention", "EncoderOnlyAttention", "MLAAttention", "RSWAAttention"]

@@ -15,6 +15,8 @@ from torch import nn
 from minivllm.config import CacheConfig
 from minivllm.model_executor.layers.attention.attention import Attention
 from minivllm.model_executor.layers.attention.backends.cpu_mla_attn import CPUMLABackend
+from minivllm.model_executor.layers.quantization.utils.quant_utils import (
+    get_and_maybe_dequant_weights)
 
 
 class MLAAttention(Attention):
@@ -62,19 +64,13 @@ class MLAAttention(Attention):
 
     def kv_b_weight(self, dtype: torch.dtype) -> torch.Tensor:
         """kv_b_proj's weight [nH*(Dn+Dv), L] in `dtype`: the live parameter when it is a plain
-        one (the loader may still move it), else one dequantised copy, made on first use (the
-        layer applied to the identity: right for every quant method's kernel)."""
-        linear = self._kv_b_proj[0]
-        weight = getattr(linear, "weight", None)
-        if (type(getattr(linear, "quant_method", None)).__name__ == "UnquantizedLinearMethod"
-                and isinstance(weight, torch.Tensor) and weight.dtype == dtype
-                and getattr(linear, "bias", None) is None):
-            return weight
+        one of that dtype (the loader may still move it), else one dequantised copy, made on
+        first use."""
         cached = self._w_kv_dequantised
-        if cached is None or cached.dtype != dtype:
-            eye = torch.eye(self.kv_lora_rank, dtype=dtype)
-            with torch.no_grad():
-                out = linear(eye)
-            out = out[0] if isinstance(out, tuple) else out     # [L, out] = W^T
-            cached = self._w_kv_dequantised = out.t().contiguous()
-        return cached
+        if cached is not None and cached.dtype == dtype:
+            return cached
+        linear = self._kv_b_proj[0]
+        weight = get_and_maybe_dequant_weights(linear, dtype)
+        if weight is not getattr(linear, "weight", None):
+            self._w_kv_dequantised = weight
+        return weight

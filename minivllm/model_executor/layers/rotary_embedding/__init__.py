@@ -5,6 +5,7 @@ from typing import Any
 import torch
 
 from minivllm.model_executor.layers.rotary_embedding.base import RotaryEmbedding, apply_rotary_emb
+from minivllm.model_executor.layers.rotary_embedding.common import yarn_get_mscale
 from minivllm.model_executor.layers.rotary_embedding.dynamic_ntk_scaling_rope import (
     DynamicNTKAlphaRotaryEmbedding, DynamicNTKScalingRotaryEmbedding)
 from minivllm.model_executor.layers.rotary_embedding.linear_scaling_rope import (
@@ -22,7 +23,8 @@ __all__ = [
     "YaRNScalingRotaryEmbedding", "apply_rotary_emb", "get_rope",
 ]
 
-SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn", "longrope")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn", "longrope",
+                        "deepseek_yarn", "deepseek_llama_scaling")
 _YARN_KEYS = ("beta_fast", "beta_slow", "mscale", "mscale_all_dim", "attention_factor", "truncate")
 
 # Every layer with the same arguments shares one module (and one cos/sin table).
@@ -65,6 +67,14 @@ def _build_rope(head_size: int, rotary_dim: int, max_position: int, is_neox_styl
         return Llama3RotaryEmbedding(*common, dtype, params["factor"], params["low_freq_factor"],
                                      params["high_freq_factor"],
                                      params["original_max_position_embeddings"])
+    if rope_type in ("deepseek_yarn", "deepseek_llama_scaling"):
+        # vLLM's DeepSeek spelling of YaRN (its file renames the type): the cos/sin scale is
+        # always mscale(factor, mscale) / mscale(factor, mscale_all_dim), defaults 1 and 0.
+        factor = params["factor"]
+        params = {**params, "attention_factor": (
+            yarn_get_mscale(factor, params.get("mscale", 1.0))
+            / yarn_get_mscale(factor, params.get("mscale_all_dim", 0.0)))}
+        rope_type = "yarn"
     if rope_type == "yarn":
         original_max = params.get("original_max_position_embeddings") or max_position
         extra = {k: params[k] for k in _YARN_KEYS if params.get(k) is not None}

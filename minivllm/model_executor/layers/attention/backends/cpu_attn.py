@@ -17,12 +17,12 @@ from minivllm import _custom_ops as ops
 from minivllm.forward_context import get_forward_context, is_forward_context_available
 from minivllm.model_executor.layers.attention.backends.cpu_attn_metadata import (
     AttnGroup, DecodeBatch, TorchAttentionMetadata, TorchAttentionMetadataBuilder)
-from minivllm.v1.attention.backend import AttentionType
+from minivllm.v1.attention.backend import AttentionBackend, AttentionType
 
 _SUPPORTED_ATTN_TYPES = (AttentionType.DECODER, AttentionType.ENCODER_ONLY)
 
 
-class TorchAttentionBackend:
+class TorchAttentionBackend(AttentionBackend):
     """Selects the CPU layout, metadata builder and implementation."""
 
     accept_output_buffer: bool = True

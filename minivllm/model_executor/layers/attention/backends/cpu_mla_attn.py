@@ -21,10 +21,10 @@ import torch.nn.functional as F
 from minivllm.forward_context import get_forward_context, is_forward_context_available
 from minivllm.model_executor.layers.attention.backends.cpu_attn_metadata import (
     AttnGroup, TorchAttentionMetadata, TorchAttentionMetadataBuilder)
-from minivllm.v1.attention.backend import AttentionType
+from minivllm.v1.attention.backend import AttentionBackend, AttentionType
 
 
-class CPUMLABackend:
+class CPUMLABackend(AttentionBackend):
     """Cache layout, metadata builder (the dense backend's: one plan per step serves both) and
     implementation of MLA on CPU."""
 
