@@ -48,16 +48,25 @@ class LoRAModelManager:
 
     def _wrap_layers(self) -> dict[str, BaseLinearLayerWithLoRA]:
         skip = tuple(getattr(self.model, "lora_skip_prefixes", []))
+        # A layer held at several places (MLA's wrapper holds the projections its block built)
+        # is replaced at every one, so each caller runs the LoRA layer.
+        paths: dict[int, list[str]] = {}
+        for name, module in self.model.named_modules(remove_duplicate=False):
+            paths.setdefault(id(module), []).append(name)
         wrapped = {}
         for name, module in list(self.model.named_modules()):
-            if skip and name.startswith(skip):
+            # A layer whose weight is used other than through its forward (MLA absorbs
+            # kv_b_proj's) cannot carry a LoRA delta: it is no target (an adapter naming it
+            # gets the list of valid targets).
+            if (skip and name.startswith(skip)) or getattr(module, "lora_unsupported", None):
                 continue
             lora_layer = from_layer(module)
             if lora_layer is None:
                 continue
             lora_layer.create_lora_weights(self.max_loras, self.lora_config.max_lora_rank,
                                            self.dtype, self.punica_wrapper)
-            replace_submodule(self.model, name, lora_layer)
+            for path in paths[id(module)]:
+                replace_submodule(self.model, path, lora_layer)
             wrapped[name] = lora_layer
         if not wrapped:
             raise ValueError(f"{type(self.model).__name__} has no layer LoRA can wrap")

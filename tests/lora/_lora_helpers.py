@@ -18,9 +18,9 @@ def write_adapter(base_path: str, folder: str, seed: int, target_modules, r: int
                   alpha: float = 16, use_rslora: bool = False) -> str:
     """A random PEFT LoRA adapter with a non-zero B (PEFT's default init makes B zero)."""
     from peft import LoraConfig, get_peft_model
-    from transformers import LlamaForCausalLM
+    from transformers import AutoModelForCausalLM
 
-    base = LlamaForCausalLM.from_pretrained(base_path, dtype=torch.float32)
+    base = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32)
     config = LoraConfig(r=r, lora_alpha=alpha, target_modules=target_modules,
                         use_rslora=use_rslora, init_lora_weights=False, lora_dropout=0.0)
     torch.manual_seed(seed)
@@ -49,9 +49,9 @@ def hf_reference(base_path: str, adapter: str | None, prompt: list[int], merged:
                  num_tokens: int = NUM_TOKENS) -> tuple[list[int], torch.Tensor]:
     """Greedy tokens and their logprobs from transformers (+ PEFT, unmerged or merged), fp32."""
     from peft import PeftModel
-    from transformers import LlamaForCausalLM
+    from transformers import AutoModelForCausalLM
 
-    model = LlamaForCausalLM.from_pretrained(base_path, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32).eval()
     if adapter is not None:
         model = PeftModel.from_pretrained(model, adapter).eval()
         if merged:

@@ -111,9 +111,13 @@ def test_deepseek_unsupported_topk_method(tmp_path):
         build_model(path)
 
 
-def test_deepseek_tp2_matches_single_process(checkpoints):
-    path = checkpoints["v3"]
-    assert_parallel_matches_one_process(path, tensor_parallel_size=2)
+@pytest.mark.parametrize("parallel", [
+    {"tensor_parallel_size": 2}, {"pipeline_parallel_size": 2},
+    {"tensor_parallel_size": 2, "enable_expert_parallel": True}], ids=["tp2", "pp2", "ep2"])
+def test_deepseek_parallel_matches_single_process(checkpoints, parallel):
+    # TP splits the heads (each rank caches the full latent row) and the experts' intermediate
+    # dimension; EP whole experts; PP puts the dense layer and the MoE layer on two stages.
+    assert_parallel_matches_one_process(checkpoints["v3"], **parallel)
 
 
 def test_deepseek_online_fp8_absorbs_the_dequantised_kv_b_proj(checkpoints):
@@ -139,3 +143,40 @@ def test_deepseek_online_fp8_absorbs_the_dequantised_kv_b_proj(checkpoints):
     assert torch.equal(mla.kv_b_weight(torch.bfloat16), expected)
     # W8A8 rounding against the bf16 run (see test_fp8.py's W8A8_ATOL for the scale of it).
     assert (runs["fp8"] - runs[None]).abs().max().item() <= 0.35
+
+
+def test_deepseek_serves_peft_adapters_and_refuses_kv_b_proj(checkpoints, tmp_path):
+    """LoRA on MLA's called projections (q_b_proj, the fused q_a / kv_a shards, o_proj) gives
+    transformers + PEFT's tokens; kv_b_proj (absorbed, never called) is no target."""
+    from minivllm.lora.request import LoRARequest
+    from tests.lora._lora_helpers import hf_reference, run, write_adapter
+
+    base = checkpoints["v2_grouped"]
+    # Attention only: for this model type PEFT turns MLP targets into adapters of transformers'
+    # stacked expert tensors (target_parameters), a form minivllm's LoRA does not load.
+    targets = ["q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "o_proj"]
+    adapter = write_adapter(base, str(tmp_path / "mla"), 2, targets)
+    llm = LLM(base, dtype="float32", enable_lora=True, max_loras=2, max_lora_rank=8,
+              block_size=4, num_gpu_blocks_override=64, max_model_len=64)
+    prompts = [[5, 17, 300, 42, 7, 99, 3, 250, 11], [400, 8, 61, 2, 77]]
+    ours = run(llm, prompts, LoRARequest("mla", 1, adapter))
+    plain = run(llm, prompts)
+    for prompt, (tokens, logprobs), (base_tokens, _) in zip(prompts, ours, plain):
+        ref_tokens, ref_logprobs = hf_reference(base, adapter, prompt)
+        assert tokens == ref_tokens and tokens != base_tokens
+        torch.testing.assert_close(logprobs, ref_logprobs, atol=1e-4, rtol=0)
+    kv_b = write_adapter(base, str(tmp_path / "kv_b"), 3, ["kv_b_proj"])
+    with pytest.raises(ValueError, match="kv_b_proj"):
+        run(llm, prompts[:1], LoRARequest("kv_b", 2, kv_b))
+    llm.shutdown()
+
+
+def test_deepseek_under_torch_compile(checkpoints):
+    """Compiled (inductor; MLA behind the opaque attention op, the absorbed matmuls inside it)
+    gives the eager run's greedy tokens."""
+    prompts = make_prompts(1000, (5, 17))
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    runs = [[list(o.outputs[0].token_ids)
+             for o in LLM(model=checkpoints["v3"], dtype="float32", enforce_eager=eager)
+             .generate(prompts, params, use_tqdm=False)] for eager in (True, False)]
+    assert runs[0] == runs[1]

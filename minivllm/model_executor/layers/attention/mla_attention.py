@@ -44,6 +44,8 @@ class MLAAttention(Attention):
         self.q_lora_rank = q_lora_rank
         # A plain attribute list, not a submodule: the wrapper owns kv_b_proj (and its prefix).
         self._kv_b_proj = [kv_b_proj]
+        # Its forward never runs (the weight is absorbed), so a LoRA delta on it would be lost.
+        kv_b_proj.lora_unsupported = "absorbed into multi-head latent attention"
         self._w_kv_dequantised: torch.Tensor | None = None
 
     def forward(self, q: torch.Tensor, kv_c_normed: torch.Tensor, k_pe: torch.Tensor,
