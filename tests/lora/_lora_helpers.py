@@ -78,3 +78,15 @@ def run(llm, prompts, lora_requests=None, num_tokens: int = NUM_TOKENS):
         lps = torch.tensor([step[t].logprob for step, t in zip(c.logprobs, c.token_ids)])
         results.append((list(c.token_ids), lps))
     return results
+
+
+def assert_adapter_matches_peft(llm, base_path: str, adapter: str, prompts: list[list[int]],
+                                lora_request) -> None:
+    """`llm` under `lora_request` gives transformers + PEFT's greedy tokens (logprobs within
+    1e-4), and they differ from the base model's."""
+    ours = run(llm, prompts, lora_request)
+    plain = run(llm, prompts)
+    for prompt, (tokens, logprobs), (base_tokens, _) in zip(prompts, ours, plain):
+        ref_tokens, ref_logprobs = hf_reference(base_path, adapter, prompt)
+        assert tokens == ref_tokens and tokens != base_tokens
+        torch.testing.assert_close(logprobs, ref_logprobs, atol=1e-4, rtol=0)

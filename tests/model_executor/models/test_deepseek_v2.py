@@ -149,7 +149,7 @@ def test_deepseek_serves_peft_adapters_and_refuses_kv_b_proj(checkpoints, tmp_pa
     """LoRA on MLA's called projections (q_b_proj, the fused q_a / kv_a shards, o_proj) gives
     transformers + PEFT's tokens; kv_b_proj (absorbed, never called) is no target."""
     from minivllm.lora.request import LoRARequest
-    from tests.lora._lora_helpers import hf_reference, run, write_adapter
+    from tests.lora._lora_helpers import assert_adapter_matches_peft, run, write_adapter
 
     base = checkpoints["v2_grouped"]
     # Attention only: for this model type PEFT turns MLP targets into adapters of transformers'
@@ -159,12 +159,7 @@ def test_deepseek_serves_peft_adapters_and_refuses_kv_b_proj(checkpoints, tmp_pa
     llm = LLM(base, dtype="float32", enable_lora=True, max_loras=2, max_lora_rank=8,
               block_size=4, num_gpu_blocks_override=64, max_model_len=64)
     prompts = [[5, 17, 300, 42, 7, 99, 3, 250, 11], [400, 8, 61, 2, 77]]
-    ours = run(llm, prompts, LoRARequest("mla", 1, adapter))
-    plain = run(llm, prompts)
-    for prompt, (tokens, logprobs), (base_tokens, _) in zip(prompts, ours, plain):
-        ref_tokens, ref_logprobs = hf_reference(base, adapter, prompt)
-        assert tokens == ref_tokens and tokens != base_tokens
-        torch.testing.assert_close(logprobs, ref_logprobs, atol=1e-4, rtol=0)
+    assert_adapter_matches_peft(llm, base, adapter, prompts, LoRARequest("mla", 1, adapter))
     kv_b = write_adapter(base, str(tmp_path / "kv_b"), 3, ["kv_b_proj"])
     with pytest.raises(ValueError, match="kv_b_proj"):
         run(llm, prompts[:1], LoRARequest("kv_b", 2, kv_b))

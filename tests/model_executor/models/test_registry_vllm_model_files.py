@@ -311,7 +311,7 @@ def test_vllm_llama_file_serves_peft_adapters(registered_vllm_class, tiny_llama_
     gate/up shards included) gives transformers + PEFT's tokens, and changes the base's."""
     from minivllm import LLM
     from minivllm.lora.request import LoRARequest
-    from tests.lora._lora_helpers import ALL_LINEAR, hf_reference, run, write_adapter
+    from tests.lora._lora_helpers import ALL_LINEAR, assert_adapter_matches_peft, write_adapter
 
     registered_vllm_class("llama", "LlamaForCausalLM", None)
     base = tiny_llama_factory("vllm_file_lora_base")
@@ -319,13 +319,8 @@ def test_vllm_llama_file_serves_peft_adapters(registered_vllm_class, tiny_llama_
     llm = LLM(base, dtype="float32", enable_lora=True, max_loras=2, max_lora_rank=8,
               block_size=4, num_gpu_blocks_override=64, max_model_len=64)
     prompts = [[5, 17, 300, 42, 7, 99, 3, 250, 11], [400, 8, 61, 2, 77]]
-    ours = run(llm, prompts, LoRARequest("all", 1, adapter))
-    plain = run(llm, prompts)
+    assert_adapter_matches_peft(llm, base, adapter, prompts, LoRARequest("all", 1, adapter))
     llm.shutdown()
-    for prompt, (tokens, logprobs), (base_tokens, _) in zip(prompts, ours, plain):
-        ref_tokens, ref_logprobs = hf_reference(base, adapter, prompt)
-        assert tokens == ref_tokens and tokens != base_tokens
-        torch.testing.assert_close(logprobs, ref_logprobs, atol=1e-4, rtol=0)
 
 
 @pytest.mark.requires_native
