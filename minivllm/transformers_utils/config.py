@@ -23,7 +23,9 @@ _GGUF_ARCHS = {"llama": ("llama", "LlamaConfig", "LlamaForCausalLM"),
                "qwen3moe": ("qwen3_moe", "Qwen3MoeConfig", "Qwen3MoeForCausalLM"),
                "qwen2moe": ("qwen2_moe", "Qwen2MoeConfig", "Qwen2MoeForCausalLM"),
                # llama.cpp writes Mixtral as "llama" with experts (see _gguf_arch)
-               "mixtral": ("mixtral", "MixtralConfig", "MixtralForCausalLM")}
+               "mixtral": ("mixtral", "MixtralConfig", "MixtralForCausalLM"),
+               # DeepSeek-V2/V3, Kimi-K2, GLM-4.7-Flash: the V3 routing comes as config fields
+               "deepseek2": ("deepseek_v2", "DeepseekV2Config", "DeepseekV2ForCausalLM")}
 # `<arch>.<key>` metadata -> config field, as transformers' GGUF loader maps them. Qwen's
 # rope.dimension_count is not its head_dim (transformers skips it there too).
 _GGUF_ARCH_KEYS = {
@@ -52,6 +54,15 @@ _GGUF_FAMILY_KEYS = {
                  "expert_feed_forward_length": "moe_intermediate_size",
                  "expert_shared_feed_forward_length": "shared_expert_intermediate_size"},
     "mixtral": {"expert_count": "num_local_experts", "expert_used_count": "num_experts_per_tok"},
+    "deepseek2": {"attention.q_lora_rank": "q_lora_rank", "attention.kv_lora_rank": "kv_lora_rank",
+                  "rope.dimension_count": "qk_rope_head_dim", "expert_count": "n_routed_experts",
+                  "expert_used_count": "num_experts_per_tok",
+                  "expert_shared_count": "n_shared_experts",
+                  "expert_feed_forward_length": "moe_intermediate_size",
+                  "leading_dense_block_count": "first_k_dense_replace",
+                  "expert_weights_scale": "routed_scaling_factor",
+                  "expert_weights_norm": "norm_topk_prob", "expert_group_count": "n_group",
+                  "expert_group_used_count": "topk_group"},
 }
 # Fields llama.cpp's graph fixes without storing them: Qwen3-MoE always renormalises its top-k,
 # Qwen2-MoE never does.
@@ -115,6 +126,8 @@ def gguf_config_dict(gguf_file: GGUFFile) -> dict[str, Any]:
         fields["vocab_size"] = len(meta["tokenizer.ggml.tokens"])
     if arch in ("gemma2", "gemma3"):
         _gemma_gguf_fields(meta, arch, fields)
+    if arch == "deepseek2":
+        _deepseek2_gguf_fields(gguf_file, fields)
     if arch == "phi3" and gguf_file.get_tensor("rope_factors_long.weight") is not None:
         fields["rope_parameters"] = _longrope_parameters(gguf_file, fields)
     return fields
@@ -136,6 +149,36 @@ def _longrope_parameters(gguf_file: GGUFFile, fields: dict[str, Any]) -> dict[st
     return {"rope_type": "longrope", "rope_theta": fields.pop("rope_theta", 10000.0),
             "long_factor": factors["long"], "short_factor": factors["short"],
             "original_max_position_embeddings": fields.get("original_max_position_embeddings")}
+
+
+# llama.cpp's expert_gating_func values
+_GGUF_GATING = {1: "softmax", 2: "sigmoid"}
+
+
+def _deepseek2_gguf_fields(gguf_file: GGUFFile, fields: dict[str, Any]) -> None:
+    """DeepSeek's head sizes, routing and YaRN from llama.cpp's keys. Newer converters state
+    the MQA view of MLA as key/value_length (latent sizes) and the per-head sizes as *_mla."""
+    meta, key = gguf_file.metadata, "deepseek2.attention."
+    fields.setdefault("q_lora_rank", None)              # no key: queries straight from x
+    rope = fields["qk_rope_head_dim"]
+    key_length = meta.get(key + "key_length_mla", meta.get(key + "key_length"))
+    fields["qk_nope_head_dim"] = key_length - rope
+    fields["v_head_dim"] = meta.get(key + "value_length_mla", meta.get(key + "value_length"))
+    fields["num_key_value_heads"] = fields["num_attention_heads"]   # the MQA view says 1
+    gating = _GGUF_GATING[meta.get("deepseek2.expert_gating_func", 1)]
+    fields["scoring_func"] = gating
+    grouped = (fields.get("n_group") or 1) > 1
+    fields["topk_method"] = ("noaux_tc" if gating == "sigmoid"
+                             else "group_limited_greedy" if grouped else "greedy")
+    if meta.get("deepseek2.rope.scaling.type") == "yarn":
+        # llama.cpp keeps 0.1 * mscale_all_dim; DeepSeek's configs set mscale to the same.
+        mscale = float(meta.get("deepseek2.rope.scaling.yarn_log_multiplier", 0.0)) / 0.1
+        fields["rope_parameters"] = {
+            "rope_type": "yarn", "rope_theta": fields.pop("rope_theta", 10000.0),
+            "factor": float(meta["deepseek2.rope.scaling.factor"]),
+            "original_max_position_embeddings":
+                int(meta["deepseek2.rope.scaling.original_context_length"]),
+            "mscale": mscale, "mscale_all_dim": mscale, "beta_fast": 32, "beta_slow": 1}
 
 
 _GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}

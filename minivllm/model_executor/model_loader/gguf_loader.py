@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from minivllm.model_executor.model_loader.weight_iterators import (Weights, gguf_tensors,
-                                                                   split_experts)
+                                                                   merge_mla_kv_b, split_experts)
 from minivllm.transformers_utils.gguf_file import open_gguf
 
 if TYPE_CHECKING:     # transformers costs ~1 s to import; GGUF runs skip it
@@ -32,7 +32,12 @@ _MOE_ROUTERS = (".ffn_gate_inp.weight", ".ffn_gate_inp_shexp.weight")
 
 
 def gguf_quant_weights_iterator(path: str, hf_config: "PretrainedConfig") -> Weights:
-    """`(name, tensor)` pairs of a .gguf file with its 2-D weights kept in their block format."""
+    """`(name, tensor)` pairs of a .gguf file with its 2-D weights kept in their block format
+    (DeepSeek's split k_b / v_b joined into one F32 kv_b_proj: MLA absorbs it dequantised)."""
+    yield from merge_mla_kv_b(_packed_weights(path, hf_config), packed=True)
+
+
+def _packed_weights(path: str, hf_config: "PretrainedConfig") -> Weights:
     import gguf
 
     for tensor, name, shape, unpermute in gguf_tensors(path, hf_config):

@@ -47,10 +47,22 @@ _GGUF_QWEN2_MOE_BLOCK_NAMES = {**_GGUF_QWEN_MOE_BLOCK_NAMES,
                                "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
                                **{f"ffn_{p}_shexp": f"mlp.shared_expert.{p}_proj"
                                   for p in ("gate", "up", "down")}}
+# DeepSeek-V2/V3 (MLA + routed and shared experts). Newer converters split kv_b_proj into
+# attn_k_b [nH, L, Dn] (each head's W_UK transposed) and attn_v_b [nH, Dv, L]:
+# `merge_mla_kv_b` joins them back. exp_probs_b is V3's correction bias (a whole name).
+_GGUF_DEEPSEEK2_BLOCK_NAMES = {
+    **_GGUF_QWEN_MOE_BLOCK_NAMES, "attn_q_a": "self_attn.q_a_proj",
+    "attn_q_a_norm": "self_attn.q_a_layernorm", "attn_q_b": "self_attn.q_b_proj",
+    "attn_kv_a_mqa": "self_attn.kv_a_proj_with_mqa", "attn_kv_a_norm": "self_attn.kv_a_layernorm",
+    "attn_kv_b": "self_attn.kv_b_proj", "attn_k_b": "self_attn.k_b_proj",
+    "attn_v_b": "self_attn.v_b_proj", "exp_probs_b": "mlp.gate.e_score_correction_bias",
+    **{f"ffn_{p}_shexp": f"mlp.shared_experts.{p}_proj" for p in ("gate", "up", "down")}}
+_GGUF_WHOLE_NAMES = ("mlp.gate.e_score_correction_bias",)
 _GGUF_ARCH_BLOCK_NAMES = {"gemma2": _GGUF_GEMMA2_BLOCK_NAMES, "gemma3": _GGUF_GEMMA2_BLOCK_NAMES,
                           "phi3": _GGUF_PHI3_BLOCK_NAMES, "llama": _GGUF_MIXTRAL_BLOCK_NAMES,
                           "qwen3moe": _GGUF_QWEN_MOE_BLOCK_NAMES,
-                          "qwen2moe": _GGUF_QWEN2_MOE_BLOCK_NAMES}
+                          "qwen2moe": _GGUF_QWEN2_MOE_BLOCK_NAMES,
+                          "deepseek2": _GGUF_DEEPSEEK2_BLOCK_NAMES}
 # Archs whose converter stored every RMSNorm weight as `1 + w` (Gemma's norms add the 1 back).
 _GGUF_NORM_SHIFT_ARCHS = ("gemma", "gemma2", "gemma3")
 _GGUF_BLOCK_RE = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias)$")
@@ -89,10 +101,43 @@ def gguf_weights_iterator(path: str, hf_config: "PretrainedConfig") -> Weights:
     """
     import gguf
 
-    for tensor, name, shape, unpermute in gguf_tensors(path, hf_config):
-        data = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
-        weight = unpermute(torch.from_numpy(data.reshape(shape).copy()).float())
-        yield from split_experts(name, weight)
+    def dequantised() -> Weights:
+        for tensor, name, shape, unpermute in gguf_tensors(path, hf_config):
+            data = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
+            weight = unpermute(torch.from_numpy(data.reshape(shape).copy()).float())
+            yield from split_experts(name, weight)
+    yield from merge_mla_kv_b(dequantised())
+
+
+def merge_mla_kv_b(weights: Weights, packed: bool = False) -> Weights:
+    """Newer llama.cpp DeepSeek files: each layer's `k_b_proj` [nH, L, Dn] and `v_b_proj`
+    [nH, Dv, L] (dequantised) joined back into `kv_b_proj.weight` [nH*(Dn+Dv), L], per head
+    W_UK's Dn rows then W_UV's Dv; with `packed`, as an F32 `kv_b_proj.qweight` (the GGUF
+    methods' float form). Every other weight passes through."""
+    parts: dict[str, dict[str, torch.Tensor]] = {}
+    for name, weight in weights:
+        for kind in ("k_b_proj", "v_b_proj"):
+            if name.endswith(f".self_attn.{kind}.weight"):
+                prefix = name[: -len(f"{kind}.weight")]
+                held = parts.setdefault(prefix, {})
+                held[kind] = weight
+                break
+        else:
+            yield name, weight
+            continue
+        if len(held) == 2:
+            del parts[prefix]
+            k_b, v_b = held["k_b_proj"], held["v_b_proj"]
+            kv_b = torch.cat((k_b.transpose(1, 2), v_b), dim=1).reshape(-1, k_b.shape[1])
+            if packed:
+                kv_b = kv_b.contiguous()
+                kv_b.gguf_type = 0                                 # GGML F32
+                yield prefix + "kv_b_proj.qweight", kv_b
+            else:
+                yield prefix + "kv_b_proj.weight", kv_b.contiguous()
+    for prefix, held in parts.items():      # a half without its other half: report it
+        for kind, weight in held.items():
+            yield f"{prefix}{kind}.weight", weight
 
 
 def split_experts(name: str, tensor: torch.Tensor) -> Weights:
@@ -140,6 +185,8 @@ def _gguf_to_hf_name(gguf_name: str, block_names: dict[str, str] = _GGUF_BLOCK_N
     match = _GGUF_BLOCK_RE.match(gguf_name)
     if match and match.group(2) in block_names:
         layer, part, kind = match.groups()
+        if block_names[part] in _GGUF_WHOLE_NAMES:
+            return f"model.layers.{layer}.{block_names[part]}"
         return f"model.layers.{layer}.{block_names[part]}.{kind}"
     # Unknown tensors pass through unchanged, so the loader lists them as unexpected.
     return gguf_name

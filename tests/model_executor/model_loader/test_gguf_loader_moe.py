@@ -21,10 +21,10 @@ from minivllm import LLM
 from minivllm.model_executor.kernels import gguf_linear as gl
 from tests._parallel_helpers import engine_kwargs, greedy_run
 from tests.conftest import make_bpe_tokenizer
-from tests.model_executor.layers.quantization._gguf_helpers import _add_metadata, _permute
+from tests.model_executor.layers.quantization._gguf_helpers import (_add_metadata, _permute,
+                                                                 assert_gguf_matches_hf, write_out)
 from tests.model_executor.models._family_helpers import (TINY_DENSE,
                                                           assert_cpu_graphs_replay_eager_steps,
-                                                          assert_matches_transformers,
                                                           make_prompts, write_tiny_checkpoint)
 
 pytestmark = pytest.mark.requires_native
@@ -116,10 +116,7 @@ def write_moe_gguf(folder: str, family: str, **overrides) -> tuple[str, str]:
             dequantised[name] = gguf.quants.dequantize(q, gguf.GGMLQuantizationType.Q8_0).reshape(w.shape)
         else:
             writer.add_tensor(name, w)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    write_out(writer)
     # The reference: every quantized tensor back in its HF place, dequantised.
     reference = {}
     for name, w in _gguf_tensors(dict(state), config, arch, moe, experts).items():
@@ -169,9 +166,7 @@ def moe_gguf(request, tmp_path_factory):
 @pytest.mark.parametrize("quantization", ["gguf", "none"], ids=["packed", "dequantised"])
 def test_moe_gguf_matches_transformers(moe_gguf, quantization):
     _, path, hf_dir = moe_gguf
-    vocab = len(load_file(os.path.join(hf_dir, "model.safetensors"))["model.embed_tokens.weight"])
-    assert_matches_transformers(path, prompts=make_prompts(vocab, (7, 33)), num_tokens=8,
-                                reference=hf_dir, quantization=quantization)
+    assert_gguf_matches_hf(path, hf_dir, quantization)
 
 
 def test_moe_gguf_config_states_the_experts(moe_gguf):

@@ -94,10 +94,7 @@ def write_tiny_gguf(folder: str, qtype_name: str, seed: int = 0,
             writer.add_tensor(_gguf_name(name), q, raw_shape=q.shape, raw_dtype=own)
         else:
             writer.add_tensor(_gguf_name(name), w)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    write_out(writer)
     return path
 
 
@@ -110,3 +107,25 @@ def hf_logits_of_gguf(path: str, token_ids: list[int]) -> torch.Tensor:
                                                  dtype=torch.float32).eval()
     with torch.no_grad():
         return model(torch.tensor([token_ids])).logits[0]
+
+
+def write_out(writer) -> None:
+    """Header, metadata and tensors of a `gguf.GGUFWriter`, then close the file."""
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def assert_gguf_matches_hf(path: str, hf_dir: str, quantization: str) -> None:
+    """The .gguf at `path` (packed or dequantised) gives transformers' greedy tokens on `hf_dir`
+    (the same weights, dequantised) for two prompts."""
+    from safetensors.torch import load_file
+
+    from tests.model_executor.models._family_helpers import (assert_matches_transformers,
+                                                             make_prompts)
+
+    vocab = len(load_file(os.path.join(hf_dir, "model.safetensors"))["model.embed_tokens.weight"])
+    assert_matches_transformers(path, prompts=make_prompts(vocab, (7, 33)), num_tokens=8,
+                                reference=hf_dir, quantization=quantization)
+
