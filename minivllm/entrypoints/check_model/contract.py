@@ -99,17 +99,19 @@ def _check_pp(section: Section, model_class: type[nn.Module], model: nn.Module) 
 
 
 def _check_eagle3(section: Section, model: nn.Module) -> None:
-    # The protocol's inherited bodies work on an inner model that is an EagleModelMixin with
-    # `layers`; a class that overrides both needs neither.
-    cls = type(model)
-    if all(getattr(cls, m) is not getattr(itf.SupportsEagle3, m)
-           for m in ("set_aux_hidden_state_layers", "get_eagle3_default_aux_hidden_state_layers")):
-        return
-    holder = itf._aux_holder(model)
-    if not isinstance(holder, itf.EagleModelMixin) or not hasattr(holder, "layers"):
+    # Each inherited protocol body needs its own thing of the inner model: storing the layers an
+    # EagleModelMixin, the default choice `layers` (vLLM's DeepSeek file overrides the first).
+    cls, holder = type(model), itf._aux_holder(model)
+    inherits = {m: getattr(cls, m) is getattr(itf.SupportsEagle3, m)
+                for m in ("set_aux_hidden_state_layers",
+                          "get_eagle3_default_aux_hidden_state_layers")}
+    if inherits["set_aux_hidden_state_layers"] and not isinstance(holder, itf.EagleModelMixin):
         section.error("eagle3", f"SupportsEagle3 is declared but {type(holder).__name__} (the "
-                      "inner model) is not an EagleModelMixin with `layers`: EAGLE-3 cannot "
-                      "read its auxiliary hidden states")
+                      "inner model) is not an EagleModelMixin and set_aux_hidden_state_layers "
+                      "is the protocol's: EAGLE-3 cannot read its auxiliary hidden states")
+    if inherits["get_eagle3_default_aux_hidden_state_layers"] and not hasattr(holder, "layers"):
+        section.error("eagle3", f"SupportsEagle3 is declared but {type(holder).__name__} (the "
+                      "inner model) has no `layers` to choose the default auxiliary layers from")
 
 
 def _check_packed_modules(section: Section, model_class: type[nn.Module], model: nn.Module,

@@ -92,6 +92,29 @@ def test_protocol_requirements_each_fail():
                      "embed_input_ids": "warning", "compute_logits": "error"}
 
 
+def test_eagle3_with_its_own_aux_layer_setter_needs_only_layers():
+    # vLLM's DeepSeek file keeps the aux layers itself; only the inherited default needs
+    # the inner model's `layers`.
+    from minivllm.model_executor.models.interfaces import SupportsEagle3
+
+    class OwnSetter(nn.Module, SupportsEagle3):
+        def __init__(self, with_layers: bool):
+            super().__init__()
+            self.model = nn.Module()
+            if with_layers:
+                self.model.layers = nn.ModuleList([nn.Linear(2, 2)])
+
+        def set_aux_hidden_state_layers(self, layers):
+            self.model.aux_hidden_state_layers = layers
+
+    from minivllm.entrypoints.check_model.contract import _check_eagle3
+
+    for with_layers, expected in ((True, []), (False, ["eagle3"])):
+        section = Section("contract")
+        _check_eagle3(section, OwnSetter(with_layers))
+        assert [f.check for f in section.findings] == expected
+
+
 def test_fused_layer_missing_from_packed_mapping(tiny_llama_factory, tmp_path):
     # the mapping forgets qkv_proj (and keeps an entry that names no layer)
     from minivllm.entrypoints.check_model.build import build_model, make_target

@@ -60,3 +60,15 @@ def test_vllm_deepseek_file_at_tp2_equals_one_process(registered_vllm_class, tmp
     registered_vllm_class("deepseek_v2", "DeepseekV3ForCausalLM", None)
     path = _deepseek_checkpoint(tmp_path, "v3")
     assert_parallel_matches_one_process(path, tensor_parallel_size=2)
+
+
+def test_check_model_passes_on_vllm_deepseek_file_at_tp2(tmp_path):
+    """`minivllm check-model --model-file <vLLM>/deepseek_v2.py:DeepseekV3ForCausalLM --hf -tp 2`:
+    every section passes (the contract accepts the file's own EAGLE-3 aux-layer setter)."""
+    from minivllm.entrypoints.check_model import CheckOptions, run_checks
+    from tests.model_executor.models._vllm_files import vllm_models_dir
+
+    path = _deepseek_checkpoint(tmp_path, "v3")
+    spec = f"{vllm_models_dir() / 'deepseek_v2'}.py:DeepseekV3ForCausalLM"
+    report = run_checks(CheckOptions(path, hf=True, model_file=spec, tensor_parallel_size=2))
+    assert {s.status for s in report.sections.values()} == {"pass"}, report.to_text()
