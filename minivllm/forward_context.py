@@ -35,6 +35,8 @@ class ForwardContext:
     ubatch_slices: Any = None
     is_padding: Any = None
     skip_compiled: bool = False                # run the compiled model eagerly for this step
+    # hybrid models: where each sequence's recurrent state lives (ShortConvAttentionMetadata)
+    state_metadata: Any = None
 
 
 _forward_context: ForwardContext | None = None
@@ -66,13 +68,14 @@ def set_forward_context(attn_metadata: Any, vllm_config: VllmConfig, num_tokens:
                         cudagraph_runtime_mode: CUDAGraphMode = CUDAGraphMode.NONE,
                         batch_descriptor: Any = None, ubatch_slices: Any = None,
                         slot_mapping: Any = None, skip_compiled: bool = False,
-                        is_padding: Any = None) -> Iterator[None]:
+                        is_padding: Any = None, state_metadata: Any = None) -> Iterator[None]:
     """Publish one step's metadata to every layer for the duration of the forward pass."""
     assert _forward_context is None, "set_forward_context must not be nested"
     ctx = create_forward_context(attn_metadata, vllm_config, slot_mapping=slot_mapping,
                                  skip_compiled=skip_compiled, is_padding=is_padding,
                                  cudagraph_runtime_mode=cudagraph_runtime_mode,
-                                 batch_descriptor=batch_descriptor, ubatch_slices=ubatch_slices)
+                                 batch_descriptor=batch_descriptor, ubatch_slices=ubatch_slices,
+                                 state_metadata=state_metadata)
     with override_forward_context(ctx):
         yield
 

@@ -132,10 +132,8 @@ class EngineArgs:
         return VllmConfig(
             model_config=model_config,
             cache_config=CacheConfig(block_size=self.block_size, cache_dtype=self.kv_cache_dtype,
-                                     # NOTE: a pooling prompt's every hidden state is needed:
-                                     # a cached prefix would skip computing them.
-                                     enable_prefix_caching=self.enable_prefix_caching
-                                     and model_config.runner_type != "pooling",
+                                     enable_prefix_caching=_prefix_caching(
+                                         self.enable_prefix_caching, model_config),
                                      num_gpu_blocks_override=self.num_gpu_blocks_override,
                                      kv_cache_memory_bytes=self.kv_cache_memory_bytes),
             parallel_config=ParallelConfig(tensor_parallel_size=self.tensor_parallel_size,
@@ -246,6 +244,22 @@ def _step_limits(model_config: ModelConfig, max_num_batched_tokens: int,
     logger.info("%s attends bidirectionally: one whole prompt per step (token budget "
                 "max_model_len=%d)", model_config.architectures, model_config.max_model_len)
     return max(max_num_batched_tokens, model_config.max_model_len), 1
+
+
+def _prefix_caching(asked: bool, model_config: ModelConfig) -> bool:
+    """Off for pooling models (a pooling prompt's every hidden state is needed) and hybrid ones
+    (a cached prefix would skip building their layers' recurrent state)."""
+    if not asked or model_config.runner_type == "pooling":
+        return False
+    try:
+        hybrid = ModelRegistry.is_hybrid_model(model_config.architectures)
+    except ValueError:      # an architecture not registered (yet): the loader names it later
+        hybrid = False
+    if hybrid:
+        logger.info("Prefix caching is off: %s keeps recurrent state per sequence",
+                    model_config.architectures[0])
+        return False
+    return True
 
 
 def _check_pooling_model(model_config: ModelConfig) -> None:

@@ -9,6 +9,7 @@ from minivllm.lora.worker_manager import WorkerLoRAManager
 from minivllm.model_executor.layers.attention.backends.cpu_attn_metadata import (
     CommonAttentionMetadata, TorchAttentionMetadataBuilder)
 from minivllm.model_executor.model_loader import get_model
+from minivllm.model_executor.models.interfaces import is_hybrid
 from minivllm.sequence import IntermediateTensors
 from minivllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
 from minivllm.v1.outputs import ModelRunnerOutput
@@ -18,6 +19,7 @@ from minivllm.worker.input_batch import (CachedRequestState, StepInputs, prepare
                                          update_states)
 from minivllm.worker.pooling import PoolingRunner
 from minivllm.worker.sampler import RequestSamplingStates, Sampler
+from minivllm.worker.state_slots import StateSlots
 
 logger = init_logger(__name__)
 _DEFAULT_KV_BYTES = 1 << 30   # 1 GiB per rank when neither a byte budget nor a block count is set
@@ -38,6 +40,7 @@ class ModelRunner:
         self.cpu_graphs: CPUGraphRunner | None = None
         self.lora_manager: WorkerLoRAManager | None = None
         self.pooling: PoolingRunner | None = None   # set for pooling models: pool, never sample
+        self.state_slots: StateSlots | None = None   # set for hybrid models (recurrent state)
 
     def load_model(self) -> None:
         self.model = get_model(vllm_config=self.vllm_config)
@@ -51,6 +54,8 @@ class ModelRunner:
                                                   self.vllm_config.model_config.dtype)
         if getattr(self.model, "is_pooling_model", False):
             self.pooling = PoolingRunner(self.model.pooler)
+        if is_hybrid(self.model):
+            self.state_slots = StateSlots(self.vllm_config.scheduler_config.max_num_seqs)
 
     def lora_manager_or_raise(self) -> WorkerLoRAManager:
         if self.lora_manager is None:
@@ -92,6 +97,9 @@ class ModelRunner:
         # Graphs record data pointers: built (or rebuilt) against this cache.
         self.cpu_graphs = CPUGraphRunner(self.vllm_config, self.attn_builder,
                                          list(self.attn_layers))
+        if self.state_slots is not None:
+            # A replayed step could not give the recurrent-state layers their slots.
+            self.cpu_graphs.enabled = False
 
     @torch.inference_mode()
     def compile_or_warm_up_model(self) -> None:
@@ -138,6 +146,8 @@ class ModelRunner:
             self.sampling_states.remove(req_id)
         if self.pooling is not None:
             self.pooling.drop(so.finished_req_ids | so.preempted_req_ids)
+        if self.state_slots is not None:
+            self.state_slots.release(so.finished_req_ids | so.preempted_req_ids)
         update_states(self.states, so)
         for new in so.scheduled_new_reqs:
             # A request resumed after preemption keeps its sampling state (seeded generator).
@@ -158,8 +168,11 @@ class ModelRunner:
         slot_mapping = {name: inputs.slot_mapping for name in self.attn_layers}
         num_tokens, num_reqs = len(inputs.input_ids), len(inputs.req_ids)
         batch = BatchDescriptor(num_tokens, num_reqs, uniform=num_tokens == num_reqs)
+        state = (None if self.state_slots is None else
+                 self.state_slots.metadata(inputs.req_ids, inputs.num_computed,
+                                           inputs.query_start_loc))
         with set_forward_context(attn_metadata, self.vllm_config, slot_mapping=slot_mapping,
-                                 batch_descriptor=batch):
+                                 batch_descriptor=batch, state_metadata=state):
             return self.model(input_ids=inputs.input_ids.to(self.device),
                               positions=inputs.positions.to(self.device),
                               intermediate_tensors=intermediate_tensors)

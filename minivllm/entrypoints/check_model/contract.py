@@ -116,7 +116,8 @@ def _check_eagle3(section: Section, model: nn.Module) -> None:
 
 def _check_packed_modules(section: Section, model_class: type[nn.Module], model: nn.Module,
                           protocols: dict[str, bool]) -> None:
-    """Every fused layer is in `packed_modules_mapping`, with as many names as it has shards."""
+    """Every fused layer is in `packed_modules_mapping`, with as many names as it has shards
+    (or only its own name, when the checkpoint holds it fused already)."""
     mapping = getattr(model_class, "packed_modules_mapping", None) or {}
     needed = protocols["SupportsLoRA"] or protocols["SupportsQuant"] or bool(mapping)
     seen: set[str] = set()
@@ -132,7 +133,8 @@ def _check_packed_modules(section: Section, model_class: type[nn.Module], model:
                               "in packed_modules_mapping: quantization ignore lists and LoRA "
                               "target the checkpoint's shard names", layer=path)
             continue
-        if len(mapping[name]) != shards:
+        # [its own name]: the checkpoint stores the layer fused (LFM2's in_proj), one name.
+        if len(mapping[name]) != shards and mapping[name] != [name]:
             section.error("packed_shard_count", f"packed_modules_mapping[{name!r}] lists "
                           f"{len(mapping[name])} names {mapping[name]}, but "
                           f"{type(module).__name__} {path} has {shards} shards", layer=path)

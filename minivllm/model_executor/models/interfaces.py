@@ -16,9 +16,9 @@ from minivllm.sequence import IntermediateTensors
 logger = init_logger(__name__)
 
 __all__ = [
-    "EagleModelMixin", "LocalArgmaxMixin", "MixtureOfExperts", "SupportsCrossEncoding", "SupportsEagle",
+    "EagleModelMixin", "IsHybrid", "LocalArgmaxMixin", "MixtureOfExperts", "SupportsCrossEncoding", "SupportsEagle",
     "SupportsEagle3", "SupportsLoRA", "SupportsMultiModal", "SupportsPP", "SupportsQuant",
-    "is_mixture_of_experts", "is_pooling_model", "is_text_generation_model", "is_vllm_model",
+    "is_hybrid", "is_mixture_of_experts", "is_pooling_model", "is_text_generation_model", "is_vllm_model",
     "supports_eagle",
     "supports_eagle3", "supports_lora", "supports_multimodal", "supports_pp", "supports_quant",
 ]
@@ -46,6 +46,15 @@ class SupportsLoRA(Protocol):
     is_3d_moe_weight: ClassVar[bool] = False
     is_non_gated_moe: ClassVar[bool] = False
     lora_skip_prefixes: ClassVar[list[str]] = []
+
+
+@runtime_checkable
+class IsHybrid(Protocol):
+    """Some layers keep a per-sequence recurrent state (a short convolution's last inputs, a
+    Mamba state) instead of, or beside, a KV cache: the engine gives each running sequence a
+    state slot and turns prefix caching off (a cached prefix would skip building the state)."""
+
+    is_hybrid: ClassVar[Literal[True]] = True
 
 
 @runtime_checkable
@@ -265,3 +274,8 @@ def _aux_holder(model: Any) -> Any:
     elif hasattr(model, "language_model"):
         model = model.language_model
     return model.model if hasattr(model, "model") else model
+
+
+def is_hybrid(model: Any) -> bool:
+    return getattr(model, "is_hybrid", False) is True
+

@@ -32,6 +32,7 @@ _TEXT_GENERATION_MODELS: dict[str, tuple[str, str]] = {
     "DeepseekV2ForCausalLM": ("deepseek_v2", "DeepseekV2ForCausalLM"),
     "DeepseekV3ForCausalLM": ("deepseek_v2", "DeepseekV3ForCausalLM"),
     "Glm4MoeLiteForCausalLM": ("deepseek_v2", "Glm4MoeLiteForCausalLM"),
+    "Lfm2ForCausalLM": ("lfm2", "Lfm2ForCausalLM"),
     "Phi3ForCausalLM": ("phi3", "Phi3ForCausalLM"),
     "Olmo2ForCausalLM": ("olmo2", "Olmo2ForCausalLM"),
     "Olmo3ForCausalLM": ("olmo2", "Olmo2ForCausalLM"),
@@ -76,6 +77,7 @@ class _ModelInfo:
     supports_pp: bool
     supports_lora: bool
     supports_quant: bool
+    is_hybrid: bool = False
 
     @staticmethod
     def from_model_cls(model_cls: type[nn.Module]) -> "_ModelInfo":
@@ -84,7 +86,8 @@ class _ModelInfo:
                           is_pooling_model=itf.is_pooling_model(model_cls),
                           supports_pp=itf.supports_pp(model_cls),
                           supports_lora=itf.supports_lora(model_cls),
-                          supports_quant=itf.supports_quant(model_cls))
+                          supports_quant=itf.supports_quant(model_cls),
+                          is_hybrid=itf.is_hybrid(model_cls))
 
 
 class _LazyRegisteredModel:
@@ -176,6 +179,9 @@ class _ModelRegistry:
 
     def is_pp_supported_model(self, architectures: str | list[str], model_config: Any = None) -> bool:
         return self.inspect_model_cls(architectures, model_config)[0].supports_pp
+
+    def is_hybrid_model(self, architectures: str | list[str], model_config: Any = None) -> bool:
+        return self.inspect_model_cls(architectures, model_config)[0].is_hybrid
 
     def _try_load_model_cls(self, arch: str) -> type[nn.Module] | None:
         if arch not in self.models:

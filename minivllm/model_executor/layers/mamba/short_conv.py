@@ -1,0 +1,109 @@
+"""`ShortConv`: LFM2's gated short convolution, a recurrent-state mixer.
+
+    B, C, x = in_proj(h)                    [T, H] each (this TP rank's channels)
+    u = B * x;  y = C * conv(u);  out = out_proj(y)
+
+`conv` is a causal depthwise convolution of kernel K over each sequence's u. Its state is the
+sequence's last K - 1 values of u, one row of `conv_state` [num_slots, K - 1, H] per running
+sequence (`worker/state_slots.py` hands out the rows; the forward context's `state_metadata`
+says which row each scheduled sequence has and whether it starts fresh). A step may mix
+prefills, prompt chunks and decodes: the convolution runs on all of them at once, over an
+extended copy of u in which every sequence's tokens follow its K - 1 state rows.
+"""
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from minivllm.config import get_current_vllm_config
+from minivllm.distributed import get_tensor_model_parallel_world_size
+from minivllm.forward_context import get_forward_context, is_forward_context_available
+from minivllm.model_executor.layers.linear import MergedColumnParallelLinear, RowParallelLinear
+from minivllm.model_executor.layers.quantization import QuantizationConfig
+from minivllm.model_executor.parameter import set_weight_attrs, sharded_weight_loader
+from minivllm.v1.attention.backends.short_conv_attn import ShortConvAttentionMetadata
+
+
+class _DepthwiseConv(nn.Module):
+    """The checkpoint's `conv`: weight [H, 1, K] (and bias [H]), this rank's channels."""
+
+    def __init__(self, channels: int, kernel_size: int, bias: bool) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(channels, 1, kernel_size), requires_grad=False)
+        set_weight_attrs(self.weight, {"weight_loader": sharded_weight_loader(0)})
+        self.bias = None
+        if bias:
+            self.bias = nn.Parameter(torch.empty(channels), requires_grad=False)
+            set_weight_attrs(self.bias, {"weight_loader": sharded_weight_loader(0)})
+
+
+class ShortConv(nn.Module):
+    """hidden [T, H] -> [T, H] (out_proj all-reduced over TP)."""
+
+    def __init__(self, config: Any, dim: int, layer_idx: int, model_config: Any = None,
+                 cache_config: Any = None, quant_config: QuantizationConfig | None = None,
+                 prefix: str = "") -> None:
+        super().__init__()
+        tp = get_tensor_model_parallel_world_size()
+        if dim % tp:
+            raise ValueError(f"hidden_size ({dim}) must be divisible by the tensor parallel "
+                             f"size ({tp})")
+        self.layer_idx, self.prefix = layer_idx, prefix
+        self.kernel_size = config.conv_L_cache
+        bias = bool(getattr(config, "conv_bias", False))
+        self.in_proj = MergedColumnParallelLinear(dim, [dim] * 3, bias=bias,
+                                                  quant_config=quant_config,
+                                                  prefix=f"{prefix}.in_proj")
+        self.out_proj = RowParallelLinear(dim, dim, bias=bias, quant_config=quant_config,
+                                          prefix=f"{prefix}.out_proj")
+        self.conv = _DepthwiseConv(dim // tp, self.kernel_size, bias)
+        num_slots = get_current_vllm_config().scheduler_config.max_num_seqs
+        # Not persistent: state, not weights.
+        self.register_buffer("conv_state", torch.zeros(num_slots, self.kernel_size - 1,
+                                                       dim // tp), persistent=False)
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        md = (get_forward_context().state_metadata if is_forward_context_available()
+              else None)
+        bcx, _ = self.in_proj(hidden_states)                # [T, 3H]
+        b, c, x = bcx.chunk(3, dim=-1)
+        y = c * self._conv(b * x, md)                       # [T, H]
+        out, _ = self.out_proj(y)
+        return out
+
+    def _conv(self, u: torch.Tensor, md: ShortConvAttentionMetadata | None) -> torch.Tensor:
+        """Causal depthwise convolution of u [T, H] per sequence, from and into its state."""
+        s = self.kernel_size - 1
+        num_tokens = u.shape[0]
+        if md is None:               # a dummy / profiling run: one stateless sequence
+            md = ShortConvAttentionMetadata(
+                query_start_loc=torch.tensor([0, num_tokens]), state_indices=torch.zeros(
+                    1, dtype=torch.int64), has_initial_state=torch.zeros(1, dtype=torch.bool),
+                num_actual_tokens=num_tokens)
+            write_state = False
+        else:
+            write_state = True
+        num_reqs, qsl = md.num_reqs, md.query_start_loc
+        seq = torch.arange(num_reqs)
+        # ext [T + B*s, H]: each sequence's s state rows, then its tokens.
+        tok_pos = torch.arange(num_tokens) + (md.token_rows + 1) * s          # [T]
+        state_pos = (qsl[:-1] + seq * s)[:, None] + torch.arange(s)           # [B, s]
+        state = self.conv_state.index_select(0, md.state_indices)             # [B, s, H]
+        state = state.masked_fill(~md.has_initial_state[:, None, None], 0)
+        ext = u.new_empty(num_tokens + num_reqs * s, u.shape[1])
+        ext[state_pos.reshape(-1)] = state.reshape(-1, u.shape[1]).to(u.dtype)
+        ext[tok_pos] = u
+        # out[t] = sum_j w[:, j] * ext[pos(t) - s + j], accumulated in fp32.
+        weight = self.conv.weight.view(-1, self.kernel_size).float()          # [H, K]
+        out = torch.zeros(u.shape, dtype=torch.float32)
+        for j in range(self.kernel_size):    # NOTE: K (3 for LFM2) gathers, not a token loop
+            out.add_(ext.index_select(0, tok_pos - s + j).float() * weight[:, j])
+        if self.conv.bias is not None:
+            out.add_(self.conv.bias.float())
+        if write_state:
+            end = qsl[1:] + (seq + 1) * s                                     # [B]
+            last = ext.index_select(0, ((end - s)[:, None] + torch.arange(s)).reshape(-1))
+            self.conv_state.index_copy_(0, md.state_indices,
+                                        last.view(num_reqs, s, -1).to(self.conv_state.dtype))
+        return out.to(u.dtype)
