@@ -25,7 +25,8 @@ _GGUF_ARCHS = {"llama": ("llama", "LlamaConfig", "LlamaForCausalLM"),
                # llama.cpp writes Mixtral as "llama" with experts (see _gguf_arch)
                "mixtral": ("mixtral", "MixtralConfig", "MixtralForCausalLM"),
                # DeepSeek-V2/V3, Kimi-K2, GLM-4.7-Flash: the V3 routing comes as config fields
-               "deepseek2": ("deepseek_v2", "DeepseekV2Config", "DeepseekV2ForCausalLM")}
+               "deepseek2": ("deepseek_v2", "DeepseekV2Config", "DeepseekV2ForCausalLM"),
+               "lfm2": ("lfm2", "Lfm2Config", "Lfm2ForCausalLM")}
 # `<arch>.<key>` metadata -> config field, as transformers' GGUF loader maps them. Qwen's
 # rope.dimension_count is not its head_dim (transformers skips it there too).
 _GGUF_ARCH_KEYS = {
@@ -54,6 +55,7 @@ _GGUF_FAMILY_KEYS = {
                  "expert_feed_forward_length": "moe_intermediate_size",
                  "expert_shared_feed_forward_length": "shared_expert_intermediate_size"},
     "mixtral": {"expert_count": "num_local_experts", "expert_used_count": "num_experts_per_tok"},
+    "lfm2": {"shortconv.l_cache": "conv_L_cache"},
     "deepseek2": {"attention.q_lora_rank": "q_lora_rank", "attention.kv_lora_rank": "kv_lora_rank",
                   "rope.dimension_count": "qk_rope_head_dim", "expert_count": "n_routed_experts",
                   "expert_used_count": "num_experts_per_tok",
@@ -128,6 +130,8 @@ def gguf_config_dict(gguf_file: GGUFFile) -> dict[str, Any]:
         _gemma_gguf_fields(meta, arch, fields)
     if arch == "deepseek2":
         _deepseek2_gguf_fields(gguf_file, fields)
+    if arch == "lfm2":
+        _lfm2_gguf_fields(fields)
     if arch == "phi3" and gguf_file.get_tensor("rope_factors_long.weight") is not None:
         fields["rope_parameters"] = _longrope_parameters(gguf_file, fields)
     return fields
@@ -149,6 +153,19 @@ def _longrope_parameters(gguf_file: GGUFFile, fields: dict[str, Any]) -> dict[st
     return {"rope_type": "longrope", "rope_theta": fields.pop("rope_theta", 10000.0),
             "long_factor": factors["long"], "short_factor": factors["short"],
             "original_max_position_embeddings": fields.get("original_max_position_embeddings")}
+
+
+def _lfm2_gguf_fields(fields: dict[str, Any]) -> None:
+    """LFM2: llama.cpp marks the conv layers by a KV head count of 0 (one count per layer),
+    states the MLP width already adjusted, and keeps the norm epsilon as the RMS one."""
+    kv_heads = fields.get("num_key_value_heads")
+    if kv_heads is not None and not isinstance(kv_heads, int):     # an array, one per layer
+        kv_heads = [int(n) for n in kv_heads]
+        fields["layer_types"] = ["full_attention" if n else "conv" for n in kv_heads]
+        fields["num_key_value_heads"] = max(kv_heads)
+    fields["block_auto_adjust_ff_dim"] = False
+    if "rms_norm_eps" in fields:
+        fields["norm_eps"] = fields.pop("rms_norm_eps")
 
 
 # llama.cpp's expert_gating_func values

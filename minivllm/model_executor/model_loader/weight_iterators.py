@@ -20,7 +20,9 @@ logger = init_logger(__name__)
 Weights = Iterator[tuple[str, torch.Tensor]]
 
 # llama.cpp tensor names -> HF Llama names (`blk.N.` becomes `model.layers.N.`).
-_GGUF_GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+_GGUF_GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm",
+                      "output": "lm_head",
+                      "token_embd_norm": "model.embedding_norm"}     # LFM2's final norm
 _GGUF_BLOCK_NAMES = {
     "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
     "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
@@ -58,14 +60,22 @@ _GGUF_DEEPSEEK2_BLOCK_NAMES = {
     "attn_v_b": "self_attn.v_b_proj", "exp_probs_b": "mlp.gate.e_score_correction_bias",
     **{f"ffn_{p}_shexp": f"mlp.shared_experts.{p}_proj" for p in ("gate", "up", "down")}}
 _GGUF_WHOLE_NAMES = ("mlp.gate.e_score_correction_bias",)
+# LFM2: pre-norms named operator_norm / ffn_norm, the short-conv mixer, w1 / w3 / w2 MLPs.
+_GGUF_LFM2_BLOCK_NAMES = {
+    **_GGUF_BLOCK_NAMES, "attn_norm": "operator_norm", "ffn_norm": "ffn_norm",
+    "attn_output": "self_attn.out_proj", "attn_q_norm": "self_attn.q_layernorm",
+    "attn_k_norm": "self_attn.k_layernorm", "shortconv.conv": "conv.conv",
+    "shortconv.in_proj": "conv.in_proj", "shortconv.out_proj": "conv.out_proj",
+    "ffn_gate": "feed_forward.w1", "ffn_up": "feed_forward.w3", "ffn_down": "feed_forward.w2"}
 _GGUF_ARCH_BLOCK_NAMES = {"gemma2": _GGUF_GEMMA2_BLOCK_NAMES, "gemma3": _GGUF_GEMMA2_BLOCK_NAMES,
                           "phi3": _GGUF_PHI3_BLOCK_NAMES, "llama": _GGUF_MIXTRAL_BLOCK_NAMES,
                           "qwen3moe": _GGUF_QWEN_MOE_BLOCK_NAMES,
                           "qwen2moe": _GGUF_QWEN2_MOE_BLOCK_NAMES,
-                          "deepseek2": _GGUF_DEEPSEEK2_BLOCK_NAMES}
+                          "deepseek2": _GGUF_DEEPSEEK2_BLOCK_NAMES,
+                          "lfm2": _GGUF_LFM2_BLOCK_NAMES}
 # Archs whose converter stored every RMSNorm weight as `1 + w` (Gemma's norms add the 1 back).
 _GGUF_NORM_SHIFT_ARCHS = ("gemma", "gemma2", "gemma3")
-_GGUF_BLOCK_RE = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias)$")
+_GGUF_BLOCK_RE = re.compile(r"^blk\.(\d+)\.([\w.]+)\.(weight|bias)$")   # LFM2: shortconv.conv
 # Tensors llama.cpp stores that the HF model recomputes (Llama-3 RoPE frequency factors) or
 # that the config carries (Phi-3's LongRoPE factors).
 _GGUF_UNUSED = ("rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight")

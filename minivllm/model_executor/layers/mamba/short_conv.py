@@ -31,7 +31,10 @@ class _DepthwiseConv(nn.Module):
     def __init__(self, channels: int, kernel_size: int, bias: bool) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(channels, 1, kernel_size), requires_grad=False)
-        set_weight_attrs(self.weight, {"weight_loader": sharded_weight_loader(0)})
+        rows = sharded_weight_loader(0)
+        # llama.cpp's GGUF files store it squeezed, [H, K].
+        set_weight_attrs(self.weight, {"weight_loader": lambda param, w: rows(
+            param, w.view(w.shape[0], 1, -1))})
         self.bias = None
         if bias:
             self.bias = nn.Parameter(torch.empty(channels), requires_grad=False)
