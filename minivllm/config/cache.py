@@ -13,11 +13,18 @@ class CacheConfig:
     num_gpu_blocks_override: int | None = None   # fix the number of blocks (tests force preemption)
     kv_cache_memory_bytes: int | None = None     # KV budget per rank; None = 2 GiB on CPU
     sliding_window: int | None = None        # model-wide window, if the config asks for one
+    # Recurrent-state layers (Mamba, short conv): their conv state, and Mamba's SSM state.
+    mamba_cache_dtype: str = "auto"          # "auto" = the model dtype
+    mamba_ssm_cache_dtype: str = "auto"      # "auto" = mamba_cache_dtype's
 
     def __post_init__(self) -> None:
         if self.block_size < 1:
             raise ValueError(f"block_size must be a positive integer, got {self.block_size}")
         if self.cache_dtype not in CACHE_DTYPES:
             raise ValueError(f"cache_dtype must be one of {CACHE_DTYPES}, got {self.cache_dtype!r}")
+        for name in ("mamba_cache_dtype", "mamba_ssm_cache_dtype"):
+            if getattr(self, name) not in CACHE_DTYPES:
+                raise ValueError(f"{name} must be one of {CACHE_DTYPES}, "
+                                 f"got {getattr(self, name)!r}")
         if self.num_gpu_blocks_override is not None and self.num_gpu_blocks_override < 1:
             raise ValueError("num_gpu_blocks_override must be >= 1")

@@ -215,11 +215,22 @@ class ModelConfig:
         return self.hf_text_config.num_hidden_layers
 
     def get_num_attention_heads(self) -> int:
-        return self.hf_text_config.num_attention_heads
+        """0 for an attention-free config (Mamba's has no `num_attention_heads`)."""
+        return getattr(self.hf_text_config, "num_attention_heads", None) or 0
 
     def get_total_num_kv_heads(self) -> int:
         cfg = self.hf_text_config
-        return getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+        return getattr(cfg, "num_key_value_heads", None) or self.get_num_attention_heads()
+
+    def get_num_ssm_heads(self) -> int:
+        """The SSM heads a TP rank splits (Mamba-2's `num_heads`, Falcon-H1's
+        `mamba_n_heads`); 0 when the config has none."""
+        cfg = self.hf_text_config
+        for name in ("mamba_n_heads", "mamba_num_heads", "n_mamba_heads", "num_heads"):
+            value = getattr(cfg, name, None)
+            if isinstance(value, int) and value > 0:
+                return value
+        return 0
 
     @property
     def is_deepseek_mla(self) -> bool:
@@ -237,4 +248,7 @@ class ModelConfig:
         cfg = self.hf_text_config
         if self.use_mla:                    # the cached latent row
             return cfg.kv_lora_rank + cfg.qk_rope_head_dim
-        return getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        heads = self.get_num_attention_heads()
+        if not heads:                       # attention-free: no KV rows
+            return 0
+        return getattr(cfg, "head_dim", None) or cfg.hidden_size // heads

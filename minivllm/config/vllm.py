@@ -40,12 +40,15 @@ class VllmConfig:
 
 
 def valid_tp_sizes(model_config: ModelConfig) -> list[int]:
-    """TP sizes that split heads, KV heads (or replicate them) and the padded vocab evenly."""
+    """TP sizes that split heads, KV heads (or replicate them), SSM heads and the padded vocab
+    evenly. An attention-free model has only its SSM heads (or its vocab) to split."""
     n_heads = model_config.get_num_attention_heads()
     n_kv = model_config.get_total_num_kv_heads()
+    n_ssm = model_config.get_num_ssm_heads()
     padded_vocab = -(-model_config.get_vocab_size() // 64) * 64
-    return [t for t in range(1, n_heads + 1)
-            if n_heads % t == 0 and (n_kv % t == 0 or t % n_kv == 0) and padded_vocab % t == 0]
+    return [t for t in range(1, (n_heads or n_ssm or 8) + 1)
+            if (not n_heads or n_heads % t == 0) and (not n_kv or n_kv % t == 0 or t % n_kv == 0)
+            and (not n_ssm or n_ssm % t == 0) and padded_vocab % t == 0]
 
 
 def verify_parallel_config(model_config: ModelConfig, parallel_config: ParallelConfig) -> None:
@@ -55,9 +58,12 @@ def verify_parallel_config(model_config: ModelConfig, parallel_config: ParallelC
     n_kv = model_config.get_total_num_kv_heads()
     valid = valid_tp_sizes(model_config)
     if tp not in valid:
-        if n_heads % tp:
+        n_ssm = model_config.get_num_ssm_heads()
+        if n_heads and n_heads % tp:
             what = f"Total number of attention heads ({n_heads})"
-        elif n_kv % tp and tp % n_kv:
+        elif n_ssm and n_ssm % tp:
+            what = f"Total number of SSM heads ({n_ssm})"
+        elif n_kv and n_kv % tp and tp % n_kv:
             what = f"Total number of KV heads ({n_kv})"
         else:
             what = f"Padded vocab size ({-(-model_config.get_vocab_size() // 64) * 64})"

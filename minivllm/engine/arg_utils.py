@@ -65,6 +65,10 @@ class EngineArgs:
     seed: int = _arg(0, "random seed: random weights, the CLI's per-request sampling seed")
     block_size: int = _arg(16, "tokens per KV-cache block")
     kv_cache_dtype: str = _arg("auto", "KV-cache dtype; auto: the model dtype", choices=CACHE_DTYPES)
+    mamba_cache_dtype: str = _arg("auto", "recurrent layers' conv-state dtype (Mamba, short "
+                                  "conv); auto: the model dtype", choices=CACHE_DTYPES)
+    mamba_ssm_cache_dtype: str = _arg("auto", "Mamba SSM-state dtype; auto: "
+                                      "--mamba-cache-dtype's", choices=CACHE_DTYPES)
     enable_prefix_caching: bool = _arg(True, "reuse the KV blocks of shared prompt prefixes")
     num_gpu_blocks_override: int | None = _arg(None, "fix the number of KV blocks "
                                                "(default: from --kv-cache-memory-bytes)")
@@ -135,7 +139,9 @@ class EngineArgs:
                                      enable_prefix_caching=_prefix_caching(
                                          self.enable_prefix_caching, model_config),
                                      num_gpu_blocks_override=self.num_gpu_blocks_override,
-                                     kv_cache_memory_bytes=self.kv_cache_memory_bytes),
+                                     kv_cache_memory_bytes=self.kv_cache_memory_bytes,
+                                     mamba_cache_dtype=self.mamba_cache_dtype,
+                                     mamba_ssm_cache_dtype=self.mamba_ssm_cache_dtype),
             parallel_config=ParallelConfig(tensor_parallel_size=self.tensor_parallel_size,
                                            pipeline_parallel_size=self.pipeline_parallel_size,
                                            enable_expert_parallel=self.enable_expert_parallel,
@@ -252,7 +258,7 @@ def _prefix_caching(asked: bool, model_config: ModelConfig) -> bool:
     if not asked or model_config.runner_type == "pooling":
         return False
     try:
-        hybrid = ModelRegistry.is_hybrid_model(model_config.architectures)
+        hybrid = ModelRegistry.model_has_inner_state(model_config.architectures)
     except ValueError:      # an architecture not registered (yet): the loader names it later
         hybrid = False
     if hybrid:

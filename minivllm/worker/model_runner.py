@@ -9,7 +9,7 @@ from minivllm.lora.worker_manager import WorkerLoRAManager
 from minivllm.model_executor.layers.attention.backends.cpu_attn_metadata import (
     CommonAttentionMetadata, TorchAttentionMetadataBuilder)
 from minivllm.model_executor.model_loader import get_model
-from minivllm.model_executor.models.interfaces import is_hybrid
+from minivllm.model_executor.models.interfaces import needs_state_slots
 from minivllm.sequence import IntermediateTensors
 from minivllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
 from minivllm.v1.outputs import ModelRunnerOutput
@@ -40,7 +40,7 @@ class ModelRunner:
         self.cpu_graphs: CPUGraphRunner | None = None
         self.lora_manager: WorkerLoRAManager | None = None
         self.pooling: PoolingRunner | None = None   # set for pooling models: pool, never sample
-        self.state_slots: StateSlots | None = None   # set for hybrid models (recurrent state)
+        self.state_slots: StateSlots | None = None   # models with recurrent state
 
     def load_model(self) -> None:
         self.model = get_model(vllm_config=self.vllm_config)
@@ -54,7 +54,7 @@ class ModelRunner:
                                                   self.vllm_config.model_config.dtype)
         if getattr(self.model, "is_pooling_model", False):
             self.pooling = PoolingRunner(self.model.pooler)
-        if is_hybrid(self.model):
+        if needs_state_slots(self.model):
             self.state_slots = StateSlots(self.vllm_config.scheduler_config.max_num_seqs)
 
     def lora_manager_or_raise(self) -> WorkerLoRAManager:
@@ -78,8 +78,15 @@ class ModelRunner:
         cache_config = self.vllm_config.cache_config
         if cache_config.num_gpu_blocks_override is not None:
             return cache_config.num_gpu_blocks_override
+        per_block = self.kv_cache_bytes_per_block()
+        if per_block == 0:
+            # Attention-free (Mamba): blocks cost nothing, but the scheduler still accounts
+            # sequences in blocks; enough for every sequence at full length.
+            sched = self.vllm_config.scheduler_config
+            max_len = self.vllm_config.model_config.max_model_len
+            return sched.max_num_seqs * -(-max_len // self.block_size)
         budget = cache_config.kv_cache_memory_bytes or _DEFAULT_KV_BYTES
-        return max(1, budget // max(1, self.kv_cache_bytes_per_block()))
+        return max(1, budget // per_block)
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
         """Allocate one paged cache per attention layer of this stage and bind it to the layer."""

@@ -68,7 +68,8 @@ def pack_for_cpu(layer: nn.Module) -> None:
     weight._mkldnn_packed = None
     weight._cpu_bf16 = weight.device.type == "cpu" and weight.dtype == torch.bfloat16
     weight._gemv_ok, weight._amx_rows, weight._fp32_rows = False, 0, 1 << 62
-    if not weight._cpu_bf16:
+    # A layer may reshape its weight for another op (MambaMixer2's conv1d holds [C, 1, K]).
+    if not weight._cpu_bf16 or weight.dim() != 2:
         return
     if onednn_bf16():
         weight._mkldnn_packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)

@@ -16,10 +16,11 @@ from minivllm.distributed import (get_tensor_model_parallel_rank,
 from minivllm.logger import init_logger
 from minivllm.model_executor.layers.quantization import (QuantizationConfig,
                                                          get_quantization_config)
-from minivllm.model_executor.parameter import (composed_weight_loader, default_weight_loader,
-                                               row_parallel_weight_loader, sharded_weight_loader)
+from minivllm.model_executor.parameter import (LoaderFunction, composed_weight_loader,
+                                               default_weight_loader, row_parallel_weight_loader,
+                                               sharded_weight_loader)
 
-__all__ = ["composed_weight_loader", "default_weight_loader", "get_quant_config",
+__all__ = ["LoaderFunction", "composed_weight_loader", "default_weight_loader", "get_quant_config",
            "load_attention_sink", "make_attention_sink", "maybe_remap_kv_scale_name",
            "maybe_remap_moe_expert_param_name", "remap_moe_expert_weights",
            "row_parallel_weight_loader", "sharded_weight_loader"]

@@ -16,9 +16,10 @@ from minivllm.sequence import IntermediateTensors
 logger = init_logger(__name__)
 
 __all__ = [
-    "EagleModelMixin", "IsHybrid", "LocalArgmaxMixin", "MixtureOfExperts", "SupportsCrossEncoding", "SupportsEagle",
+    "EagleModelMixin", "HasInnerState", "IsAttentionFree", "IsHybrid", "LocalArgmaxMixin", "MixtureOfExperts", "SupportsCrossEncoding", "SupportsEagle",
     "SupportsEagle3", "SupportsLoRA", "SupportsMultiModal", "SupportsPP", "SupportsQuant",
-    "is_hybrid", "is_mixture_of_experts", "is_pooling_model", "is_text_generation_model", "is_vllm_model",
+    "SupportsMambaPrefixCaching", "has_inner_state", "is_attention_free", "is_hybrid",
+    "needs_state_slots", "is_mixture_of_experts", "is_pooling_model", "is_text_generation_model", "is_vllm_model",
     "supports_eagle",
     "supports_eagle3", "supports_lora", "supports_multimodal", "supports_pp", "supports_quant",
 ]
@@ -55,6 +56,29 @@ class IsHybrid(Protocol):
     state slot and turns prefix caching off (a cached prefix would skip building the state)."""
 
     is_hybrid: ClassVar[Literal[True]] = True
+
+
+@runtime_checkable
+class HasInnerState(Protocol):
+    """The model keeps per-sequence state between steps (Mamba, short convolutions): the
+    engine gives each running sequence a state slot, as for `IsHybrid`."""
+
+    has_inner_state: ClassVar[Literal[True]] = True
+
+
+@runtime_checkable
+class IsAttentionFree(Protocol):
+    """No attention layer at all (Mamba, Mamba-2): the model needs no KV cache."""
+
+    is_attention_free: ClassVar[Literal[True]] = True
+
+
+@runtime_checkable
+class SupportsMambaPrefixCaching(Protocol):
+    """vLLM caches such a model's states at block boundaries ("align" mode). minivllm does
+    not: prefix caching stays off for every model with inner state (`_prefix_caching`)."""
+
+    supports_mamba_prefix_caching: ClassVar[Literal[True]] = True
 
 
 @runtime_checkable
@@ -278,4 +302,17 @@ def _aux_holder(model: Any) -> Any:
 
 def is_hybrid(model: Any) -> bool:
     return getattr(model, "is_hybrid", False) is True
+
+
+def has_inner_state(model: Any) -> bool:
+    return getattr(model, "has_inner_state", False) is True
+
+
+def is_attention_free(model: Any) -> bool:
+    return getattr(model, "is_attention_free", False) is True
+
+
+def needs_state_slots(model: Any) -> bool:
+    """Whether the runner must give each running sequence a recurrent-state slot."""
+    return is_hybrid(model) or has_inner_state(model)
 

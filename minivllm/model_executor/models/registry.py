@@ -78,6 +78,8 @@ class _ModelInfo:
     supports_lora: bool
     supports_quant: bool
     is_hybrid: bool = False
+    has_inner_state: bool = False
+    is_attention_free: bool = False
 
     @staticmethod
     def from_model_cls(model_cls: type[nn.Module]) -> "_ModelInfo":
@@ -87,7 +89,9 @@ class _ModelInfo:
                           supports_pp=itf.supports_pp(model_cls),
                           supports_lora=itf.supports_lora(model_cls),
                           supports_quant=itf.supports_quant(model_cls),
-                          is_hybrid=itf.is_hybrid(model_cls))
+                          is_hybrid=itf.is_hybrid(model_cls),
+                          has_inner_state=itf.has_inner_state(model_cls),
+                          is_attention_free=itf.is_attention_free(model_cls))
 
 
 class _LazyRegisteredModel:
@@ -182,6 +186,16 @@ class _ModelRegistry:
 
     def is_hybrid_model(self, architectures: str | list[str], model_config: Any = None) -> bool:
         return self.inspect_model_cls(architectures, model_config)[0].is_hybrid
+
+    def model_has_inner_state(self, architectures: str | list[str],
+                              model_config: Any = None) -> bool:
+        """Hybrid or attention-free models with per-sequence recurrent state."""
+        info = self.inspect_model_cls(architectures, model_config)[0]
+        return info.is_hybrid or info.has_inner_state
+
+    def is_attention_free_model(self, architectures: str | list[str],
+                                model_config: Any = None) -> bool:
+        return self.inspect_model_cls(architectures, model_config)[0].is_attention_free
 
     def _try_load_model_cls(self, arch: str) -> type[nn.Module] | None:
         if arch not in self.models:
