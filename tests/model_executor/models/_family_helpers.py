@@ -113,6 +113,20 @@ def assert_matches_transformers(path: str, vocab_size: int | None = None,
         assert diff <= atol, f"prompt {i}: logprobs differ by {diff:.3g} (> {atol})"
 
 
+def assert_preemption_keeps_tokens(path: str) -> None:
+    """A model with per-sequence state, run out of cache blocks: sequences are preempted and
+    recomputed (their state restarted), and the greedy tokens stay transformers'. 24 blocks of
+    4 tokens cannot hold 6 sequences of ~40-80 tokens."""
+    prompts = make_prompts(TINY_DENSE["vocab_size"], (17, 33, 40, 25, 50, 12))
+    llm = LLM(model=path, dtype="float32", block_size=4, num_gpu_blocks_override=24,
+              max_model_len=96)
+    assert llm.llm_engine.vllm_config.cache_config.enable_prefix_caching is False
+    ours = minivllm_greedy(llm, prompts)
+    assert llm.llm_engine.scheduler.num_preemptions_total > 0
+    for (tokens, _), (ref_tokens, _) in zip(ours, hf_greedy(path, prompts)):
+        assert tokens == ref_tokens
+
+
 def build_model(path: str, **model_config):
     """minivllm's model for the checkpoint at `path`, TP = PP = 1, fp32."""
     from minivllm.config import ModelConfig, VllmConfig

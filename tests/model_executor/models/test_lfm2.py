@@ -9,8 +9,8 @@ from minivllm import LLM
 from tests._parallel_helpers import assert_parallel_matches_one_process
 from tests.model_executor.models._family_helpers import (assert_bad_names_reported,
                                                          assert_matches_transformers,
+                                                         assert_preemption_keeps_tokens,
                                                          assert_prefixes_clean, build_model,
-                                                         make_prompts, minivllm_greedy,
                                                          write_tiny_checkpoint)
 
 # Conv layers around one attention layer; the MLP width is LFM2's auto-adjusted one (64 here).
@@ -32,17 +32,7 @@ def test_lfm2_matches_transformers(lfm2_path, budget):
 
 
 def test_lfm2_preempted_sequences_restart_their_state(lfm2_path):
-    from tests.model_executor.models._family_helpers import hf_greedy
-
-    # 24 blocks of 4 tokens cannot hold 6 sequences of ~40-80 tokens: the scheduler preempts.
-    prompts = make_prompts(1000, (17, 33, 40, 25, 50, 12))
-    llm = LLM(model=lfm2_path, dtype="float32", block_size=4, num_gpu_blocks_override=24,
-              max_model_len=96)
-    assert llm.llm_engine.vllm_config.cache_config.enable_prefix_caching is False
-    ours = minivllm_greedy(llm, prompts)
-    assert llm.llm_engine.scheduler.num_preemptions_total > 0
-    for (tokens, _), (ref_tokens, _) in zip(ours, hf_greedy(lfm2_path, prompts)):
-        assert tokens == ref_tokens
+    assert_preemption_keeps_tokens(lfm2_path)
 
 
 def test_lfm2_prefixes_and_bad_names(lfm2_path, tmp_path):

@@ -22,6 +22,7 @@ from minivllm.forward_context import get_forward_context, is_forward_context_ava
 from minivllm.model_executor.layers.linear import MergedColumnParallelLinear, RowParallelLinear
 from minivllm.model_executor.layers.quantization import QuantizationConfig
 from minivllm.model_executor.parameter import set_weight_attrs, sharded_weight_loader
+from minivllm.model_executor.layers.mamba.ops.causal_conv1d import causal_conv1d_varlen
 from minivllm.v1.attention.backends.short_conv_attn import ShortConvAttentionMetadata
 
 
@@ -77,36 +78,5 @@ class ShortConv(nn.Module):
 
     def _conv(self, u: torch.Tensor, md: ShortConvAttentionMetadata | None) -> torch.Tensor:
         """Causal depthwise convolution of u [T, H] per sequence, from and into its state."""
-        s = self.kernel_size - 1
-        num_tokens = u.shape[0]
-        if md is None:               # a dummy / profiling run: one stateless sequence
-            md = ShortConvAttentionMetadata(
-                query_start_loc=torch.tensor([0, num_tokens]), state_indices=torch.zeros(
-                    1, dtype=torch.int64), has_initial_state=torch.zeros(1, dtype=torch.bool),
-                num_actual_tokens=num_tokens)
-            write_state = False
-        else:
-            write_state = True
-        num_reqs, qsl = md.num_reqs, md.query_start_loc
-        seq = torch.arange(num_reqs)
-        # ext [T + B*s, H]: each sequence's s state rows, then its tokens.
-        tok_pos = torch.arange(num_tokens) + (md.token_rows + 1) * s          # [T]
-        state_pos = (qsl[:-1] + seq * s)[:, None] + torch.arange(s)           # [B, s]
-        state = self.conv_state.index_select(0, md.state_indices)             # [B, s, H]
-        state = state.masked_fill(~md.has_initial_state[:, None, None], 0)
-        ext = u.new_empty(num_tokens + num_reqs * s, u.shape[1])
-        ext[state_pos.reshape(-1)] = state.reshape(-1, u.shape[1]).to(u.dtype)
-        ext[tok_pos] = u
-        # out[t] = sum_j w[:, j] * ext[pos(t) - s + j], accumulated in fp32.
-        weight = self.conv.weight.view(-1, self.kernel_size).float()          # [H, K]
-        out = torch.zeros(u.shape, dtype=torch.float32)
-        for j in range(self.kernel_size):    # NOTE: K (3 for LFM2) gathers, not a token loop
-            out.add_(ext.index_select(0, tok_pos - s + j).float() * weight[:, j])
-        if self.conv.bias is not None:
-            out.add_(self.conv.bias.float())
-        if write_state:
-            end = qsl[1:] + (seq + 1) * s                                     # [B]
-            last = ext.index_select(0, ((end - s)[:, None] + torch.arange(s)).reshape(-1))
-            self.conv_state.index_copy_(0, md.state_indices,
-                                        last.view(num_reqs, s, -1).to(self.conv_state.dtype))
-        return out.to(u.dtype)
+        weight = self.conv.weight.view(-1, self.kernel_size)                 # [H, K]
+        return causal_conv1d_varlen(u, weight, self.conv.bias, self.conv_state, md).to(u.dtype)

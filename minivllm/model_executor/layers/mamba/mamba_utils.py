@@ -1,0 +1,125 @@
+"""Shapes and dtypes of the recurrent-state layers' per-sequence states (vLLM's
+`mamba_utils`): the one home the layers size their state buffers from, and what vLLM's model
+files return from `get_mamba_state_shape_from_config` / `..._dtype_from_config`.
+
+minivllm keeps conv states sequence-major, [K - 1, dim] per slot (vLLM's "SD" layout), and an
+SSM state as [heads, head_dim, state_size] (Mamba-2) or [channels, state_size] (Mamba-1).
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypeAlias
+
+import torch
+
+from minivllm.distributed.utils import divide
+from minivllm.utils.torch_utils import STR_DTYPE_TO_TORCH_DTYPE
+
+
+def _state_dtype(cache_dtype: str, model_dtype: torch.dtype | str) -> torch.dtype:
+    """"auto" follows the model's dtype; otherwise the named one."""
+    if cache_dtype == "auto":
+        if isinstance(model_dtype, str):
+            return STR_DTYPE_TO_TORCH_DTYPE[model_dtype]
+        return model_dtype
+    return STR_DTYPE_TO_TORCH_DTYPE[cache_dtype]
+
+
+class MambaStateDtypeCalculator:
+    @classmethod
+    def mamba1_state_dtype(cls, model_dtype: torch.dtype | str, mamba_cache_dtype: str,
+                           mamba_ssm_cache_dtype: str) -> tuple[torch.dtype, torch.dtype]:
+        return cls._conv_and_ssm(model_dtype, mamba_cache_dtype, mamba_ssm_cache_dtype)
+
+    @classmethod
+    def mamba2_state_dtype(cls, model_dtype: torch.dtype | str, mamba_cache_dtype: str,
+                           mamba_ssm_cache_dtype: str) -> tuple[torch.dtype, torch.dtype]:
+        return cls._conv_and_ssm(model_dtype, mamba_cache_dtype, mamba_ssm_cache_dtype)
+
+    @classmethod
+    def short_conv_state_dtype(cls, model_dtype: torch.dtype | str,
+                               mamba_cache_dtype: str) -> tuple[torch.dtype]:
+        return (_state_dtype(mamba_cache_dtype, model_dtype),)
+
+    @staticmethod
+    def _conv_and_ssm(model_dtype: torch.dtype | str, mamba_cache_dtype: str,
+                      mamba_ssm_cache_dtype: str) -> tuple[torch.dtype, torch.dtype]:
+        conv = _state_dtype(mamba_cache_dtype, model_dtype)
+        ssm = conv if mamba_ssm_cache_dtype == "auto" else \
+            STR_DTYPE_TO_TORCH_DTYPE[mamba_ssm_cache_dtype]
+        return conv, ssm
+
+
+class MambaStateShapeCalculator:
+    @classmethod
+    def mamba1_state_shape(cls, tp_world_size: int, intermediate_size: int, state_size: int,
+                           conv_kernel: int) -> tuple[tuple[int, int], tuple[int, int]]:
+        channels = divide(intermediate_size, tp_world_size)
+        return (conv_kernel - 1, channels), (channels, state_size)
+
+    @classmethod
+    def mamba2_state_shape(cls, tp_world_size: int, intermediate_size: int, n_groups: int,
+                           num_heads: int, head_dim: int, state_size: int, conv_kernel: int,
+                           num_spec: int = 0
+                           ) -> tuple[tuple[int, int], tuple[int, int, int]]:
+        # Groups a TP size does not divide are replicated beside their heads' shards.
+        n_groups += cls.extra_groups_for_head_shards(n_groups, tp_world_size)
+        conv_dim = intermediate_size + 2 * n_groups * state_size
+        return ((conv_kernel - 1 + num_spec, divide(conv_dim, tp_world_size)),
+                (divide(num_heads, tp_world_size), head_dim, state_size))
+
+    @classmethod
+    def short_conv_state_shape(cls, tp_world_size: int, intermediate_size: int,
+                               conv_kernel: int, num_spec: int = 0) -> tuple[tuple[int, int]]:
+        return ((conv_kernel - 1 + num_spec, divide(intermediate_size, tp_world_size)),)
+
+    @classmethod
+    def extra_groups_for_head_shards(cls, ngroups: int, tp_size: int) -> int:
+        """Groups added so every TP rank holds the group(s) its heads read: none when the TP
+        size divides the groups; a single group is copied to every rank."""
+        if ngroups % tp_size == 0:
+            return 0
+        if ngroups != 1:
+            raise ValueError(f"n_groups={ngroups} cannot be split over tensor parallel size "
+                             f"{tp_size}: use a size that divides it (or a model with 1 group)")
+        return tp_size - ngroups
+
+
+@dataclass
+class MambaCopySpec:
+    """A state slice to copy (prefix caching in vLLM's "align" mode): address and length."""
+
+    start_addr: int
+    num_elements: int
+
+
+# (state [slots, ...], block_ids, cur_block_idx, num_accepted_tokens) -> the slice to copy.
+MambaStateCopyFunc: TypeAlias = Callable[[torch.Tensor, list[int], int, int], MambaCopySpec]
+
+
+def get_conv_copy_spec(state: torch.Tensor, block_ids: list[int], cur_block_idx: int,
+                       num_accepted_tokens: int) -> MambaCopySpec:
+    """A conv state [slots, K - 1, dim]: the rows after the accepted tokens' offset."""
+    src = state[block_ids[cur_block_idx], num_accepted_tokens - 1:]
+    return MambaCopySpec(src.data_ptr(), src.numel())
+
+
+def get_temporal_copy_spec(state: torch.Tensor, block_ids: list[int], cur_block_idx: int,
+                           num_accepted_tokens: int) -> MambaCopySpec:
+    """An SSM state: the whole slot of the last accepted token."""
+    src = state[block_ids[cur_block_idx + num_accepted_tokens - 1]]
+    return MambaCopySpec(src.data_ptr(), src.numel())
+
+
+class MambaStateCopyFuncCalculator:
+    @classmethod
+    def mamba1_state_copy_func(cls) -> tuple[MambaStateCopyFunc, MambaStateCopyFunc]:
+        return get_conv_copy_spec, get_temporal_copy_spec
+
+    @classmethod
+    def mamba2_state_copy_func(cls) -> tuple[MambaStateCopyFunc, MambaStateCopyFunc]:
+        return get_conv_copy_spec, get_temporal_copy_spec
+
+    @classmethod
+    def short_conv_state_copy_func(cls) -> tuple[MambaStateCopyFunc]:
+        return (get_conv_copy_spec,)

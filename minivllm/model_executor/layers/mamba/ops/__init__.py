@@ -1,0 +1,1 @@
+"""Vectorised CPU / PyTorch kernels of the recurrent-state layers (`layers/mamba/`)."""
