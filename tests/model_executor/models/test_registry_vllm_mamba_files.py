@@ -2,15 +2,16 @@
 every layer a MambaMixer2 with a per-sequence conv + SSM state) with whole prompts, prompts in
 chunks beside other sequences' decodes, forced preemption, and TP=2 over real processes with
 one SSM group (copied to every rank) and with two (split); granitemoehybrid.py (Mamba-2 layers
-beside attention layers, MoE MLPs with a shared expert), whole and chunked.
+beside attention layers, MoE MLPs with a shared expert) and falcon_h1.py (attention and Mamba-2
+side by side in every layer, muP multipliers on every branch), whole and chunked.
 
 The files come from vLLM's source distribution on PyPI (see `_vllm_files`).
 """
 
 import pytest
 import torch
-from transformers import (GraniteMoeHybridConfig, GraniteMoeHybridForCausalLM, Mamba2Config,
-                          Mamba2ForCausalLM)
+from transformers import (FalconH1Config, FalconH1ForCausalLM, GraniteMoeHybridConfig,
+                          GraniteMoeHybridForCausalLM, Mamba2Config, Mamba2ForCausalLM)
 
 from minivllm import LLM
 from tests._parallel_helpers import assert_parallel_matches_one_process
@@ -30,6 +31,16 @@ TINY_GRANITE_HYBRID = dict(layer_types=["mamba", "attention", "mamba"], num_hidd
                            mamba_d_state=16, mamba_d_conv=4, mamba_chunk_size=16,
                            num_local_experts=4, num_experts_per_tok=2, intermediate_size=32,
                            shared_intermediate_size=64, position_embedding_type="rope")
+
+# Every multiplier away from 1, so a dropped or misplaced one shows (the SSM ones scale
+# in_proj's z / x / B / C / dt blocks through MambaMixer2's mup_vector).
+TINY_FALCON_H1 = dict(mamba_d_ssm=128, mamba_n_heads=8, mamba_d_head=16, mamba_n_groups=1,
+                      mamba_d_state=16, mamba_d_conv=4, mamba_expand=2, mamba_chunk_size=16,
+                      head_dim=16, lm_head_multiplier=0.7, embedding_multiplier=1.3,
+                      mlp_multipliers=[0.9, 1.1], key_multiplier=0.8,
+                      attention_out_multiplier=1.2, attention_in_multiplier=0.9,
+                      ssm_multipliers=[1.1, 0.9, 1.2, 0.8, 1.05], ssm_in_multiplier=1.1,
+                      ssm_out_multiplier=0.9)
 
 
 @pytest.fixture(scope="module")
@@ -80,12 +91,18 @@ def test_check_model_passes_on_vllm_mamba2_file_at_tp2(mamba2_paths):
     assert {s.status for s in report.sections.values()} == {"pass"}, report.to_text()
 
 
+HYBRID_FILES = {"granitemoehybrid": (GraniteMoeHybridConfig, GraniteMoeHybridForCausalLM,
+                                     TINY_GRANITE_HYBRID),
+                "falcon_h1": (FalconH1Config, FalconH1ForCausalLM, TINY_FALCON_H1)}
+
+
 @pytest.mark.parametrize("budget", [512, 8], ids=["whole_prompts", "chunks_of_8"])
-def test_vllm_granitemoehybrid_file_matches_transformers(registered_vllm_class, tmp_path,
-                                                          budget):
-    cls = registered_vllm_class("granitemoehybrid", "GraniteMoeHybridForCausalLM", None)
-    path = write_tiny_checkpoint(tmp_path, GraniteMoeHybridConfig, GraniteMoeHybridForCausalLM,
-                                 **TINY_GRANITE_HYBRID)
+@pytest.mark.parametrize("file", list(HYBRID_FILES))
+def test_vllm_hybrid_mamba2_file_matches_transformers(registered_vllm_class, tmp_path, file,
+                                                      budget):
+    config_cls, model_cls, overrides = HYBRID_FILES[file]
+    cls = registered_vllm_class(file, model_cls.__name__, None)
+    path = write_tiny_checkpoint(tmp_path, config_cls, model_cls, **overrides)
     model = build_model(path)
     assert type(model) is cls and model.is_hybrid
     assert_matches_transformers(path, max_num_batched_tokens=budget)
