@@ -33,10 +33,10 @@ def causal_conv1d_varlen(u: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
     if md is None:
         md = single_sequence_metadata(num_tokens)
     num_reqs, qsl = md.num_reqs, md.query_start_loc
-    seq = torch.arange(num_reqs)
+    seq = torch.arange(num_reqs, device=u.device)
     # ext [T + B*s, C]: each sequence's s state rows, then its tokens.
-    tok_pos = torch.arange(num_tokens) + (md.token_rows + 1) * s          # [T]
-    state_pos = (qsl[:-1] + seq * s)[:, None] + torch.arange(s)           # [B, s]
+    tok_pos = torch.arange(num_tokens, device=u.device) + (md.token_rows + 1) * s          # [T]
+    state_pos = (qsl[:-1] + seq * s)[:, None] + torch.arange(s, device=u.device)           # [B, s]
     state = conv_state.index_select(0, md.state_indices)                  # [B, s, C]
     state = state.masked_fill(~md.has_initial_state[:, None, None], 0)
     ext = u.new_empty(num_tokens + num_reqs * s, channels)
@@ -50,7 +50,8 @@ def causal_conv1d_varlen(u: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
         out.add_(bias.float())
     if write_state:
         end = qsl[1:] + (seq + 1) * s                                     # [B]
-        last = ext.index_select(0, ((end - s)[:, None] + torch.arange(s)).reshape(-1))
+        rows = (end - s)[:, None] + torch.arange(s, device=u.device)          # [B, s]
+        last = ext.index_select(0, rows.reshape(-1))
         conv_state.index_copy_(0, md.state_indices,
                                last.view(num_reqs, s, channels).to(conv_state.dtype))
     return out

@@ -70,7 +70,7 @@ def _pad_rows(values: torch.Tensor, md: ShortConvAttentionMetadata, rows: torch.
     """values [T, ...] -> [len(rows), length, ...]: batch rows `rows`, zero padded at the end."""
     starts = md.query_start_loc[rows]
     lens = md.query_start_loc[rows + 1] - starts
-    offs = torch.arange(length)
+    offs = torch.arange(length, device=values.device)
     index = (starts[:, None] + offs).clamp(max=values.shape[0] - 1)     # [r, L]
     valid = offs < lens[:, None]
     out = values.index_select(0, index.reshape(-1)).view(len(rows), length, *values.shape[1:])
@@ -104,8 +104,9 @@ def mamba_chunk_scan_varlen(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor,
         y_pre, final[pre] = ssd_chunk_scan(*args[:2], A, *args[2:], init[pre], chunk)
         # Back to token rows: the padded positions are dropped.
         lens = q_lens[pre]
-        keep = torch.arange(length) < lens[:, None]                     # [r, L]
-        tok = (md.query_start_loc[pre][:, None] + torch.arange(length))[keep]
+        offs = torch.arange(length, device=x.device)
+        keep = offs < lens[:, None]                                     # [r, L]
+        tok = (md.query_start_loc[pre][:, None] + offs)[keep]
         y[tok] = y_pre[keep]
     if write_state:
         ssm_state.index_copy_(0, md.state_indices, final.to(ssm_state.dtype))
