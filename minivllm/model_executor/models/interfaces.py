@@ -16,12 +16,13 @@ from minivllm.sequence import IntermediateTensors
 logger = init_logger(__name__)
 
 __all__ = [
-    "EagleModelMixin", "HasInnerState", "IsAttentionFree", "IsHybrid", "LocalArgmaxMixin", "MixtureOfExperts", "SupportsCrossEncoding", "SupportsEagle",
-    "SupportsEagle3", "SupportsLoRA", "SupportsMultiModal", "SupportsPP", "SupportsQuant",
-    "SupportsMambaPrefixCaching", "has_inner_state", "is_attention_free", "is_hybrid",
-    "needs_state_slots", "is_mixture_of_experts", "is_pooling_model", "is_text_generation_model", "is_vllm_model",
-    "supports_eagle",
-    "supports_eagle3", "supports_lora", "supports_multimodal", "supports_pp", "supports_quant",
+    "EagleModelMixin", "HasInnerState", "IsAttentionFree", "IsHybrid", "LocalArgmaxMixin",
+    "MixtureOfExperts", "SupportsCrossEncoding", "SupportsEagle", "SupportsEagle3", "SupportsLoRA",
+    "SupportsMultiModal", "SupportsPP", "SupportsQuant", "SupportsMambaPrefixCaching",
+    "has_inner_state", "is_attention_free", "is_hybrid", "needs_state_slots",
+    "is_mixture_of_experts", "is_pooling_model", "is_text_generation_model", "is_vllm_model",
+    "supports_eagle", "supports_eagle3", "supports_lora", "supports_multimodal", "supports_pp",
+    "supports_quant",
 ]
 
 

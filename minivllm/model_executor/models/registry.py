@@ -79,7 +79,6 @@ class _ModelInfo:
     supports_quant: bool
     is_hybrid: bool = False
     has_inner_state: bool = False
-    is_attention_free: bool = False
 
     @staticmethod
     def from_model_cls(model_cls: type[nn.Module]) -> "_ModelInfo":
@@ -90,8 +89,7 @@ class _ModelInfo:
                           supports_lora=itf.supports_lora(model_cls),
                           supports_quant=itf.supports_quant(model_cls),
                           is_hybrid=itf.is_hybrid(model_cls),
-                          has_inner_state=itf.has_inner_state(model_cls),
-                          is_attention_free=itf.is_attention_free(model_cls))
+                          has_inner_state=itf.has_inner_state(model_cls))
 
 
 class _LazyRegisteredModel:
@@ -192,10 +190,6 @@ class _ModelRegistry:
         """Hybrid or attention-free models with per-sequence recurrent state."""
         info = self.inspect_model_cls(architectures, model_config)[0]
         return info.is_hybrid or info.has_inner_state
-
-    def is_attention_free_model(self, architectures: str | list[str],
-                                model_config: Any = None) -> bool:
-        return self.inspect_model_cls(architectures, model_config)[0].is_attention_free
 
     def _try_load_model_cls(self, arch: str) -> type[nn.Module] | None:
         if arch not in self.models:

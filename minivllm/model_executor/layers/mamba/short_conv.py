@@ -22,6 +22,8 @@ from minivllm.forward_context import get_forward_context, is_forward_context_ava
 from minivllm.model_executor.layers.linear import MergedColumnParallelLinear, RowParallelLinear
 from minivllm.model_executor.layers.quantization import QuantizationConfig
 from minivllm.model_executor.parameter import set_weight_attrs, sharded_weight_loader
+from minivllm.model_executor.layers.mamba.mamba_utils import (MambaStateDtypeCalculator,
+                                                              MambaStateShapeCalculator)
 from minivllm.model_executor.layers.mamba.ops.causal_conv1d import causal_conv1d_varlen
 from minivllm.v1.attention.backends.short_conv_attn import ShortConvAttentionMetadata
 
@@ -62,10 +64,14 @@ class ShortConv(nn.Module):
         self.out_proj = RowParallelLinear(dim, dim, bias=bias, quant_config=quant_config,
                                           prefix=f"{prefix}.out_proj")
         self.conv = _DepthwiseConv(dim // tp, self.kernel_size, bias)
-        num_slots = get_current_vllm_config().scheduler_config.max_num_seqs
+        vllm_config = get_current_vllm_config()
+        (shape,) = MambaStateShapeCalculator.short_conv_state_shape(tp, dim, self.kernel_size)
+        (dtype,) = MambaStateDtypeCalculator.short_conv_state_dtype(
+            vllm_config.model_config.dtype, vllm_config.cache_config.mamba_cache_dtype)
+        num_slots = vllm_config.scheduler_config.max_num_seqs
         # Not persistent: state, not weights.
-        self.register_buffer("conv_state", torch.zeros(num_slots, self.kernel_size - 1,
-                                                       dim // tp), persistent=False)
+        self.register_buffer("conv_state", torch.zeros(num_slots, *shape, dtype=dtype),
+                             persistent=False)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         md = (get_forward_context().state_metadata if is_forward_context_available()
