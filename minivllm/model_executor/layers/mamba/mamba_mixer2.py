@@ -27,7 +27,8 @@ from minivllm.model_executor.layers.activation import get_act_fn
 from minivllm.model_executor.layers.linear import (ColumnParallelLinear,
                                                    MergedColumnParallelLinear, RowParallelLinear)
 from minivllm.model_executor.layers.mamba.mamba_utils import (MambaStateDtypeCalculator,
-                                                              MambaStateShapeCalculator)
+                                                              MambaStateShapeCalculator,
+                                                              register_state_buffers)
 from minivllm.model_executor.layers.mamba.ops.causal_conv1d import (causal_conv1d_varlen,
                                                                 single_sequence_metadata)
 from minivllm.model_executor.layers.mamba.ops.ssd import mamba_chunk_scan_varlen
@@ -180,12 +181,8 @@ class MambaMixer2(nn.Module):
         cache = vllm_config.cache_config
         conv_dtype, ssm_dtype = MambaStateDtypeCalculator.mamba2_state_dtype(
             vllm_config.model_config.dtype, cache.mamba_cache_dtype, cache.mamba_ssm_cache_dtype)
-        slots = vllm_config.scheduler_config.max_num_seqs
-        # Not persistent: state, not weights.
-        self.register_buffer("conv_state", torch.zeros(slots, *conv_shape, dtype=conv_dtype),
-                             persistent=False)
-        self.register_buffer("ssm_state", torch.zeros(slots, *ssm_shape, dtype=ssm_dtype),
-                             persistent=False)
+        register_state_buffers(self, vllm_config, {"conv_state": (conv_shape, conv_dtype),
+                                                   "ssm_state": (ssm_shape, ssm_dtype)})
 
     def forward(self, hidden_states: torch.Tensor,
                 mup_vector: torch.Tensor | None = None) -> torch.Tensor:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import TypeAlias
 
 import torch
+from torch import nn
 
 from minivllm.distributed.utils import divide
 from minivllm.utils.torch_utils import STR_DTYPE_TO_TORCH_DTYPE
@@ -83,6 +84,15 @@ class MambaStateShapeCalculator:
             raise ValueError(f"n_groups={ngroups} cannot be split over tensor parallel size "
                              f"{tp_size}: use a size that divides it (or a model with 1 group)")
         return tp_size - ngroups
+
+
+def register_state_buffers(layer: nn.Module, vllm_config: object,
+                           states: dict[str, tuple[tuple[int, ...], torch.dtype]]) -> None:
+    """Gives `layer` one zeroed buffer [max_num_seqs, *shape] per state name (a row per state
+    slot). Not persistent: state, not weights."""
+    slots = vllm_config.scheduler_config.max_num_seqs
+    for name, (shape, dtype) in states.items():
+        layer.register_buffer(name, torch.zeros(slots, *shape, dtype=dtype), persistent=False)
 
 
 @dataclass

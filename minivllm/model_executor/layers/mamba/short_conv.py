@@ -23,7 +23,8 @@ from minivllm.model_executor.layers.linear import MergedColumnParallelLinear, Ro
 from minivllm.model_executor.layers.quantization import QuantizationConfig
 from minivllm.model_executor.parameter import set_weight_attrs, sharded_weight_loader
 from minivllm.model_executor.layers.mamba.mamba_utils import (MambaStateDtypeCalculator,
-                                                              MambaStateShapeCalculator)
+                                                              MambaStateShapeCalculator,
+                                                              register_state_buffers)
 from minivllm.model_executor.layers.mamba.ops.causal_conv1d import causal_conv1d_varlen
 from minivllm.v1.attention.backends.short_conv_attn import ShortConvAttentionMetadata
 
@@ -68,10 +69,7 @@ class ShortConv(nn.Module):
         (shape,) = MambaStateShapeCalculator.short_conv_state_shape(tp, dim, self.kernel_size)
         (dtype,) = MambaStateDtypeCalculator.short_conv_state_dtype(
             vllm_config.model_config.dtype, vllm_config.cache_config.mamba_cache_dtype)
-        num_slots = vllm_config.scheduler_config.max_num_seqs
-        # Not persistent: state, not weights.
-        self.register_buffer("conv_state", torch.zeros(num_slots, *shape, dtype=dtype),
-                             persistent=False)
+        register_state_buffers(self, vllm_config, {"conv_state": (shape, dtype)})
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         md = (get_forward_context().state_metadata if is_forward_context_available()

@@ -6,8 +6,7 @@ Per head h (P channels, N state entries), with a = dt * A[h] <= 0:
     y_t = S_t C_t + D[h] x_t
 
 Decode rows (one token) take that recurrence once. Longer rows are padded into [b, L] (padding
-has dt = 0: no decay, no input, so a row's final state is its state after its last token) and
-scanned in chunks of `chunk_size`: inside a chunk y is a masked [c, c] attention-like product;
+has dt = 0: no decay, no input; `varlen_scan.py` lays the step out) and scanned in chunks of `chunk_size`: inside a chunk y is a masked [c, c] attention-like product;
 chunk states are carried across chunks through one [nc + 1, nc + 1] decay matrix. Nothing loops
 over tokens, sequences or chunks.
 """
@@ -15,6 +14,7 @@ over tokens, sequences or chunks.
 import torch
 import torch.nn.functional as F
 
+from minivllm.model_executor.layers.mamba.ops.varlen_scan import scan_varlen
 from minivllm.v1.attention.backends.short_conv_attn import ShortConvAttentionMetadata
 
 
@@ -65,18 +65,6 @@ def ssd_decode_step(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch
     return torch.einsum("bhpn,bhn->bhp", state, C), state
 
 
-def _pad_rows(values: torch.Tensor, md: ShortConvAttentionMetadata, rows: torch.Tensor,
-              length: int) -> torch.Tensor:
-    """values [T, ...] -> [len(rows), length, ...]: batch rows `rows`, zero padded at the end."""
-    starts = md.query_start_loc[rows]
-    lens = md.query_start_loc[rows + 1] - starts
-    offs = torch.arange(length, device=values.device)
-    index = (starts[:, None] + offs).clamp(max=values.shape[0] - 1)     # [r, L]
-    valid = offs < lens[:, None]
-    out = values.index_select(0, index.reshape(-1)).view(len(rows), length, *values.shape[1:])
-    return out * valid.view(len(rows), length, *([1] * (values.dim() - 1)))
-
-
 def mamba_chunk_scan_varlen(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor,
                             B: torch.Tensor, C: torch.Tensor, ssm_state: torch.Tensor,
                             md: ShortConvAttentionMetadata, write_state: bool,
@@ -84,30 +72,8 @@ def mamba_chunk_scan_varlen(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor,
     """The scan of every sequence of a step. x [T, h, p], dt [T, h] (after softplus and
     clamping), B / C [T, h, n] fp32; ssm_state [slots, h, p, n] is read (sequences with an
     initial state) and, when write_state, overwritten. Returns y [T, h, p] fp32."""
-    q_lens = md.query_start_loc[1:] - md.query_start_loc[:-1]          # [B]
-    init = ssm_state.index_select(0, md.state_indices).float()
-    init = init.masked_fill(~md.has_initial_state[:, None, None, None], 0)
-    y = x.new_zeros(x.shape)
-    final = torch.empty_like(init)
-    single = q_lens == 1
-    dec = torch.nonzero(single).flatten()
-    if dec.numel():
-        tok = md.query_start_loc[dec]
-        y_dec, final[dec] = ssd_decode_step(x[tok], dt[tok], A, B[tok], C[tok], init[dec])
-        y[tok] = y_dec
-    pre = torch.nonzero(~single & (q_lens > 0)).flatten()
-    if pre.numel():
-        longest = int(q_lens[pre].max())
-        chunk = min(chunk_size, longest)
-        length = -(-longest // chunk) * chunk
-        args = [_pad_rows(t, md, pre, length) for t in (x, dt, B, C)]
-        y_pre, final[pre] = ssd_chunk_scan(*args[:2], A, *args[2:], init[pre], chunk)
-        # Back to token rows: the padded positions are dropped.
-        lens = q_lens[pre]
-        offs = torch.arange(length, device=x.device)
-        keep = offs < lens[:, None]                                     # [r, L]
-        tok = (md.query_start_loc[pre][:, None] + offs)[keep]
-        y[tok] = y_pre[keep]
-    if write_state:
-        ssm_state.index_copy_(0, md.state_indices, final.to(ssm_state.dtype))
-    return y
+    return scan_varlen(
+        (x, dt, B, C), x.shape, ssm_state, md, write_state,
+        step=lambda x, dt, b, c, init: ssd_decode_step(x, dt, A, b, c, init),
+        chunk_scan=lambda x, dt, b, c, init, chunk: ssd_chunk_scan(x, dt, A, b, c, init, chunk),
+        chunk_size=chunk_size)
