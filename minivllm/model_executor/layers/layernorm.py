@@ -55,8 +55,9 @@ class RMSNorm(CustomOp):
         if has_weight:
             self.weight = nn.Parameter(torch.ones(hidden_size, dtype=dtype or torch.get_default_dtype()),
                                        requires_grad=False)
-            set_weight_attrs(self.weight, {"weight_loader": default_weight_loader,
-                                           "dummy_weight_value": 1.0})
+            # No `weight_loader`, as in vLLM: loaders fall back to the default one, and a model
+            # file may set its own (vLLM's longcat_flash.py folds a scale into it).
+            set_weight_attrs(self.weight, {"dummy_weight_value": 1.0})
         else:
             self.register_parameter("weight", None)
 
@@ -162,3 +163,44 @@ class LayerNorm(nn.Module):
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}, eps={self.eps}, bias={self.bias is not None}"
+
+
+@CustomOp.register("rms_norm_gated")
+class RMSNormGated(CustomOp):
+    """RMS norm with a gate (Mamba-2 / Gated DeltaNet outputs), vLLM 0.33's arguments.
+
+    x, z [..., hidden_size]. norm_before_gate: rms_norm(x) * w * act(z); otherwise
+    rms_norm(x * act(z)) * w. group_size normalises each group of that many channels on its
+    own (None: one group). activation is "silu" / "swish" (the same) or "sigmoid". fp32 inside.
+    """
+
+    def __init__(self, hidden_size: int, eps: float = 1e-5, group_size: int | None = None,
+                 norm_before_gate: bool = False, device: torch.device | None = None,
+                 dtype: torch.dtype | None = None, activation: str = "swish") -> None:
+        super().__init__()
+        if activation not in ("silu", "swish", "sigmoid"):
+            raise ValueError(f"RMSNormGated activation must be one of silu, swish, sigmoid; "
+                             f"got {activation!r}")
+        if group_size is not None and hidden_size % group_size:
+            raise ValueError(f"group_size {group_size} does not divide {hidden_size}")
+        self.eps, self.activation = eps, activation
+        self.group_size, self.norm_before_gate = group_size, norm_before_gate
+        self.weight = nn.Parameter(torch.ones(hidden_size, device=device, dtype=dtype),
+                                   requires_grad=False)
+        set_weight_attrs(self.weight, {"weight_loader": default_weight_loader,
+                                       "dummy_weight_value": 1.0})
+        self.register_parameter("bias", None)
+
+    def forward_native(self, x: torch.Tensor, z: torch.Tensor | None = None) -> torch.Tensor:
+        dtype = x.dtype
+        act = torch.sigmoid if self.activation == "sigmoid" else F.silu
+        x = x.float()
+        if z is not None and not self.norm_before_gate:
+            x = x * act(z.float())
+        size = self.group_size or x.shape[-1]
+        groups = x.view(*x.shape[:-1], -1, size)                     # [..., G, size]
+        normed = groups * torch.rsqrt(groups.pow(2).mean(-1, keepdim=True) + self.eps)
+        out = normed.view(x.shape) * self.weight.float()
+        if z is not None and self.norm_before_gate:
+            out = out * act(z.float())
+        return out.to(dtype)

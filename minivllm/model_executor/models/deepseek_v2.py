@@ -104,8 +104,11 @@ class DeepseekV2MLAAttention(nn.Module):
             hidden_size, self.num_local_heads, mla_softmax_scale(config, qk_dim), nope, rope,
             v_dim, q_rank, kv_rank, modules, cache_config, quant_config, prefix)
 
-    def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
-        return self.mla_attn(positions, hidden_states)
+    def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor,
+                llama_4_scaling: torch.Tensor | None = None) -> torch.Tensor:
+        """`llama_4_scaling` [T, 1, 1] scales the queries (vLLM's signature: vLLM files built on
+        this class, such as longcat_flash.py, pass it)."""
+        return self.mla_attn(positions, hidden_states, llama_4_scaling)
 
 
 def _routing(config: Any) -> tuple[str, str]:

@@ -143,6 +143,37 @@ def test_runner_without_gate_takes_the_callers_logits():
                                rtol=1e-5, atol=1e-5)
 
 
+def test_zero_experts_and_a_free_routing_bias():
+    """LongCat-Flash's layout: logits and a correction bias over E real + 2 weightless identity
+    experts; the bias is a Parameter of no module of the model's, loaded by the runner under
+    "e_score_correction_bias". A chosen zero expert adds its weight times the input."""
+    state, z, scale = _experts_state(), 2, 1.5
+    x, logits = torch.randn(T, H, generator=_gen(7)), torch.randn(T, E + z, generator=_gen(8))
+    bias = 0.05 * torch.randn(E + z, generator=_gen(9))     # softmax scores are ~1 / (E + z)
+    with layer_context():
+        runner = FusedMoEFactory(num_experts=E, top_k=K, hidden_size=H, intermediate_size=I,
+                                 renormalize=False, prefix="mlp.experts",
+                                 zero_expert_type="identity", routed_scaling_factor=scale,
+                                 e_score_correction_bias=nn.Parameter(torch.zeros(E + z)))
+    loaded = runner.load_weights([*state.items(), ("e_score_correction_bias", bias)])
+    assert "routed_experts.e_score_correction_bias" in loaded
+    probs = logits.softmax(-1)
+    ids = (probs + bias).topk(K, dim=-1).indices
+    expected = torch.zeros_like(x)
+    for t in range(T):
+        for e in ids[t].tolist():
+            w = scale * probs[t, e]
+            if e >= E:                                  # identity expert
+                expected[t] += w * x[t]
+            else:
+                gate, up, down = (state[f"{e}.{n}.weight"] for n in ("gate_proj", "up_proj",
+                                                                     "down_proj"))
+                expected[t] += w * ((torch.nn.functional.silu(x[t] @ gate.T) * (x[t] @ up.T))
+                                    @ down.T)
+    assert (ids >= E).any() and (ids < E).any()
+    torch.testing.assert_close(runner(x, logits), expected, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("transposed", [False, True])
 def test_stacked_and_per_expert_fused_checkpoints(transposed):
     """transformers' stacked `gate_up_proj [E, 2I, H]` / `down_proj [E, H, I]` (or [E, H, 2I] /
@@ -200,7 +231,7 @@ def test_unknown_names_and_unsupported_features_are_named():
         with pytest.raises(UnexpectedWeightsError, match="3.extra_proj.weight"):
             runner.load_weights([("3.extra_proj.weight", torch.zeros(2, 2))])
         for bad, match in ((dict(enable_eplb=True), "EPLB"),
-                           (dict(zero_expert_type="identity"), "zero_expert_type"),
+                           (dict(zero_expert_type="bogus"), "zero_expert_type"),
                            (dict(is_sequence_parallel=True), "sequence"),
                            (dict(activation="relu2"), "relu2")):
             with pytest.raises((NotImplementedError, ValueError), match=match):

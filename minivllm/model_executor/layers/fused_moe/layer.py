@@ -10,7 +10,8 @@ and who adds the shared experts:
   `shared_experts` returns `(shared_output, routed_output)` for the model to add. Older vLLM model
   files and minivllm's own use it.
 Features neither provides (load balancing, sequence- or data-parallel MoE, fused shared experts,
-zero or hashed experts, custom runner / expert classes) raise, naming the argument.
+hashed experts, custom runner classes) raise, naming the argument. Zero experts
+(`zero_expert_type`, LongCat-Flash's) are the factory's alone.
 """
 
 from collections.abc import Callable
@@ -19,6 +20,7 @@ import torch
 from torch import nn
 
 from minivllm.model_executor.layers.fused_moe.router.fused_moe_router import FusedMoERouter
+from minivllm.model_executor.layers.fused_moe.router.zero_expert_router import ZeroExpertRouter
 from minivllm.model_executor.layers.fused_moe.routed_experts import (ExpertMapping,
                                                                      RoutedExperts,
                                                                      build_expert_params_mapping)
@@ -56,13 +58,29 @@ def FusedMoEFactory(num_experts: int, top_k: int, hidden_size: int, intermediate
                     apply_routed_scale_to_output: bool = False,
                     routed_experts_cls: type[RoutedExperts] | None = None,
                     routed_experts_args: dict | None = None,
+                    n_shared_experts: int | None = None,
+                    zero_expert_type: str | None = None,
                     **unsupported: object) -> MoERunner:
     """A `MoERunner`: router, routed experts (at `.routed_experts`, named `prefix`) and the
     model's gate / shared experts, with vLLM 0.33's arguments. `routed_experts_cls` may be a
-    model's RoutedExperts subclass (its own weight loading), built with the same arguments."""
+    model's RoutedExperts subclass (its own weight loading), built with the same arguments.
+    `n_shared_experts` counts shared experts to fuse into the routed GEMM, which vLLM does only
+    with `fuse_shared_experts` (refused here): the `shared_experts` module runs them instead."""
     unsupported = {k: v for k, v in unsupported.items() if k not in _KERNEL_ONLY}
     _check_arguments(top_k, apply_router_weight_on_input, enable_eplb, num_redundant_experts,
                      is_sequence_parallel, dp_size, pcp_size, unsupported)
+    if zero_expert_type is not None:
+        # LongCat-Flash: the logits and the bias also cover weightless zero experts; their
+        # output joins after the reduction, so the runner must reduce (as vLLM forces it).
+        if router is not None or use_grouped_topk or custom_routing_function is not None:
+            raise NotImplementedError("zero experts take FusedMoEFactory's own plain top-k "
+                                      "router (no router, use_grouped_topk or "
+                                      "custom_routing_function)")
+        router = ZeroExpertRouter(
+            top_k, num_experts, e_score_correction_bias, num_experts, zero_expert_type,
+            scoring_func, renormalize,
+            1.0 if apply_routed_scale_to_output else routed_scaling_factor)
+        reduce_results = True
     if router is None:
         router = FusedMoERouter(
             top_k, num_experts, renormalize, use_grouped_topk, num_expert_group, topk_group,
@@ -80,6 +98,11 @@ def FusedMoEFactory(num_experts: int, top_k: int, hidden_size: int, intermediate
         is_fused_checkpoint_transposed=is_fused_checkpoint_transposed,
         **(routed_experts_args or {}))
     experts.top_k = top_k
+    if isinstance(e_score_correction_bias, nn.Parameter):
+        # As vLLM's RoutedExperts: the experts hold the routing bias, so a model file may pass
+        # one no module of its own holds and have it loaded from "<prefix>.e_score_correction_bias"
+        # (a gate-held one keeps the gate's name: named_parameters reports it once, there).
+        experts.e_score_correction_bias = e_score_correction_bias
     return MoERunner(prefix, router, experts, gate=gate, shared_experts=shared_experts,
                      shared_expert_gate=shared_expert_gate,
                      routed_input_transform=routed_input_transform,

@@ -71,13 +71,18 @@ class ShortConv(nn.Module):
             vllm_config.model_config.dtype, vllm_config.cache_config.mamba_cache_dtype)
         register_state_buffers(self, vllm_config, {"conv_state": (shape, dtype)})
 
-    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+    def forward(self, hidden_states: torch.Tensor,
+                output: torch.Tensor | None = None) -> torch.Tensor:
+        """vLLM's files pass `output` [T, H] and read the result from it (its custom-op
+        form); minivllm's own lfm2.py takes the returned tensor. Both get the same values."""
         md = (get_forward_context().state_metadata if is_forward_context_available()
               else None)
         bcx, _ = self.in_proj(hidden_states)                # [T, 3H]
         b, c, x = bcx.chunk(3, dim=-1)
         y = c * self._conv(b * x, md)                       # [T, H]
         out, _ = self.out_proj(y)
+        if output is not None:
+            output.copy_(out)
         return out
 
     def _conv(self, u: torch.Tensor, md: ShortConvAttentionMetadata | None) -> torch.Tensor:

@@ -17,7 +17,11 @@ from torch import nn
 
 from minivllm.model_executor.custom_op import PluggableLayer
 from minivllm.model_executor.layers.fused_moe.router.fused_moe_router import FusedMoERouter
+from minivllm.model_executor.layers.fused_moe.router.zero_expert_router import ZeroExpertRouter
 from minivllm.model_executor.layers.fused_moe.routed_experts import RoutedExperts
+
+# A routing bias the factory was handed as a free Parameter: held by the routed experts.
+_ROUTING_BIAS = "e_score_correction_bias"
 
 
 class SharedExperts(nn.Module):
@@ -76,6 +80,10 @@ class MoERunner(PluggableLayer):
         return self.routed_experts.quant_method
 
     @property
+    def moe_config(self) -> object:
+        return self.routed_experts.moe_config
+
+    @property
     def use_ep(self) -> bool:
         return self.routed_experts.use_ep
 
@@ -87,8 +95,25 @@ class MoERunner(PluggableLayer):
         self.routed_experts.update_expert_map()
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        """Names under the runner are the routed experts' (reported as "routed_experts.*")."""
-        return {f"routed_experts.{name}" for name in self.routed_experts.load_weights(weights)}
+        """Names under the runner are the routed experts' (reported as "routed_experts.*").
+        "e_score_correction_bias" [E] is the routing bias a model file handed the factory as a
+        Parameter of no module of its own (vLLM's laguna.py): the routed experts hold it."""
+        loaded: set[str] = set()
+
+        def expert_weights() -> Iterable[tuple[str, torch.Tensor]]:
+            for name, tensor in weights:
+                bias = getattr(self.routed_experts, name, None) if name == _ROUTING_BIAS else None
+                if not isinstance(bias, nn.Parameter):
+                    yield name, tensor
+                elif bias.shape != tensor.shape:
+                    raise ValueError(f"{self.prefix}.{name}: checkpoint shape "
+                                     f"{tuple(tensor.shape)}, expected {tuple(bias.shape)}")
+                else:
+                    with torch.no_grad():
+                        bias.copy_(tensor)
+                    loaded.add(name)
+        loaded |= set(self.routed_experts.load_weights(expert_weights()))
+        return {f"routed_experts.{name}" for name in loaded}
 
     def forward(self, hidden_states: torch.Tensor, router_logits: torch.Tensor,
                 input_ids: torch.Tensor | None = None,
@@ -117,6 +142,8 @@ class MoERunner(PluggableLayer):
             routed = routed + shared
         if self.reduce_results and not reduced:
             routed = self.routed_experts.maybe_all_reduce_tensor_model_parallel(routed)
+        if isinstance(self.router, ZeroExpertRouter):   # weightless experts: once, not per rank
+            routed = routed + self.router.zero_expert_output
         return routed
 
     def extra_repr(self) -> str:
