@@ -41,6 +41,9 @@ _FIXED: dict[str, tuple[Any, str]] = {
     "VLLM_ROCM_USE_AITER": (False, "no ROCm / AITER kernels"),
     "VLLM_USE_DEEP_GEMM": (False, "no DeepGEMM kernels"),
     "VLLM_DCP_Q_REPLICATE": (False, "no decode context parallelism"),
+    # Token threshold of Cohere2-MoE's attention / MoE dual stream: 0 turns it off.
+    "VLLM_COHERE2_ATTN_MOE_DUAL_STREAM_TOKEN_THRESHOLD": (
+        0, "no attention / MoE dual stream (the MoE runs inline, on one stream)"),
 }
 _reported: set[str] = set()
 

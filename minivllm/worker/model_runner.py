@@ -70,6 +70,8 @@ class ModelRunner:
     def kv_cache_bytes_per_block(self) -> int:
         total = 0
         for layer in self.attn_layers.values():
+            if _kv_sharing_target(layer) is not None:      # reads another layer's cache
+                continue
             shape = layer.get_kv_cache_shape(1, self.block_size)
             total += torch.Size(shape).numel() * layer.kv_cache_torch_dtype.itemsize
         return total
@@ -89,8 +91,11 @@ class ModelRunner:
         return max(1, budget // per_block)
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
-        """Allocate one paged cache per attention layer of this stage and bind it to the layer."""
-        layers = list(self.attn_layers.values())
+        """Allocate one paged cache per attention layer of this stage and bind it to the layer;
+        a KV-sharing layer (`kv_sharing_target_layer_name`, Gemma 4's last layers) is bound to
+        its target's cache, which it reads and never writes."""
+        layers = [layer for layer in self.attn_layers.values()
+                  if _kv_sharing_target(layer) is None]
         shapes = [(torch.Size(layer.get_kv_cache_shape(num_blocks, self.block_size)),
                    layer.kv_cache_torch_dtype) for layer in layers]
         # Zeroed so that masked-out slots can never feed NaNs into attention.
@@ -100,6 +105,7 @@ class ModelRunner:
             caches = [torch.zeros(s, dtype=d, device=self.device) for s, d in shapes]
         for layer, cache in zip(layers, caches):
             layer.bind_kv_cache(cache)
+        self._bind_shared_kv_caches()
         self.num_blocks = num_blocks
         # Graphs record data pointers: built (or rebuilt) against this cache.
         self.cpu_graphs = CPUGraphRunner(self.vllm_config, self.attn_builder,
@@ -107,6 +113,18 @@ class ModelRunner:
         if self.state_slots is not None:
             # A replayed step could not give the recurrent-state layers their slots.
             self.cpu_graphs.enabled = False
+
+    def _bind_shared_kv_caches(self) -> None:
+        """Each KV-sharing layer gets its target's cache (same block table, same slots)."""
+        for name, layer in self.attn_layers.items():
+            target = _kv_sharing_target(layer)
+            if target is None:
+                continue
+            owner = self.attn_layers.get(target)
+            if owner is None or _kv_sharing_target(owner) is not None:
+                raise ValueError(f"{name} shares the KV cache of {target!r}, which is not a "
+                                 f"cache-owning attention layer of this stage")
+            layer.bind_kv_cache(owner.kv_cache)
 
     @torch.inference_mode()
     def compile_or_warm_up_model(self) -> None:
@@ -244,6 +262,10 @@ class ModelRunner:
             result[req_id] = [e[:k + 1] for e in entries[pos:pos + count]]
             pos += count
         return result
+
+
+def _kv_sharing_target(layer: object) -> str | None:
+    return getattr(layer, "kv_sharing_target_layer_name", None)
 
 
 def _rows_to_entries(tokens: list[int], lps: list[float], ranks: list[int],

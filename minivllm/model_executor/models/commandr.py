@@ -13,13 +13,37 @@ from torch import nn
 from minivllm.config import VllmConfig
 from minivllm.distributed import (get_tensor_model_parallel_rank,
                                   get_tensor_model_parallel_world_size)
-from minivllm.model_executor.layers.layernorm import LayerNorm
+# NOTE: imported under another name: `LayerNorm` here is vLLM's commandr class (below), which
+# vLLM's other Cohere files (cohere2_moe.py, cohere_eagle.py) import from this module.
+from minivllm.model_executor.layers.layernorm import LayerNorm as FusedAddLayerNorm
 from minivllm.model_executor.layers.quantization import QuantizationConfig
 from minivllm.model_executor.layers.rotary_embedding import get_rope
-from minivllm.model_executor.parameter import set_weight_attrs
+from minivllm.model_executor.parameter import (default_weight_loader, set_weight_attrs,
+                                               sharded_weight_loader)
 
 from .llama import LlamaAttention, LlamaForCausalLM, LlamaMLP, LlamaModel, input_norm
 from .utils import PPMissingLayer, extract_layer_index
+
+
+class LayerNorm(nn.Module):
+    """vLLM's `commandr.LayerNorm`: Cohere's weight-only LayerNorm over the last dim, in fp32,
+    weight of `param_shape` ([hidden] or [heads, head_dim]; a 2-D one is split over TP by rows).
+    `forward(x, residuals)` returns `(norm(x), residuals)`: the residual passes through
+    untouched, its caller adds it (unlike `FusedAddLayerNorm(x, residual)`)."""
+
+    def __init__(self, param_shape: int | tuple[int, ...] | None = None,
+                 eps: float = 1e-5) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(param_shape), requires_grad=False)
+        self.variance_epsilon = eps
+        loader = sharded_weight_loader(0) if self.weight.dim() == 2 else default_weight_loader
+        set_weight_attrs(self.weight, {"weight_loader": loader})
+
+    def forward(self, hidden_states: torch.Tensor, residuals: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        normed = F.layer_norm(hidden_states.float(), (hidden_states.shape[-1],),
+                              eps=self.variance_epsilon) * self.weight.float()
+        return normed.to(hidden_states.dtype), residuals
 
 
 def local_head_starts(attn: LlamaAttention) -> tuple[int, int]:
@@ -105,8 +129,8 @@ class CohereDecoderLayer(nn.Module):
             prefix=f"{prefix}.self_attn")
         self.mlp = LlamaMLP(config.hidden_size, config.intermediate_size, config.hidden_act,
                             quant_config=quant_config, prefix=f"{prefix}.mlp")
-        self.input_layernorm = LayerNorm(config.hidden_size, eps=config.layer_norm_eps,
-                                         has_bias=False)
+        self.input_layernorm = FusedAddLayerNorm(config.hidden_size, eps=config.layer_norm_eps,
+                                                 has_bias=False)
 
     def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor,
                 residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -125,7 +149,8 @@ class CohereModel(LlamaModel):
             config.rms_norm_eps = config.layer_norm_eps
         super().__init__(vllm_config=vllm_config, prefix=prefix, layer_type=layer_type)
         if not isinstance(self.norm, PPMissingLayer):     # the last PP stage holds the norm
-            self.norm = LayerNorm(config.hidden_size, eps=config.layer_norm_eps, has_bias=False)
+            self.norm = FusedAddLayerNorm(config.hidden_size, eps=config.layer_norm_eps,
+                                          has_bias=False)
 
 
 class CohereForCausalLM(LlamaForCausalLM):

@@ -19,6 +19,7 @@ __all__ = [
     "EagleModelMixin", "HasInnerState", "IsAttentionFree", "IsHybrid", "LocalArgmaxMixin",
     "MixtureOfExperts", "SupportsCrossEncoding", "SupportsEagle", "SupportsEagle3", "SupportsLoRA",
     "SupportsMultiModal", "SupportsPP", "SupportsQuant", "SupportsMambaPrefixCaching",
+    "SupportsReplaySSM", "MambaStateShapes", "HasNoOps",
     "has_inner_state", "is_attention_free", "is_hybrid", "needs_state_slots",
     "is_mixture_of_experts", "is_pooling_model", "is_text_generation_model", "is_vllm_model",
     "supports_eagle", "supports_eagle3", "supports_lora", "supports_multimodal", "supports_pp",
@@ -80,6 +81,28 @@ class SupportsMambaPrefixCaching(Protocol):
     not: prefix caching stays off for every model with inner state (`_prefix_caching`)."""
 
     supports_mamba_prefix_caching: ClassVar[Literal[True]] = True
+
+
+# What a hybrid file's `get_mamba_state_shape_from_config` returns: one shape per state tensor
+# (conv, then SSM, ...), each without the sequence-slot dimension. minivllm's state layers size
+# their buffers themselves (`mamba_utils.register_state_buffers`); the alias is for signatures.
+MambaStateShapes = tuple[tuple[int, ...], ...]
+
+
+@runtime_checkable
+class HasNoOps(Protocol):
+    """Some layers skip attention or the MLP (Nemotron-NAS's `no_op` blocks). minivllm needs
+    nothing more: caches are sized from the attention layers that exist."""
+
+    has_noops: ClassVar[Literal[True]] = True
+
+
+@runtime_checkable
+class SupportsReplaySSM(Protocol):
+    """vLLM's experimental ReplaySSM decode (a ring of recent inputs replayed into the state).
+    minivllm has no such cache mode: a model declaring it runs the plain recurrent decode."""
+
+    supports_replayssm: ClassVar[Literal[True]] = True
 
 
 @runtime_checkable

@@ -13,17 +13,22 @@ from minivllm.distributed import (get_pp_group, get_pp_indices, get_tensor_model
 from minivllm.model_executor.models.auto_weights_loader import (AutoWeightsLoader,
                                                                 UnexpectedWeightsError)
 from minivllm.model_executor.models.placeholders import PPMissingLayer, StageMissingLayer
-from minivllm.model_executor.models.weights_mapper import WeightsMapper
+from minivllm.model_executor.models.weights_mapper import ShardId, WeightsMapper
 from minivllm.sequence import IntermediateTensors
 
 __all__ = [
-    "AutoWeightsLoader", "PPMissingLayer", "StageMissingLayer", "UnexpectedWeightsError",
-    "WeightsMapper", "extract_layer_index", "get_pp_missing_layer_names",
+    "AutoWeightsLoader", "PPMissingLayer", "ShardId", "ShardIds", "StageMissingLayer",
+    "UnexpectedWeightsError", "WeightsMapper", "extract_layer_index", "fast_topk",
+    "get_pp_missing_layer_names",
     "is_pp_missing_parameter", "make_empty_intermediate_tensors_factory", "make_layers",
     "get_spec_layer_idx_from_weight_name", "maybe_fuse_shared_experts", "maybe_prefix",
     "no_init_weights", "sequence_parallel_chunk", "skip_spec_layers",
     "spec_decode_needs_target_embed",
 ]
+
+# A stacked weight's shard, or a list of shards it is loaded into in turn (Gemma 4's k_proj
+# filling both the K and the V shard of qkv_proj): the targets of `orig_to_new_stacked`.
+ShardIds = ShardId | list[ShardId]
 
 # Speculative methods whose drafter reads the target's embeddings on the last PP stage.
 _EMBED_SHARING_SPEC_METHODS = ("eagle", "eagle3", "dflash", "dspark")
@@ -69,6 +74,14 @@ def extract_layer_index(layer_name: str, num_attn_module: int = 1) -> int:
     # Several attention modules per layer: the second integer selects the module.
     assert len(int_vals) <= 2, f"layer name {layer_name} should contain at most two integers"
     return int_vals[0] * num_attn_module + int_vals[1] if len(int_vals) == 2 else int_vals[0]
+
+
+def fast_topk(values: torch.Tensor, topk: int, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`torch.topk(values, topk, dim)` as (values, indices); k = 1 (Llama 4's router) takes
+    `max`, which keeps the dim and is cheaper than a sort-based top-k."""
+    if topk == 1:
+        return torch.max(values, dim=dim, keepdim=True)
+    return torch.topk(values, topk, dim=dim)
 
 
 def sequence_parallel_chunk(x: torch.Tensor) -> torch.Tensor:

@@ -1,9 +1,11 @@
-"""The attention layers a model file builds: `Attention`, `EncoderOnlyAttention`, MLA's
-`MLAAttention` and vLLM's `RSWAAttention`."""
+"""The attention layers a model file builds: `Attention`, `ChunkedLocalAttention`,
+`EncoderOnlyAttention`, MLA's `MLAAttention` and vLLM's `RSWAAttention`."""
 
 from minivllm.model_executor.layers.attention.attention import Attention
+from minivllm.model_executor.layers.attention.chunked_local_attention import ChunkedLocalAttention
 from minivllm.model_executor.layers.attention.encoder_only_attention import EncoderOnlyAttention
 from minivllm.model_executor.layers.attention.mla_attention import MLAAttention
 from minivllm.model_executor.layers.attention.rswa_attention import RSWAAttention
 
-__all__ = ["Attention", "EncoderOnlyAttention", "MLAAttention", "RSWAAttention"]
+__all__ = ["Attention", "ChunkedLocalAttention", "EncoderOnlyAttention", "MLAAttention",
+           "RSWAAttention"]

@@ -2,6 +2,7 @@
 `RoutedExperts`, `FusedMoERouter`, `GateLinear`), the older `FusedMoE` / `SharedFusedMoE`, and
 the MoE functions."""
 
+from minivllm.model_executor.layers.fused_moe.activation import activation_without_mul
 from minivllm.model_executor.layers.fused_moe.fused_moe import (fused_experts, fused_moe,
                                                                 fused_topk, grouped_topk)
 from minivllm.model_executor.layers.fused_moe.fused_moe_method_base import FusedMoEMethodBase
@@ -15,5 +16,5 @@ from minivllm.model_executor.layers.fused_moe.shared_fused_moe import SharedFuse
 
 __all__ = ["FusedMoE", "FusedMoEFactory", "FusedMoEMethodBase", "FusedMoERouter", "GateLinear",
            "MoERunner", "RoutedExperts", "SharedExperts", "SharedFusedMoE",
-           "determine_expert_map", "fused_experts", "fused_moe",
+           "activation_without_mul", "determine_expert_map", "fused_experts", "fused_moe",
            "fused_moe_make_expert_params_mapping", "fused_topk", "grouped_topk"]

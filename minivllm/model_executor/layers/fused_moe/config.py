@@ -51,7 +51,8 @@ class FusedMoEConfig:
 
     @property
     def is_act_and_mul(self) -> bool:
-        return True          # every activation minivllm's experts run is gated
+        from minivllm.model_executor.layers.fused_moe.activation import is_gated
+        return is_gated(self.activation)   # False for the "*_no_mul" ones (up rows only)
 
     @property
     def tp_size(self) -> int:

@@ -20,13 +20,15 @@ import torch.nn.functional as F
 
 from minivllm import _custom_ops as ops
 from minivllm.model_executor.kernels.op_library import register_op
+from minivllm.model_executor.layers.fused_moe.activation import (MOE_ACTIVATIONS,
+                                                                 apply_activation_no_mul,
+                                                                 is_gated)
 from minivllm.model_executor.layers.fused_moe.cpu_fused_moe import (experts_supported,
                                                                     fused_experts_bf16)
 
 SCORING_FUNCS = ("softmax", "sigmoid")
-# vLLM 0.33's gated MoE activations: "swigluoai" reads gate/up rows interleaved, as gpt-oss
-# checkpoints store them; every other one (its "swigluoai_uninterleave" too) gate rows first.
-ACTIVATIONS = ("silu", "gelu", "gelu_tanh", "swigluoai", "swigluoai_uninterleave")
+# vLLM 0.33's MoE activations, gated and non-gated ("*_no_mul"): see `activation.py`.
+ACTIVATIONS = MOE_ACTIVATIONS
 # gpt-oss's clamped SwiGLU (vLLM's "swigluoai"): alpha and limit of its reference code.
 SWIGLUOAI_ALPHA, SWIGLUOAI_LIMIT = 1.702, 7.0
 
@@ -110,7 +112,10 @@ def grouped_topk(hidden_states: torch.Tensor, gating_output: torch.Tensor, topk:
 
 def gated_activation(h: torch.Tensor, activation: str) -> torch.Tensor:
     """Gated activation of gate_up rows [n, 2I] -> [n, I]: the gate half first, then the up
-    half; for "swigluoai" the two alternate (gate0, up0, gate1, up1, ...)."""
+    half; for "swigluoai" the two alternate (gate0, up0, gate1, up1, ...). A non-gated
+    activation ("relu2_no_mul") maps its up rows [n, I] -> [n, I] alone."""
+    if activation in ACTIVATIONS and not is_gated(activation):
+        return apply_activation_no_mul(h, activation)
     if activation == "swigluoai":
         gate, up = h[:, 0::2], h[:, 1::2]
     else:

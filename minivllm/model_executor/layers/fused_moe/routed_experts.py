@@ -28,6 +28,7 @@ from minivllm.distributed import (get_ep_group, get_tensor_model_parallel_rank,
                                   get_tensor_model_parallel_world_size)
 from minivllm.logger import init_logger
 from minivllm.model_executor.custom_op import PluggableLayer
+from minivllm.model_executor.layers.fused_moe.activation import is_gated
 from minivllm.model_executor.layers.fused_moe.config import FusedMoEConfig, FusedMoEParallelConfig
 from minivllm.model_executor.layers.fused_moe.fused_moe import ACTIVATIONS, fused_experts_op
 from minivllm.model_executor.layers.fused_moe.fused_moe_method_base import FusedMoEMethodBase
@@ -95,6 +96,8 @@ class RoutedExperts(PluggableLayer):
         self.global_num_experts = num_experts
         self.hidden_size, self.intermediate_size = hidden_size, intermediate_size
         self.activation, self.has_bias = activation, has_bias
+        # Non-gated experts ("relu2_no_mul"): w13 holds only the up rows [I_p, H], shard "w1".
+        self.is_act_and_mul = is_gated(activation)
         self.apply_router_weight_on_input = apply_router_weight_on_input
         self.is_fused_checkpoint_transposed = is_fused_checkpoint_transposed
         self._init_parallel(tp_size, ep_size)
@@ -104,6 +107,9 @@ class RoutedExperts(PluggableLayer):
         if self.quant_method is not None and activation == "swigluoai":
             raise NotImplementedError("quantized experts keep gate rows first: use activation "
                                       "'swigluoai_uninterleave' instead of 'swigluoai'")
+        if self.quant_method is not None and not self.is_act_and_mul:
+            raise NotImplementedError(f"quantized non-gated experts ({activation!r}) are not "
+                                      f"supported; gated ones are: silu, gelu, gelu_tanh")
         self._create_weights(params_dtype or torch.get_default_dtype())
 
     def _init_parallel(self, tp_size: int | None, ep_size: int | None) -> None:
@@ -139,9 +145,10 @@ class RoutedExperts(PluggableLayer):
             self.quant_method.create_weights(self, e, h, i, dtype,
                                              weight_loader=self.weight_loader)
             return
-        shapes = {"w13_weight": (e, 2 * i, h), "w2_weight": (e, h, i)}
+        rows = 2 * i if self.is_act_and_mul else i      # gate + up rows, or up rows alone
+        shapes = {"w13_weight": (e, rows, h), "w2_weight": (e, h, i)}
         if self.has_bias:
-            shapes |= {"w13_bias": (e, 2 * i), "w2_bias": (e, h)}
+            shapes |= {"w13_bias": (e, rows), "w2_bias": (e, h)}
         for name, shape in shapes.items():
             param = nn.Parameter(torch.empty(shape, dtype=dtype), requires_grad=False)
             set_weight_attrs(param, {"weight_loader": self.weight_loader})
@@ -191,6 +198,12 @@ class RoutedExperts(PluggableLayer):
         this rank's slice of the intermediate dimension; other ranks' experts are skipped."""
         if shard_id not in _SHARD_IDS:
             raise ValueError(f"shard_id must be one of {_SHARD_IDS}, got {shard_id!r}")
+        if loaded_weight.dim() == param.dim() >= 2:
+            # vLLM's "full load": consecutive experts at once [n, ...] from `expert_id` on
+            # (Llama 4's fused checkpoints pass all of a rank's experts this way).
+            done = [self.weight_loader(param, one, weight_name, shard_id, expert_id + i, True)
+                    for i, one in enumerate(loaded_weight.unbind(0))]
+            return all(done) if return_success else None
         local = self._local_expert(expert_id)
         if local < 0:
             return False if return_success else None
@@ -203,7 +216,11 @@ class RoutedExperts(PluggableLayer):
                 loaded_weight = torch.zeros_like(loaded_weight)
         else:
             loaded_weight = loaded_weight.narrow(0, self.tp_rank * i_p, i_p)
-            if self.activation == "swigluoai":      # gate and up rows alternate (gpt-oss's)
+            if not self.is_act_and_mul:                 # up rows only: shard "w1" fills all
+                if shard_id == "w3":
+                    raise ValueError(f"{weight_name}: non-gated experts ({self.activation!r}) "
+                                     f"take shards 'w1' (up) and 'w2' (down), not 'w3'")
+            elif self.activation == "swigluoai":      # gate and up rows alternate (gpt-oss's)
                 target = target[0::2] if shard_id == "w1" else target[1::2]
             else:
                 target = target[:i_p] if shard_id == "w1" else target[i_p:]
@@ -234,8 +251,10 @@ class RoutedExperts(PluggableLayer):
                     if loader(param, piece, name, shard, expert, return_success=True):
                         seen.setdefault(param_name, set()).add((self._local_expert(expert),
                                                                 shard))
+        w13_shards = 2 if self.is_act_and_mul else 1
         loaded = {name for name, got in seen.items()
-                  if len(got) == self.local_num_experts * (1 if name.startswith("w2") else 2)}
+                  if len(got) == self.local_num_experts * (1 if name.startswith("w2")
+                                                           else w13_shards)}
         if unexpected:
             raise UnexpectedWeightsError(type(self).__name__, unexpected, loaded,
                                          {"": list(params)})

@@ -87,10 +87,15 @@ class TorchAttentionImpl:
         # Attention sinks (gpt-oss): one learned logit per head [nH] joins each softmax's
         # denominator; the eager path adds it (SDPA and the native kernels have no such term).
         self.sinks: torch.Tensor | None = extra_impl_args.get("sinks")
+        # Chunked-local attention (Llama 4's RoPE layers): a query attends only to keys in its
+        # own block of `attention_chunk_size` positions; applied as a mask on every SDPA path.
+        self.attention_chunk_size: int | None = extra_impl_args.get("attention_chunk_size")
         self._sdpa_ok = (self.logits_soft_cap is None and self.alibi_slopes is None
                          and self.sinks is None)
-        # The native decode kernel covers plain softmax attention with one head size.
+        # The native decode kernel covers plain softmax attention with one head size (a chunked
+        # window, whose length varies with each query's position, is not one of its inputs).
         self._kernel_ok = (self._sdpa_ok and attn_type == AttentionType.DECODER
+                           and not self.attention_chunk_size
                            and self.head_size == self.head_size_v
                            and num_heads % num_kv_heads == 0 and num_heads // num_kv_heads <= 64)
         self._views: tuple[torch.Tensor, tuple[torch.Tensor, ...]] | None = None
@@ -250,7 +255,7 @@ class TorchAttentionImpl:
         k, v = self._gather_kv(g, kv_cache, md)                 # [n, nKV, Lk, d]
         if k.dtype != qg.dtype:
             k, v = k.to(qg.dtype), v.to(qg.dtype)
-        mask = g.mask(self.sliding_window, qg.dtype)
+        mask = g.mask(self.sliding_window, qg.dtype, self.attention_chunk_size)
         o = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask, scale=self.scale,
                                            enable_gqa=self.num_queries_per_kv > 1)
         o = o.view(n, self.num_heads, self.head_size_v)         # Lq = 1: [n, nH, 1, d_v] rows
@@ -276,7 +281,7 @@ class TorchAttentionImpl:
         if not self._sdpa_ok:
             o = self._attend_eager(g, qg, k, v)
         else:
-            mask = g.mask(self.sliding_window, qg.dtype)
+            mask = g.mask(self.sliding_window, qg.dtype, self.attention_chunk_size)
             o = F.scaled_dot_product_attention(
                 qg, k, v, attn_mask=mask, is_causal=g.use_is_causal and mask is None,
                 scale=self.scale, enable_gqa=self.num_queries_per_kv > 1)
@@ -317,7 +322,8 @@ class TorchAttentionImpl:
         if self.alibi_slopes is not None:
             dist = torch.arange(g.k_len_max) - g.q_pos[:, :, None]      # [Bg, Lq, Lk]
             scores = scores + self.alibi_slopes[None, :, None, None] * dist[:, None].float()
-        scores = scores.masked_fill(~g.build_mask(self.sliding_window), float("-inf"))
+        allowed = g.build_mask(self.sliding_window, self.attention_chunk_size)
+        scores = scores.masked_fill(~allowed, float("-inf"))
         if self.sinks is not None:        # an extra column per head, dropped after the softmax
             sink = self.sinks.float()[None, :, None, None].expand(*scores.shape[:-1], 1)
             probs = torch.cat([scores, sink], dim=-1).softmax(dim=-1)[..., :-1]

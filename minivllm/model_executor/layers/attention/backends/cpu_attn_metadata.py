@@ -75,26 +75,31 @@ class AttnGroup:
         """SDPA's own causal mask is right only for square, unpadded, prefix-free groups."""
         return self.causal and not self.needs_mask and self.q_len == self.k_len_max > 1
 
-    def mask(self, window: int | None, dtype: torch.dtype) -> torch.Tensor | None:
-        """`build_mask(window)` as an additive mask (0 / -inf) in `dtype`, cached per step;
-        None when nothing needs masking.
+    def mask(self, window: int | None, dtype: torch.dtype,
+             chunk: int | None = None) -> torch.Tensor | None:
+        """`build_mask(window, chunk)` as an additive mask (0 / -inf) in `dtype`, cached per
+        step; None when nothing needs masking.
 
         NOTE: additive and in the query dtype because SDPA would otherwise convert a bool mask
         on every call, i.e. once per layer (two extra ops over [Bg, 1, Lq, Lk] each time).
         """
         window = 0 if window is None or window >= self.k_len_max else window
-        key = (window, dtype)
+        # Every key position is below k_len_max: chunks at least that long never split them.
+        chunk = 0 if chunk is None or chunk >= self.k_len_max else chunk
+        key = (window, dtype, chunk)
         if key not in self.masks:
             mask = None
-            if window or self.needs_mask:
-                allowed = self.build_mask(window)
+            if window or chunk or self.needs_mask:
+                allowed = self.build_mask(window, chunk)
                 mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed,
                                                                            float("-inf"))
             self.masks[key] = mask
         return self.masks[key]
 
-    def build_mask(self, window: int | None) -> torch.Tensor:
-        """Bool [Bg, 1, Lq|1, Lk] (True = attend): key length, causality, sliding window."""
+    def build_mask(self, window: int | None, chunk: int | None = None) -> torch.Tensor:
+        """Bool [Bg, 1, Lq|1, Lk] (True = attend): key length, causality, sliding window,
+        chunked-local attention (a query sees only keys of its own `chunk`-long block of
+        positions: Llama 4's local layers)."""
         k_pos = torch.arange(self.k_len_max)                       # [Lk]
         q_pos = self.q_pos[:, :, None]                             # [Bg, Lq, 1]
         mask = k_pos < self.k_len[:, None, None]                   # [Bg, 1, Lk]
@@ -103,6 +108,8 @@ class AttnGroup:
         if window:
             # NOTE: vLLM's window covers `window` tokens including the query itself.
             mask = mask & (k_pos > q_pos - window)
+        if chunk:
+            mask = mask & (k_pos // chunk == q_pos // chunk)        # [Bg, Lq, Lk]
         return mask.unsqueeze(1)                                   # [Bg, 1, Lq or 1, Lk]
 
     def select_rows(self, x: torch.Tensor) -> torch.Tensor:

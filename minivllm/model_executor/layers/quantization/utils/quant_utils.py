@@ -53,6 +53,31 @@ def scaled_dequantize(x_q: torch.Tensor, x_s: torch.Tensor,
     return (x_q.float() * scale).to(out_dtype)
 
 
+def scaled_quantize(x: torch.Tensor, group_shape: GroupShape, quant_dtype: torch.dtype,
+                    compute_dtype: torch.dtype | None = None
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, N] quantised per `group_shape` block (-1: the whole dimension) to the float
+    `quant_dtype` (fp8): (x_q [M, N], the dequantisation scales [M/r, N/c] fp32) with
+    x ~ x_q * scale, each block's largest magnitude at the dtype's largest value."""
+    if not quant_dtype.is_floating_point:
+        raise ValueError(f"scaled_quantize takes a floating-point quant_dtype (fp8), got "
+                         f"{quant_dtype}")
+    rows = group_shape[0] if group_shape[0] > 0 else x.shape[-2]
+    cols = group_shape[1] if group_shape[1] > 0 else x.shape[-1]
+    if x.dim() != 2 or x.shape[0] % rows or x.shape[1] % cols:
+        raise ValueError(f"scaled_quantize needs a 2-D tensor whose dims the group shape "
+                         f"({rows}, {cols}) divides, got {tuple(x.shape)}")
+    blk_m, blk_n = x.shape[0] // rows, x.shape[1] // cols
+    xc = x if compute_dtype is None else x.to(compute_dtype)
+    blocks = xc.reshape(blk_m, rows, blk_n, cols).permute(0, 2, 1, 3)   # [bm, bn, r, c]
+    amax = blocks.abs().amax(dim=(-2, -1)).clamp(min=1e-12)            # [bm, bn]
+    finfo = torch.finfo(quant_dtype)
+    scale = finfo.max / amax
+    q = (blocks * scale[..., None, None]).clamp(finfo.min, finfo.max)
+    q = q.permute(0, 2, 1, 3).reshape(x.shape)
+    return q.to(quant_dtype).contiguous(), scale.float().reciprocal()
+
+
 def get_and_maybe_dequant_weights(layer: nn.Module,
                                   out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """A linear layer's weight [out, in] (this rank's part) in `out_dtype`: the plain parameter
