@@ -42,6 +42,12 @@ class MambaStateDtypeCalculator:
                                mamba_cache_dtype: str) -> tuple[torch.dtype]:
         return (_state_dtype(mamba_cache_dtype, model_dtype),)
 
+    @classmethod
+    def gated_delta_net_state_dtype(cls, model_dtype: torch.dtype | str, mamba_cache_dtype: str,
+                                    mamba_ssm_cache_dtype: str = "auto"
+                                    ) -> tuple[torch.dtype, torch.dtype]:
+        return cls._conv_and_ssm(model_dtype, mamba_cache_dtype, mamba_ssm_cache_dtype)
+
     @staticmethod
     def _conv_and_ssm(model_dtype: torch.dtype | str, mamba_cache_dtype: str,
                       mamba_ssm_cache_dtype: str) -> tuple[torch.dtype, torch.dtype]:
@@ -73,6 +79,17 @@ class MambaStateShapeCalculator:
     def short_conv_state_shape(cls, tp_world_size: int, intermediate_size: int,
                                conv_kernel: int, num_spec: int = 0) -> tuple[tuple[int, int]]:
         return ((conv_kernel - 1 + num_spec, divide(intermediate_size, tp_world_size)),)
+
+    @classmethod
+    def gated_delta_net_state_shape(cls, tp_world_size: int, num_k_heads: int,
+                                    num_v_heads: int, head_k_dim: int, head_v_dim: int,
+                                    conv_kernel_size: int, num_spec: int = 0
+                                    ) -> tuple[tuple[int, int], tuple[int, int, int]]:
+        """Gated DeltaNet: the conv state over [q | k | v] channels, and the recurrent state
+        [value heads, dv, dk] (vLLM's layout) of this rank's heads."""
+        conv_dim = 2 * num_k_heads * head_k_dim + num_v_heads * head_v_dim
+        return ((conv_kernel_size - 1 + num_spec, divide(conv_dim, tp_world_size)),
+                (divide(num_v_heads, tp_world_size), head_v_dim, head_k_dim))
 
     @classmethod
     def extra_groups_for_head_shards(cls, ngroups: int, tp_size: int) -> int:
@@ -133,3 +150,7 @@ class MambaStateCopyFuncCalculator:
     @classmethod
     def short_conv_state_copy_func(cls) -> tuple[MambaStateCopyFunc]:
         return (get_conv_copy_spec,)
+
+    @classmethod
+    def gated_delta_net_state_copy_func(cls) -> tuple[MambaStateCopyFunc, MambaStateCopyFunc]:
+        return get_conv_copy_spec, get_temporal_copy_spec

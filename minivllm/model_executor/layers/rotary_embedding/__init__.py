@@ -8,23 +8,26 @@ from minivllm.model_executor.layers.rotary_embedding.base import RotaryEmbedding
 from minivllm.model_executor.layers.rotary_embedding.common import yarn_get_mscale
 from minivllm.model_executor.layers.rotary_embedding.dynamic_ntk_scaling_rope import (
     DynamicNTKAlphaRotaryEmbedding, DynamicNTKScalingRotaryEmbedding)
+from minivllm.model_executor.layers.rotary_embedding.gemma4_rope import Gemma4RotaryEmbedding
 from minivllm.model_executor.layers.rotary_embedding.linear_scaling_rope import (
     LinearScalingRotaryEmbedding)
 from minivllm.model_executor.layers.rotary_embedding.llama3_rope import Llama3RotaryEmbedding
+from minivllm.model_executor.layers.rotary_embedding.mrope import MRotaryEmbedding
 from minivllm.model_executor.layers.rotary_embedding.phi3_long_rope_scaled_rope import (
     Phi3LongRoPEScaledRotaryEmbedding, longrope_uses_long_factors)
 from minivllm.model_executor.layers.rotary_embedding.yarn_scaling_rope import (
     YaRNScalingRotaryEmbedding)
 
 __all__ = [
-    "DynamicNTKAlphaRotaryEmbedding", "DynamicNTKScalingRotaryEmbedding",
-    "LinearScalingRotaryEmbedding", "Llama3RotaryEmbedding", "Phi3LongRoPEScaledRotaryEmbedding",
+    "DynamicNTKAlphaRotaryEmbedding", "DynamicNTKScalingRotaryEmbedding", "Gemma4RotaryEmbedding",
+    "LinearScalingRotaryEmbedding", "Llama3RotaryEmbedding", "MRotaryEmbedding",
+    "Phi3LongRoPEScaledRotaryEmbedding",
     "RotaryEmbedding",
     "YaRNScalingRotaryEmbedding", "apply_rotary_emb", "get_rope",
 ]
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn", "longrope",
-                        "deepseek_yarn", "deepseek_llama_scaling")
+                        "deepseek_yarn", "deepseek_llama_scaling", "proportional")
 _YARN_KEYS = ("beta_fast", "beta_slow", "mscale", "mscale_all_dim", "attention_factor", "truncate")
 
 # Every layer with the same arguments shares one module (and one cos/sin table).
@@ -58,6 +61,8 @@ def _build_rope(head_size: int, rotary_dim: int, max_position: int, is_neox_styl
         return RotaryEmbedding(*common, dtype)
     if rope_type == "linear":
         return LinearScalingRotaryEmbedding(*common, params["factor"], dtype)
+    if rope_type == "proportional":                 # Gemma 4's full-attention layers
+        return Gemma4RotaryEmbedding(*common, dtype, params.get("factor", 1.0))
     if rope_type == "dynamic":
         if "alpha" in params:
             return DynamicNTKAlphaRotaryEmbedding(*common, params["alpha"], dtype)

@@ -1,0 +1,1 @@
+"""Gated DeltaNet linear-attention layers (vLLM's `layers.mamba.gdn` package)."""
