@@ -151,7 +151,9 @@ class ModelConfig:
         elif self.pooler_config is not None:
             raise ValueError("pooler_config is for pooling models; add --runner pooling "
                              "(and --convert embed for a causal LM)")
-        limit = getattr(self.hf_config, "max_position_embeddings", None) or 2048
+        # A vision-language config keeps it on its text config (Qwen3.5's text_config).
+        limit = (getattr(self.hf_config, "max_position_embeddings", None)
+                 or getattr(self.hf_text_config, "max_position_embeddings", None) or 2048)
         if self.max_model_len is None:
             self.max_model_len = limit
         elif self.max_model_len < 1 or self.max_model_len > limit:
