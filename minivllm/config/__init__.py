@@ -6,6 +6,7 @@ from minivllm.config.load import DeviceConfig, LoadConfig
 from minivllm.config.lora import LoRAConfig
 from minivllm.config.model import ModelConfig, default_model_path, str_dtype_to_torch_dtype
 from minivllm.config.parallel import ParallelConfig
+from minivllm.config.pooler import PoolerConfig
 from minivllm.config.scheduler import SchedulerConfig
 from minivllm.config.vllm import (VllmConfig, get_cached_compilation_config,
                                   get_current_vllm_config, get_current_vllm_config_or_none,
@@ -13,7 +14,8 @@ from minivllm.config.vllm import (VllmConfig, get_cached_compilation_config,
 
 __all__ = [
     "CacheConfig", "CompilationConfig", "CompilationMode", "CUDAGraphMode", "DeviceConfig",
-    "LoadConfig", "LoRAConfig", "ModelConfig", "ParallelConfig", "SchedulerConfig", "VllmConfig",
+    "LoadConfig", "LoRAConfig", "ModelConfig", "ParallelConfig", "PoolerConfig", "SchedulerConfig",
+    "VllmConfig",
     "default_model_path", "get_cached_compilation_config", "get_current_vllm_config",
     "get_current_vllm_config_or_none", "set_current_vllm_config", "str_dtype_to_torch_dtype",
     "valid_tp_sizes",

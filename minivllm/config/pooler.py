@@ -59,6 +59,14 @@ class PoolerConfig:
         """The one pooling the engine runs (a token-wise type, when given, wins)."""
         return self.tok_pooling_type or self.seq_pooling_type
 
+    def get_seq_pooling_type(self) -> str:
+        """vLLM's accessor: the sequence pooling a model file's sequence pooler runs."""
+        return self.seq_pooling_type or "LAST"
+
+    def get_tok_pooling_type(self) -> str:
+        """vLLM's accessor: the token pooling a model file's token pooler runs."""
+        return self.tok_pooling_type or "ALL"
+
     @classmethod
     def parse(cls, value: PoolerConfig | dict[str, Any] | str | None) -> PoolerConfig | None:
         """A PoolerConfig from itself, a dict, or JSON text (`--pooler-config`); unknown keys
@@ -106,13 +114,14 @@ def sentence_transformers_pooling(model_path: str) -> dict[str, Any] | None:
 
 
 def resolve_pooler_config(user: PoolerConfig | dict[str, Any] | str | None, model_path: str,
-                          hf_config: Any) -> PoolerConfig:
+                          hf_config: Any, model_default: str = "LAST") -> PoolerConfig:
     """Every field set: the user's, else the checkpoint's sentence-transformers files, else the
-    model's default (HF `pooling`, else LAST; normalised)."""
+    model's default (HF `pooling`, else the model class's `model_default`; normalised)."""
     resolved = PoolerConfig.parse(user) or PoolerConfig()
     st = sentence_transformers_pooling(model_path) if os.path.isdir(model_path) else None
     hf_pooling = getattr(hf_config, "pooling", None)
-    default_type = _HF_POOLING.get(str(hf_pooling).lower(), "LAST") if hf_pooling else "LAST"
+    default_type = (_HF_POOLING.get(str(hf_pooling).lower(), model_default) if hf_pooling
+                    else model_default)
     if resolved.effective_pooling_type is None:
         resolved = dataclasses.replace(resolved, pooling_type=(st or {}).get("pooling_type") or default_type)
     if resolved.normalize is None:

@@ -19,6 +19,7 @@ from minivllm.config.cache import CACHE_DTYPES
 from minivllm.config.compilation import CompilationMode
 from minivllm.config.load import LOAD_FORMATS
 from minivllm.config.model import CONVERT_TYPES, RUNNER_TYPES
+from minivllm.config.pooler import resolve_pooler_config
 from minivllm.logger import init_logger
 from minivllm.model_executor.layers.quantization import (QUANTIZATION_METHODS,
                                                          get_quantization_config)
@@ -129,6 +130,7 @@ class EngineArgs:
                                    quantization=self.quantization, runner=self.runner,
                                    convert=self.convert, pooler_config=self.pooler_config)
         _check_pooling_model(model_config)
+        _apply_class_pooling_default(model_config, self.pooler_config)
         budget, max_num_seqs = _step_limits(model_config, self.max_num_batched_tokens,
                                             self.max_num_seqs)
         load_config = LoadConfig(load_format=self.load_format)
@@ -244,7 +246,8 @@ def _step_limits(model_config: ModelConfig, max_num_batched_tokens: int,
     sequence cannot prefill a prompt in chunks (a chunk would not see the later ones): each step
     then runs one whole prompt (the scheduler gives a second request the budget's rest)."""
     bidirectional = getattr(model_config.hf_config, "is_causal", True) is False or \
-        any("Bidirectional" in arch for arch in model_config.architectures)
+        any("Bidirectional" in arch for arch in model_config.architectures) or \
+        _encoder_only(model_config)
     if model_config.runner_type != "pooling" or not bidirectional:
         return max_num_batched_tokens, max_num_seqs
     logger.info("%s attends bidirectionally: one whole prompt per step (token budget "
@@ -266,6 +269,33 @@ def _prefix_caching(asked: bool, model_config: ModelConfig) -> bool:
                     model_config.architectures[0])
         return False
     return True
+
+
+def _pooling_model_cls(model_config: ModelConfig) -> type | None:
+    """The registered class a pooling model runs (adapted when converted), else None."""
+    if model_config.runner_type != "pooling":
+        return None
+    try:
+        return ModelRegistry.resolve_model_cls(model_config.architectures, model_config)[0]
+    except ValueError:      # not registered (yet): `_check_pooling_model` names it
+        return None
+
+
+def _apply_class_pooling_default(model_config: ModelConfig, user: Any) -> None:
+    """vLLM's per-class default pooling (`@default_pooling_type`: BERT pools CLS) where neither
+    the user, a sentence-transformers file nor the HF config names one (before the engine runs)."""
+    default = getattr(_pooling_model_cls(model_config), "default_seq_pooling_type", "LAST")
+    if default != "LAST":
+        model_config.pooler_config = resolve_pooler_config(user, model_config.model,
+                                                           model_config.hf_config, default)
+
+
+def _encoder_only(model_config: ModelConfig) -> bool:
+    """As vLLM's `ModelConfig.attn_type`: a pooling class that pools CLS by default, or one
+    marked `@attn_type("encoder_only")`, attends bidirectionally."""
+    cls = _pooling_model_cls(model_config)
+    return (getattr(cls, "default_seq_pooling_type", "LAST") == "CLS"
+            or getattr(cls, "attn_type", "decoder") == "encoder_only")
 
 
 def _check_pooling_model(model_config: ModelConfig) -> None:

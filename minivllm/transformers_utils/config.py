@@ -5,6 +5,8 @@ import json
 import os
 from typing import TYPE_CHECKING, Any
 
+from huggingface_hub.errors import StrictDataclassError
+
 from minivllm.transformers_utils.gguf_file import GGUFFile, open_gguf
 from minivllm.transformers_utils.hf_config import TEXT_CONFIG_DEFAULTS, HFTextConfig, make_text_config
 
@@ -270,6 +272,7 @@ def _patch_one(cfg: "PretrainedConfig") -> None:
     if rope is None:
         rope = getattr(cfg, "rope_scaling", None)
     rope = dict(rope) if rope else {}
+    per_layer_type = bool(rope) and all(isinstance(v, dict) for v in rope.values())
     if "type" in rope:
         legacy = rope.pop("type")
         if "rope_type" in rope and rope["rope_type"] != legacy:
@@ -292,7 +295,13 @@ def _patch_one(cfg: "PretrainedConfig") -> None:
             # As vLLM: a config without RoPE fields stays without the attribute (vLLM's GPT-J
             # reads `getattr(config, "rope_parameters", {})` and fills it in).
             return
-    cfg.rope_parameters = rope
+    try:
+        cfg.rope_parameters = rope
+    except StrictDataclassError:
+        # NOTE: a config class typing rope_parameters as {layer type: {...}} (ModernBERT) refuses
+        # the top-level keys added above; its per-type entries are complete, so keep them as is.
+        if not per_layer_type:
+            raise
 
 
 def set_default_rope_theta(config: "PretrainedConfig", default_theta: float) -> None:

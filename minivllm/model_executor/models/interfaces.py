@@ -17,7 +17,8 @@ logger = init_logger(__name__)
 
 __all__ = [
     "EagleModelMixin", "HasInnerState", "IsAttentionFree", "IsHybrid", "LocalArgmaxMixin",
-    "MixtureOfExperts", "SupportsCrossEncoding", "SupportsEagle", "SupportsEagle3", "SupportsLoRA",
+    "MixtureOfExperts", "SupportsCrossEncoding", "SupportsEagle",
+    "SupportsLateInteraction", "SupportsEagle3", "SupportsLoRA",
     "SupportsMultiModal", "SupportsPP", "SupportsQuant", "SupportsMambaPrefixCaching",
     "SupportsReplaySSM", "MambaStateShapes", "HasNoOps",
     "has_inner_state", "is_attention_free", "is_hybrid", "needs_state_slots",
@@ -141,6 +142,13 @@ class SupportsMultiModal(Protocol):
 @runtime_checkable
 class SupportsCrossEncoding(Protocol):
     supports_cross_encoding: ClassVar[Literal[True]] = True
+
+
+@runtime_checkable
+class SupportsLateInteraction(Protocol):
+    """Per-token embeddings scored by MaxSim (ColBERT); minivllm serves them as token_embed."""
+
+    score_type: ClassVar[str] = "late-interaction"
 
 
 @runtime_checkable

@@ -8,7 +8,8 @@ from minivllm.logger import init_logger
 
 logger = init_logger(__name__)
 
-__all__ = ["is_pooling_model", "is_vllm_model", "supports_kw"]
+__all__ = ["attn_type", "default_pooling_type", "get_attn_type", "get_default_seq_pooling_type",
+           "get_default_tok_pooling_type", "is_pooling_model", "is_vllm_model", "supports_kw"]
 
 
 def supports_kw(fn: Callable[..., Any] | None, kw_name: str, *, requires_kw_only: bool = False,
@@ -41,3 +42,37 @@ def is_vllm_model(model: type | object) -> bool:
 
 def is_pooling_model(model: type | object) -> bool:
     return is_vllm_model(model) and bool(getattr(model, "is_pooling_model", False))
+
+
+def default_pooling_type(*, seq_pooling_type: str = "LAST", tok_pooling_type: str = "ALL"
+                         ) -> Callable[[type], type]:
+    """Class decorator: the pooling a pooling model runs when the user sets none (BERT: CLS)."""
+    def mark(model: type) -> type:
+        model.default_seq_pooling_type = seq_pooling_type
+        model.default_tok_pooling_type = tok_pooling_type
+        return model
+    return mark
+
+
+def get_default_seq_pooling_type(model: type | object) -> str:
+    return getattr(model, "default_seq_pooling_type", "LAST")
+
+
+def get_default_tok_pooling_type(model: type | object) -> str:
+    return getattr(model, "default_tok_pooling_type", "ALL")
+
+
+def attn_type(kind: str) -> Callable[[type], type]:
+    """Class decorator: "decoder" (causal, the default) or "encoder_only" (bidirectional)."""
+    valid = ("decoder", "encoder_only")
+    if kind not in valid:
+        raise ValueError(f"attn_type {kind!r} is not supported; choose one of {valid}")
+
+    def mark(model: type) -> type:
+        model.attn_type = kind
+        return model
+    return mark
+
+
+def get_attn_type(model: type | object) -> str:
+    return getattr(model, "attn_type", "decoder")

@@ -106,8 +106,11 @@ class AttnGroup:
         if self.causal:
             mask = mask & (k_pos <= q_pos)                         # [Bg, Lq, Lk]
         if window:
-            # NOTE: vLLM's window covers `window` tokens including the query itself.
+            # NOTE: vLLM's window covers `window` tokens including the query itself; without
+            # causality it reaches as far to the right (ModernBERT's local encoder layers).
             mask = mask & (k_pos > q_pos - window)
+            if not self.causal:
+                mask = mask & (k_pos < q_pos + window)
         if chunk:
             mask = mask & (k_pos // chunk == q_pos // chunk)        # [Bg, Lq, Lk]
         return mask.unsqueeze(1)                                   # [Bg, 1, Lq or 1, Lk]

@@ -1,0 +1,1 @@
+"""Pooling-step metadata (vLLM's `v1/pool`)."""
