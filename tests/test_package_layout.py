@@ -153,7 +153,7 @@ LAYERS = [
     ["engine"],
     ["worker"],
     ["lora"],
-    ["model_executor"],
+    ["model_executor", "third_party"],    # third_party: vLLM's kernel paths over minivllm's ops
     ["compilation", "config", "distributed", "v1", "forward_context", "sequence",
      "transformers_utils", "sampling_params", "pooling_params", "outputs", "logger",
      "_custom_ops", "_aiter_ops", "plugins", "envs", "platforms", "utils",

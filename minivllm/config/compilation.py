@@ -27,6 +27,9 @@ class CompilationConfig:
     # prefix -> Attention layer; filled by layers at construction (NOTE: names must be unique)
     static_forward_context: dict[str, Any] = field(default_factory=dict, repr=False)
     enabled_custom_ops: set[str] = field(default_factory=set, repr=False)
+    # vLLM's ops that split a piecewise-compiled graph (model files append theirs). minivllm
+    # compiles one whole graph with opaque ops instead, so the list is only recorded.
+    splitting_ops: list[str] | None = None
     # Steps with at most this many tokens run the model eagerly even when it is compiled. 0: all
     # compiled (one-token steps get their own graph: dynamo specialises a size of 1). Since the
     # compiled forward checks only its arguments' guards, it pays at batch-1 decode too (bf16

@@ -25,7 +25,7 @@ from minivllm.engine import pooling
 from minivllm.engine.arg_utils import EngineArgs
 from minivllm.engine.detokenizer import IncrementalDetokenizer
 from minivllm.engine.request import Request, RequestStatus
-from minivllm.engine.scheduler import Scheduler
+from minivllm.engine.scheduler import Scheduler, has_prefix_lm_layers
 from minivllm.lora.request import LoRARequest
 from minivllm.outputs import CompletionOutput, Logprob, RequestOutput
 from minivllm.sampling_params import SamplingParams
@@ -79,13 +79,13 @@ class LLMEngine:
         get_vocab_size = getattr(vllm_config.model_config, "get_vocab_size", None)
         self.vocab_size: int | None = get_vocab_size() if get_vocab_size else None
         self.scheduler = Scheduler(
-            max_num_seqs=sched.max_num_seqs,
-            max_num_batched_tokens=sched.max_num_batched_tokens,
+            max_num_seqs=sched.max_num_seqs, max_num_batched_tokens=sched.max_num_batched_tokens,
             block_size=cache.block_size,
             num_blocks=executor.num_blocks,
             max_model_len=self.max_model_len,
             enable_prefix_caching=cache.enable_prefix_caching,
             long_prefill_token_threshold=getattr(sched, "long_prefill_token_threshold", 0),
+            whole_prefills=has_prefix_lm_layers(vllm_config),
             max_loras=self.lora_config.max_loras if self.lora_config is not None else None)
         self.executor = executor
         self.tokenizer = tokenizer

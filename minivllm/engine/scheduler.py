@@ -25,7 +25,8 @@ class Scheduler:
 
     def __init__(self, *, max_num_seqs: int, max_num_batched_tokens: int, block_size: int,
                  num_blocks: int, max_model_len: int, enable_prefix_caching: bool = True,
-                 long_prefill_token_threshold: int = 0, max_loras: int | None = None) -> None:
+                 long_prefill_token_threshold: int = 0, max_loras: int | None = None,
+                 whole_prefills: bool = False) -> None:
         for name, value in (("max_num_seqs", max_num_seqs),
                             ("max_num_batched_tokens", max_num_batched_tokens),
                             ("max_model_len", max_model_len)):
@@ -37,6 +38,17 @@ class Scheduler:
                 f"The KV cache holds {num_blocks} blocks x {block_size} tokens = "
                 f"{num_blocks * block_size} tokens, fewer than max_model_len={max_model_len}; "
                 f"lower max_model_len or give the cache more blocks.")
+        if whole_prefills and (max_num_batched_tokens < max_model_len
+                               or long_prefill_token_threshold):
+            raise ValueError(
+                "This model's prefills must run whole (prefix-LM attention: a prompt attends "
+                "bidirectionally within its step), so max_num_batched_tokens "
+                f"({max_num_batched_tokens}) must be at least max_model_len ({max_model_len}) "
+                f"and long_prefill_token_threshold ({long_prefill_token_threshold}) 0; raise "
+                "the first or lower max_model_len.")
+        # True: a waiting request's prefill is scheduled whole or waits (vLLM with chunked
+        # prefill off); its running requests then never have prefill tokens left.
+        self.whole_prefills = whole_prefills
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
@@ -44,6 +56,11 @@ class Scheduler:
         # LoRA: at most this many distinct adapters among the running requests (the workers'
         # slot table); None when LoRA is off.
         self.max_loras = max_loras
+        if whole_prefills and enable_prefix_caching:
+            # A prompt started from cached blocks would miss its bidirectional prefill (vLLM
+            # turns prefix caching off for such models too).
+            logger.info("Prefix caching is off: the model has prefix-LM attention layers")
+            enable_prefix_caching = False
         self.kv_cache_manager = KVCacheManager(num_blocks, block_size, enable_prefix_caching)
         self.requests: dict[str, Request] = {}
         self.waiting: deque[Request] = deque()
@@ -212,6 +229,8 @@ class Scheduler:
                 continue
             computed_blocks, num_computed = self.kv_cache_manager.get_computed_blocks(request)
             num_new_tokens = self._num_new_tokens(request, num_computed, budget)
+            if self.whole_prefills and num_computed + num_new_tokens < request.num_tokens:
+                break           # the rest of the budget is too small for the whole prefill
             if self.kv_cache_manager.allocate_slots(request, num_new_tokens, computed_blocks) is None:
                 break
             self.waiting.popleft()
@@ -311,3 +330,13 @@ class Scheduler:
         self.kv_cache_manager.free(request)
         self.finished_req_ids.add(request.request_id)
         del self.requests[request.request_id]
+
+
+def has_prefix_lm_layers(vllm_config: object) -> bool:
+    """Whether the model built in this process has prefix-LM (`non_causal`) attention layers,
+    whose prefills must run whole; the engine then builds its scheduler with `whole_prefills`.
+    NOTE: with TP or PP > 1 the layers live in the worker processes and this is False; those
+    layers refuse a split prefill themselves."""
+    compilation_config = getattr(vllm_config, "compilation_config", None)
+    layers = getattr(compilation_config, "static_forward_context", None) or {}
+    return any(getattr(layer, "non_causal", False) for layer in layers.values())

@@ -264,6 +264,12 @@ def _configs_to_patch(config: "PretrainedConfig") -> list["PretrainedConfig"]:
     return configs
 
 
+def _rope_type_alias(rope_type: str) -> str:
+    """The RoPE type an old spelling names (`su` LongRoPE, `mrope`: default frequencies whose
+    sections `mrope_section` gives)."""
+    return {"su": "longrope", "mrope": "default"}.get(rope_type, rope_type)
+
+
 def _patch_one(cfg: "PretrainedConfig") -> None:
     # Legacy attribute names used by older checkpoints.
     if getattr(cfg, "rotary_emb_base", None) is not None and getattr(cfg, "rope_theta", None) is None:
@@ -275,12 +281,14 @@ def _patch_one(cfg: "PretrainedConfig") -> None:
     per_layer_type = bool(rope) and all(isinstance(v, dict) for v in rope.values())
     if "type" in rope:
         legacy = rope.pop("type")
-        if "rope_type" in rope and rope["rope_type"] != legacy:
+        # transformers 5 keeps a legacy {"type": "mrope"} (Qwen2-VL / Qwen2.5-VL configs) beside
+        # the "rope_type": "default" it derives: the same type once both are normalised.
+        current = rope.get("rope_type")
+        if current is not None and _rope_type_alias(current) != _rope_type_alias(legacy):
             raise ValueError(f"rope_parameters has conflicting 'type'={legacy!r} and "
                              f"'rope_type'={rope['rope_type']!r}")
         rope["rope_type"] = legacy
-    rope_type = rope.get("rope_type", "default")
-    rope["rope_type"] = {"su": "longrope", "mrope": "default"}.get(rope_type, rope_type)
+    rope["rope_type"] = _rope_type_alias(rope.get("rope_type", "default"))
     if "rope_theta" not in rope and getattr(cfg, "rope_theta", None) is not None:
         rope["rope_theta"] = cfg.rope_theta
     for legacy_name in ("partial_rotary_factor", "rotary_pct"):

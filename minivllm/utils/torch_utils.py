@@ -30,8 +30,11 @@ def _resolve_layer_name(layer_name: LayerNameType) -> str:
     return layer_name
 
 
-# Ops registered here live under `torch.ops.minivllm.<name>` (minivllm's own op namespace).
+# Ops registered here live under `torch.ops.minivllm.<name>` (minivllm's own op namespace)
+# and, as vLLM's `direct_register_custom_op` puts them, under `torch.ops.vllm.<name>`: a model
+# file written for vLLM registers an op and then calls it by that name.
 _LIB = torch.library.Library("minivllm", "FRAGMENT")
+_VLLM_LIB = torch.library.Library("vllm", "FRAGMENT")
 
 
 @contextlib.contextmanager
@@ -73,9 +76,9 @@ def direct_register_custom_op(op_name: str, op_func: Callable,
     """Register `op_func` as the op `torch.ops.<namespace>.<op_name>`, its schema inferred from
     its annotations; `fake_impl` gives shapes to compiled graphs. The kernel is registered for
     the current platform's dispatch key (CPU or CUDA) unless `dispatch_key` says otherwise."""
-    lib = target_lib or _LIB
     schema = torch.library.infer_schema(op_func, mutates_args=mutates_args or [])
-    lib.define(op_name + schema, tags=tags)
-    lib.impl(op_name, op_func, dispatch_key or current_platform.dispatch_key)
-    if fake_impl is not None:
-        torch.library.register_fake(f"{lib.ns}::{op_name}", lib=lib)(fake_impl)
+    for lib in ([target_lib] if target_lib is not None else [_LIB, _VLLM_LIB]):
+        lib.define(op_name + schema, tags=tags)
+        lib.impl(op_name, op_func, dispatch_key or current_platform.dispatch_key)
+        if fake_impl is not None:
+            torch.library.register_fake(f"{lib.ns}::{op_name}", lib=lib)(fake_impl)

@@ -8,6 +8,7 @@ from minivllm.logger import init_logger
 from minivllm.lora.worker_manager import WorkerLoRAManager
 from minivllm.model_executor.layers.attention.backends.cpu_attn_metadata import (
     CommonAttentionMetadata, TorchAttentionMetadataBuilder)
+from minivllm.model_executor.layers.mamba.abstract import is_mamba_layer
 from minivllm.model_executor.model_loader import get_model
 from minivllm.model_executor.models.interfaces import needs_state_slots
 from minivllm.sequence import IntermediateTensors
@@ -56,6 +57,8 @@ class ModelRunner:
             self.pooling = PoolingRunner(self.model.pooler)
         if needs_state_slots(self.model):
             self.state_slots = StateSlots(self.vllm_config.scheduler_config.max_num_seqs)
+            for layer in self.mamba_layers.values():    # vLLM-style layers: states on kv_cache
+                layer.bind_state_slots(self.state_slots.num_slots, self.device)
 
     def lora_manager_or_raise(self) -> WorkerLoRAManager:
         if self.lora_manager is None:
@@ -65,6 +68,18 @@ class ModelRunner:
 
     @property
     def attn_layers(self) -> dict:
+        """The paged-KV attention layers of the static forward context."""
+        return {name: layer for name, layer in self.static_layers.items()
+                if not is_mamba_layer(layer)}
+
+    @property
+    def mamba_layers(self) -> dict:
+        """Recurrent-state layers registered there as vLLM's are (`mamba/abstract.py`)."""
+        return {name: layer for name, layer in self.static_layers.items()
+                if is_mamba_layer(layer)}
+
+    @property
+    def static_layers(self) -> dict:
         return self.vllm_config.compilation_config.static_forward_context
 
     def kv_cache_bytes_per_block(self) -> int:
@@ -196,11 +211,26 @@ class ModelRunner:
         state = (None if self.state_slots is None else
                  self.state_slots.metadata(inputs.req_ids, inputs.num_computed,
                                            inputs.query_start_loc))
+        if state is not None and self.mamba_layers:
+            attn_metadata = self._per_layer_metadata(attn_metadata, state)
         with set_forward_context(attn_metadata, self.vllm_config, slot_mapping=slot_mapping,
                                  batch_descriptor=batch, state_metadata=state):
             return self.model(input_ids=inputs.input_ids.to(self.device),
                               positions=inputs.positions.to(self.device),
                               intermediate_tensors=intermediate_tensors)
+
+    def _per_layer_metadata(self, attn_metadata: object, state: object) -> dict:
+        """vLLM's form, layer name -> metadata, for models whose state layers read theirs
+        from it: the paged layers share the step's, each state layer gets its backend's
+        (built once per backend)."""
+        per_layer: dict = dict.fromkeys(self.attn_layers, attn_metadata)
+        built: dict = {}
+        for name, layer in self.mamba_layers.items():
+            backend = layer.get_attn_backend()
+            if backend not in built:
+                built[backend] = backend.get_builder_cls()().build(state)
+            per_layer[name] = built[backend]
+        return per_layer
 
     def sample(self, inputs: StepInputs, hidden: torch.Tensor,
                grammar: GrammarOutput | None = None) -> ModelRunnerOutput:

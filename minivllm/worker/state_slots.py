@@ -38,4 +38,5 @@ class StateSlots:
         return ShortConvAttentionMetadata(
             query_start_loc=qsl, state_indices=slots,
             has_initial_state=torch.tensor(num_computed, dtype=torch.int64) > 0,
-            num_actual_tokens=int(qsl[-1]))
+            num_actual_tokens=int(qsl[-1]),
+            seq_lens=torch.tensor(num_computed, dtype=torch.int64) + qsl[1:] - qsl[:-1])

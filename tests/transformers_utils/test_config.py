@@ -82,3 +82,18 @@ def test_bad_paths_raise(tmp_path):
         get_config(str(tmp_path))
     with pytest.raises(ValueError, match="neither a folder nor a .gguf"):
         get_config(str(tmp_path / "missing"))
+
+
+def test_legacy_mrope_type_beside_rope_type_is_the_default_type():
+    """Qwen2(.5)-VL's {"type": "mrope"} next to transformers 5's derived "rope_type": "default"
+    is one type (sections kept); a real conflict still raises."""
+    from types import SimpleNamespace
+
+    cfg = SimpleNamespace(rope_parameters={"type": "mrope", "rope_type": "default",
+                                           "rope_theta": 1e6, "mrope_section": [16, 24, 24]})
+    patch_rope_parameters(cfg)
+    assert cfg.rope_parameters == {"rope_type": "default", "rope_theta": 1e6,
+                                   "mrope_section": [16, 24, 24]}
+    bad = SimpleNamespace(rope_parameters={"type": "mrope", "rope_type": "yarn", "factor": 2.0})
+    with pytest.raises(ValueError, match="conflicting 'type'='mrope'"):
+        patch_rope_parameters(bad)

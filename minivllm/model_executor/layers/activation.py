@@ -5,7 +5,7 @@ raises `ValueError` listing the known ones.
 """
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 
 import torch
 import torch.nn as nn
@@ -78,6 +78,24 @@ class SiluAndMulWithClamp(CustomOp):
 
     def extra_repr(self) -> str:
         return f"swiglu_limit={self.swiglu_limit}"
+
+
+@CustomOp.register("swiglustep_and_mul")
+class SwigluStepAndMul(CustomOp):
+    """SwiGLU clipped after the activation (Ling 3.0): `min(silu(gate), L) * clamp(up, -L, L)`."""
+
+    def __init__(self, limit: float = 7.0) -> None:
+        super().__init__()
+        if limit is None:
+            raise ValueError("SwigluStepAndMul needs a limit")
+        self.limit = limit
+
+    def forward_native(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = x.chunk(2, dim=-1)
+        return F.silu(gate).clamp(max=self.limit) * up.clamp(min=-self.limit, max=self.limit)
+
+    def extra_repr(self) -> str:
+        return f"limit={self.limit}"
 
 
 @CustomOp.register("fatrelu_and_mul")
@@ -167,9 +185,29 @@ def _inverse_softplus(value: float, dtype: torch.dtype) -> torch.Tensor:
     return torch.log(torch.expm1(torch.tensor(value, dtype=dtype))).unsqueeze(0)   # [1]
 
 
-# name (as in HF configs' `hidden_act`) -> factory; built on demand, since a CustomOp reads the
-# current config when it is constructed.
-_ACTIVATION_REGISTRY: dict[str, Callable[[], nn.Module]] = {
+class _ModuleRegistry(Mapping[str, nn.Module]):
+    """name -> a module, built at each lookup (a CustomOp reads the current config when it is
+    constructed). Indexing gives a module, as vLLM's `LazyDict` registries do for model files
+    that write `_ACTIVATION_REGISTRY[name]`; unlike vLLM's, no instance is shared."""
+
+    def __init__(self, factories: dict[str, Callable[[], nn.Module]]) -> None:
+        self.factories = factories
+
+    def __getitem__(self, name: str) -> nn.Module:
+        return self.factories[name]()
+
+    def __contains__(self, name: object) -> bool:       # without building (Mapping's would)
+        return name in self.factories
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.factories)
+
+    def __len__(self) -> int:
+        return len(self.factories)
+
+
+# name (as in HF configs' `hidden_act`) -> factory.
+_ACTIVATION_REGISTRY = _ModuleRegistry({
     "gelu": nn.GELU,
     "gelu_fast": FastGELU,
     "gelu_new": NewGELU,
@@ -182,16 +220,16 @@ _ACTIVATION_REGISTRY: dict[str, Callable[[], nn.Module]] = {
     "tanh": nn.Tanh,
     "sigmoid": nn.Sigmoid,
     "xielu": XIELU,
-}
+})
 
 # Gated forms: `[..., 2 * d]` -> `[..., d]`.
-_ACTIVATION_AND_MUL_REGISTRY: dict[str, Callable[[], nn.Module]] = {
+_ACTIVATION_AND_MUL_REGISTRY = _ModuleRegistry({
     "gelu": GeluAndMul,
     "geglu": GeluAndMul,
     "gelu_pytorch_tanh": lambda: GeluAndMul(approximate="tanh"),
     "silu": SiluAndMul,
     "swish": SiluAndMul,
-}
+})
 
 
 def get_act_fn(act_fn_name: str) -> nn.Module:
@@ -209,9 +247,45 @@ def get_act_and_mul_fn(act_fn_name: str) -> nn.Module:
     return _lookup(_ACTIVATION_AND_MUL_REGISTRY, act_fn_name.lower(), act_fn_name)()
 
 
-def _lookup(registry: dict[str, Callable[[], nn.Module]], name: str,
-            given: str) -> Callable[[], nn.Module]:
+def _lookup(registry: _ModuleRegistry, name: str, given: str) -> Callable[[], nn.Module]:
     if name not in registry:
         raise ValueError(f"Activation function {given!r} is not supported; supported: "
                          f"{', '.join(sorted(registry))}")
-    return registry[name]
+    return registry.factories[name]
+
+
+@CustomOp.register("gelu_and_mul_sparse")
+class GeluAndMulSparse(CustomOp):
+    """`gelu(sparse(x[..., :d])) * x[..., d:]`: Gemma 3n's activation sparsity.
+
+    The gate keeps only its values above a per-token cutoff, `mean + std * Phi^-1(s)` over the
+    last dim (Phi^-1: the standard normal quantile), shifted down by that cutoff: if the gate's
+    values were gaussian, a fraction `s` of them would be zeroed (a "gaussian top-k")."""
+
+    def __init__(self, activation_sparsity: float, approximate: str = "none") -> None:
+        super().__init__()
+        if approximate not in ("none", "tanh"):
+            raise ValueError(f"approximate must be 'none' or 'tanh', got {approximate!r}")
+        if not 0.0 < activation_sparsity < 1.0:
+            # 0 keeps everything (GeluAndMul does that); 1 would put the cutoff at +inf.
+            raise ValueError(f"activation_sparsity must be in (0, 1), got {activation_sparsity}; "
+                             "use GeluAndMul for a dense gate")
+        self.approximate = approximate
+        self.activation_sparsity = activation_sparsity
+        quantile = torch.distributions.Normal(0.0, 1.0).icdf(
+            torch.tensor(activation_sparsity, dtype=torch.float32))
+        self.std_multiplier = float(quantile)
+
+    def _sparsify(self, gate: torch.Tensor) -> torch.Tensor:
+        # gate: [..., d]; population std (not Bessel-corrected), as the reference model.
+        mean = gate.mean(dim=-1, keepdim=True)
+        std = gate.std(dim=-1, keepdim=True, unbiased=False)
+        return F.relu(gate - (mean + std * self.std_multiplier))
+
+    def forward_native(self, x: torch.Tensor) -> torch.Tensor:
+        d = x.shape[-1] // 2
+        gate = self._sparsify(x[..., :d])
+        return F.gelu(gate, approximate=self.approximate) * x[..., d:]
+
+    def extra_repr(self) -> str:
+        return f"activation_sparsity={self.activation_sparsity}, approximate={self.approximate!r}"

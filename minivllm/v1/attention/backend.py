@@ -41,3 +41,7 @@ class AttentionBackend(ABC):
     @abstractmethod
     def get_builder_cls() -> type:
         ...
+
+
+class AttentionMetadata:
+    """vLLM's empty base of backends' per-step metadata: model files name it in annotations."""

@@ -6,7 +6,8 @@ from transformers import LlamaConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
-from minivllm.model_executor.layers.rotary_embedding import (RotaryEmbedding,
+from minivllm.model_executor.layers.rotary_embedding import (LinearScalingRotaryEmbedding,
+                                                             MRotaryEmbedding, RotaryEmbedding,
                                                              YaRNScalingRotaryEmbedding, get_rope)
 from tests.model_executor.layers._helpers import layer_context
 
@@ -147,8 +148,30 @@ def test_rope_errors():
         get_rope(16, MAX_POS, rope_parameters={"rope_type": "su", "long_factor": [1.0] * 8})
     with pytest.raises(ValueError, match="partial_rotary_factor must be in"):
         get_rope(16, MAX_POS, rope_parameters={"partial_rotary_factor": 1.5})
-    with pytest.raises(NotImplementedError, match="mrope_section"):
-        get_rope(16, MAX_POS, rope_parameters={"mrope_section": [2, 3, 3]})
+    with pytest.raises(NotImplementedError, match="M-RoPE.*YaRN"):
+        get_rope(16, MAX_POS, rope_parameters={"rope_type": "yarn", "factor": 2.0,
+                                               "mrope_section": [2, 3, 3]})
+    with pytest.raises(NotImplementedError, match="use_fope"):
+        get_rope(16, MAX_POS, rope_parameters={"use_fope": True})
+    with pytest.raises(ValueError, match="mrope_section must hold 3 counts"):
+        get_rope(16, MAX_POS, rope_parameters={"mrope_section": [2, 3, 2]})
+
+
+def test_get_rope_builds_mrope_from_mrope_section():
+    """As vLLM: the default type with `mrope_section` builds MRotaryEmbedding (interleaved when
+    `mrope_interleaved`), one module per key; other scaled types ignore the section."""
+    sectioned = {"rope_type": "default", "rope_theta": 1e6, "mrope_section": [2, 3, 3]}
+    rope = get_rope(16, MAX_POS, rope_parameters=sectioned)
+    assert isinstance(rope, MRotaryEmbedding) and rope.mrope_section == [2, 3, 3]
+    assert not rope.mrope_interleaved and rope.base == 1e6
+    assert get_rope(16, MAX_POS, rope_parameters=dict(sectioned)) is rope
+    interleaved = get_rope(16, MAX_POS, rope_parameters={**sectioned, "mrope_interleaved": True})
+    assert interleaved is not rope and interleaved.mrope_interleaved
+    plain = get_rope(16, MAX_POS, rope_parameters={"rope_type": "default", "rope_theta": 1e6})
+    assert not isinstance(plain, MRotaryEmbedding)
+    linear = get_rope(16, MAX_POS, rope_parameters={"rope_type": "linear", "factor": 2.0,
+                                                    "mrope_section": [2, 3, 3]})
+    assert type(linear) is LinearScalingRotaryEmbedding
 
 
 def test_bf16_queries_use_a_cast_cache():

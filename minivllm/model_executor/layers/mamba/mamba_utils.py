@@ -48,6 +48,24 @@ class MambaStateDtypeCalculator:
                                     ) -> tuple[torch.dtype, torch.dtype]:
         return cls._conv_and_ssm(model_dtype, mamba_cache_dtype, mamba_ssm_cache_dtype)
 
+    @classmethod
+    def linear_attention_state_dtype(cls, model_dtype: torch.dtype | str,
+                                     mamba_cache_dtype: str) -> tuple[torch.dtype]:
+        """Lightning attention's one state (`--mamba-cache-dtype`; "auto": the model's)."""
+        return (_state_dtype(mamba_cache_dtype, model_dtype),)
+
+    @classmethod
+    def kda_state_dtype(cls, model_dtype: torch.dtype | str, mamba_cache_dtype: str,
+                        mamba_ssm_cache_dtype: str = "auto") -> tuple[torch.dtype, torch.dtype]:
+        """Kimi Delta Attention: the conv state follows `--mamba-cache-dtype`; the recurrent
+        state is fp32 unless float32 / bfloat16 is asked for (vLLM's rule)."""
+        if mamba_ssm_cache_dtype not in ("auto", "float32", "bfloat16"):
+            raise ValueError(f"the KDA recurrent state takes auto, float32 or bfloat16, got "
+                             f"{mamba_ssm_cache_dtype!r}")
+        ssm = (torch.float32 if mamba_ssm_cache_dtype == "auto"
+               else STR_DTYPE_TO_TORCH_DTYPE[mamba_ssm_cache_dtype])
+        return _state_dtype(mamba_cache_dtype, model_dtype), ssm
+
     @staticmethod
     def _conv_and_ssm(model_dtype: torch.dtype | str, mamba_cache_dtype: str,
                       mamba_ssm_cache_dtype: str) -> tuple[torch.dtype, torch.dtype]:
@@ -90,6 +108,24 @@ class MambaStateShapeCalculator:
         conv_dim = 2 * num_k_heads * head_k_dim + num_v_heads * head_v_dim
         return ((conv_kernel_size - 1 + num_spec, divide(conv_dim, tp_world_size)),
                 (divide(num_v_heads, tp_world_size), head_v_dim, head_k_dim))
+
+    @classmethod
+    def linear_attention_state_shape(cls, num_heads: int, tp_size: int, head_dim: int
+                                     ) -> tuple[tuple[int, int, int]]:
+        """Lightning attention: the state [heads / tp, d (key), d (value)] of this rank."""
+        return ((divide(num_heads, tp_size), head_dim, head_dim),)
+
+    @classmethod
+    def kda_state_shape(cls, tp_world_size: int, num_heads: int, head_dim: int,
+                        num_k_heads: int | None = None, head_k_dim: int | None = None,
+                        conv_kernel_size: int = 4, num_spec: int = 0
+                        ) -> tuple[tuple[int, int], tuple[int, int, int]]:
+        """Kimi Delta Attention: the conv state over [q | k | v] channels and the recurrent
+        state [heads, dv, dk] (square: vLLM sizes it by the value head) of this rank."""
+        key_dim = (num_k_heads or num_heads) * (head_k_dim or head_dim)
+        conv_dim = num_heads * head_dim + 2 * key_dim
+        return ((conv_kernel_size - 1 + num_spec, divide(conv_dim, tp_world_size)),
+                (divide(num_heads, tp_world_size), head_dim, head_dim))
 
     @classmethod
     def extra_groups_for_head_shards(cls, ngroups: int, tp_size: int) -> int:
@@ -154,3 +190,17 @@ class MambaStateCopyFuncCalculator:
     @classmethod
     def gated_delta_net_state_copy_func(cls) -> tuple[MambaStateCopyFunc, MambaStateCopyFunc]:
         return get_conv_copy_spec, get_temporal_copy_spec
+
+    @classmethod
+    def linear_attention_state_copy_func(cls) -> tuple[MambaStateCopyFunc]:
+        return (get_temporal_copy_spec,)
+
+    @classmethod
+    def kda_state_copy_func(cls) -> tuple[MambaStateCopyFunc, MambaStateCopyFunc]:
+        return get_conv_copy_spec, get_temporal_copy_spec
+
+
+def is_conv_state_dim_first() -> bool:
+    """Whether conv states are [dim, K - 1] per slot (vLLM's "DS" layout): never in minivllm,
+    which keeps them sequence-major ("SD")."""
+    return False

@@ -48,15 +48,21 @@ def get_rope(head_size: int, max_position: int, is_neox_style: bool = True,
     if key not in _ROPE_DICT:
         _check_supported(params, dual_chunk_attention_config)
         _ROPE_DICT[key] = _build_rope(head_size, rotary_dim, max_position, is_neox_style, params,
-                                      dtype)
+                                      dtype, mrope_positions_factor)
     return _ROPE_DICT[key]
 
 
 def _build_rope(head_size: int, rotary_dim: int, max_position: int, is_neox_style: bool,
-                params: dict[str, Any], dtype: torch.dtype) -> RotaryEmbedding:
+                params: dict[str, Any], dtype: torch.dtype,
+                mrope_positions_factor: int = 4) -> RotaryEmbedding:
     base = params.get("rope_theta") or 10000
     rope_type = params.get("rope_type", params.get("type", "default"))
     common = (head_size, rotary_dim, max_position, base, is_neox_style)
+    if rope_type == "default" and params.get("mrope_section"):
+        # Qwen2-VL / Qwen2.5-VL (sectioned) and Qwen3-VL (interleaved): [T] or [3, T] positions.
+        return MRotaryEmbedding(*common, dtype, mrope_section=list(params["mrope_section"]),
+                                mrope_interleaved=bool(params.get("mrope_interleaved", False)),
+                                positions_factor=mrope_positions_factor)
     if rope_type == "default":
         return RotaryEmbedding(*common, dtype)
     if rope_type == "linear":
@@ -128,10 +134,14 @@ def _rotary_dim(head_size: int, params: dict[str, Any]) -> int:
 def _check_supported(params: dict[str, Any], dual_chunk_attention_config: Any) -> None:
     if dual_chunk_attention_config is not None:
         raise NotImplementedError("Dual-chunk attention RoPE is not supported in minivllm")
-    for feature in ("mrope_section", "use_fope"):
-        if params.get(feature):
-            raise NotImplementedError(f"RoPE with {feature!r} (multimodal / Fourier RoPE) is not "
-                                      f"supported; supported types: {', '.join(SUPPORTED_ROPE_TYPES)}")
+    if params.get("use_fope"):
+        raise NotImplementedError(f"RoPE with 'use_fope' (Fourier RoPE) is not supported; "
+                                  f"supported types: {', '.join(SUPPORTED_ROPE_TYPES)}")
+    # NOTE: as vLLM, `mrope_section` builds MRotaryEmbedding for the default type and is ignored
+    # by the other scaled types but YaRN, whose multimodal variant minivllm lacks.
+    if params.get("mrope_section") and params.get("rope_type", params.get("type")) == "yarn":
+        raise NotImplementedError("M-RoPE ('mrope_section') with YaRN scaling is not supported; "
+                                  "only the default rope_type")
 
 
 def _freeze(value: Any) -> Any:

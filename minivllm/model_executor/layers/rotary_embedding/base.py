@@ -105,12 +105,17 @@ class RotaryEmbedding(CustomOp):
         """bf16 q/k rotated in place by one native call (bit-identical to `forward_native`;
         a CPU graph can record it); anything else takes `forward_native`."""
         if (query.dtype == torch.bfloat16 and not torch.compiler.is_compiling()
-                and type(self).forward_native is RotaryEmbedding.forward_native
+                and self._rotates_plainly(positions)
                 and rotary_embedding_bf16(positions.flatten(), query, key,
                                           self._match_cos_sin_cache(query), self.head_size,
                                           self.rotary_dim, self.is_neox_style)):
             return query, key
         return self.forward_native(positions, query, key)
+
+    def _rotates_plainly(self, positions: torch.Tensor) -> bool:
+        """Whether these positions rotate exactly as this class's plain cos/sin table says (so
+        the native bf16 kernel may do it); a subclass with its own `forward_native` says no."""
+        return type(self).forward_native is RotaryEmbedding.forward_native
 
     def _cos_sin_for(self, positions: torch.Tensor, query: torch.Tensor
                      ) -> tuple[torch.Tensor, torch.Tensor]:

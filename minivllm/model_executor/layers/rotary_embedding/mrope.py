@@ -1,8 +1,14 @@
 """`MRotaryEmbedding`: multimodal RoPE (Qwen2-VL family): with [3, T] positions each rotated
 frequency takes its angle from the T, H or W position of the token, by sections.
 
-Text-only positions [T] rotate like the plain `RotaryEmbedding`. `get_rope` does not build it
-yet (it refuses `mrope_section`); model files import the class to recognise it.
+`get_rope` builds it when the default-type rope parameters carry `mrope_section` (Qwen2-VL,
+Qwen2.5-VL: sectioned; Qwen3-VL: `mrope_interleaved`). minivllm's runner passes 1-D positions
+[T] (text only: the T, H and W positions of a text token are equal), which rotate exactly like
+the plain `RotaryEmbedding` and take its native bf16 kernel; [3, T] comes from vLLM callers.
+
+NOTE: vLLM sizes the cos/sin table `positions_factor` (4) times `max_position_embeddings` for
+video positions. minivllm never produces those (a text position is below the token count), so
+the table stays `max_position_embeddings` long and `positions_factor` is only recorded.
 """
 
 import torch
@@ -63,7 +69,5 @@ class MRotaryEmbedding(RotaryEmbedding):
             key = self._rotate(key, cos, sin, num_tokens)
         return query, key
 
-    def forward_cpu(self, positions: torch.Tensor, query: torch.Tensor,
-                    key: torch.Tensor | None = None
-                    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        return self.forward_native(positions, query, key)
+    def _rotates_plainly(self, positions: torch.Tensor) -> bool:
+        return positions.dim() == 1             # one position per token: plain RoPE

@@ -1,7 +1,8 @@
 """`AttentionBackendEnum` (vLLM's backend registry): the backend names model files refer to.
 minivllm has one attention backend, the CPU paged one (`CPU_ATTN`, vLLM's name for its CPU
 backend); every other member names a GPU backend it does not have, and `get_class()` on it
-raises naming the one available."""
+raises naming the one available. `MambaAttentionBackendEnum` names the recurrent-state layers'
+backends (a layer's `mamba_type`): `GDN_ATTN`."""
 
 import importlib
 from enum import Enum
@@ -30,5 +31,19 @@ class AttentionBackendEnum(Enum):
             raise NotImplementedError(f"attention backend {self.name} is not available in "
                                       f"minivllm; the one backend is CPU_ATTN")
         # A lazy table, resolved by path (as vLLM's registry): no import of the layers here.
+        module, _, name = self.value.rpartition(".")
+        return getattr(importlib.import_module(module), name)
+
+
+class MambaAttentionBackendEnum(Enum):
+    """The recurrent-state layers' backends vLLM's files name (a layer's `mamba_type`); the
+    value is minivllm's class path. Only the ones minivllm has are listed."""
+
+    GDN_ATTN = "minivllm.v1.attention.backends.gdn_attn.GDNAttentionBackend"
+
+    def get_path(self) -> str:
+        return self.value
+
+    def get_class(self) -> type:
         module, _, name = self.value.rpartition(".")
         return getattr(importlib.import_module(module), name)

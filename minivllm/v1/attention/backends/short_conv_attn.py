@@ -18,6 +18,9 @@ class ShortConvAttentionMetadata:
     state_indices: torch.Tensor      # int64 [B], the state slot of each sequence
     has_initial_state: torch.Tensor  # bool [B], False: the sequence starts here (zero state)
     num_actual_tokens: int
+    # int64 [B], computed + scheduled tokens of each sequence (vLLM's seq_lens); None in a
+    # dummy run, which has no sequences.
+    seq_lens: torch.Tensor | None = None
 
     @property
     def num_reqs(self) -> int:

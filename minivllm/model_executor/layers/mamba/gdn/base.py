@@ -11,6 +11,8 @@ Each running sequence has a state slot (`worker/state_slots.py`; the forward con
 output side; the head sizes come from the config's `linear_*` fields (`read_head_sizes`).
 """
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from transformers import PretrainedConfig
@@ -94,10 +96,12 @@ class GatedDeltaNetAttention(PluggableLayer):
                                                    "ssm_state": (ssm_shape, ssm_dtype)})
 
     def conv_and_delta_rule(self, mixed_qkv: torch.Tensor, g: torch.Tensor,
-                            beta: torch.Tensor) -> torch.Tensor:
+                            beta: torch.Tensor, rule: Callable[..., torch.Tensor] =
+                            gated_delta_rule_varlen) -> torch.Tensor:
         """mixed_qkv [T, conv/tp] in the conv's [q | k | v] channel order, g / beta [T, hv/tp]
-        (fp32) -> o [T, hv/tp, dv] in mixed_qkv's dtype; states read and written per sequence
-        (none in a dummy run, which has no forward context)."""
+        (fp32; KDA's g [T, hv/tp, dk] with its `rule`, `ops/kda.py`) -> o [T, hv/tp, dv] in
+        mixed_qkv's dtype; states read and written per sequence (none in a dummy run, which
+        has no forward context)."""
         md = (get_forward_context().state_metadata if is_forward_context_available()
               else None)
         dtype, num_tokens, tp = mixed_qkv.dtype, mixed_qkv.shape[0], self.tp_size
@@ -110,10 +114,10 @@ class GatedDeltaNetAttention(PluggableLayer):
         write_state = md is not None
         if md is None:
             md = single_sequence_metadata(num_tokens)
-        out = gated_delta_rule_varlen(q.reshape(num_tokens, -1, self.head_k_dim),
-                                      k.reshape(num_tokens, -1, self.head_k_dim),
-                                      v.reshape(num_tokens, -1, self.head_v_dim), g, beta,
-                                      self.ssm_state, md, write_state, use_qk_l2norm=True)
+        out = rule(q.reshape(num_tokens, -1, self.head_k_dim),
+                   k.reshape(num_tokens, -1, self.head_k_dim),
+                   v.reshape(num_tokens, -1, self.head_v_dim), g, beta, self.ssm_state, md,
+                   write_state, use_qk_l2norm=True)
         return out.to(dtype)
 
 

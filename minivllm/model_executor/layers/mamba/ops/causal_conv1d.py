@@ -55,3 +55,45 @@ def causal_conv1d_varlen(u: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
         conv_state.index_copy_(0, md.state_indices,
                                last.view(num_reqs, s, channels).to(conv_state.dtype))
     return out
+
+
+def causal_conv1d_fn(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                     conv_states: torch.Tensor, query_start_loc: torch.Tensor,
+                     cache_indices: torch.Tensor, has_initial_state: torch.Tensor,
+                     activation: str | None = "silu", **kwargs: object) -> torch.Tensor:
+    """vLLM's prefill form: x [dim, T] (channel-major) of the sequences query_start_loc
+    delimits, weight [dim, K], conv_states [slots, dim, K - 1] (vLLM's view of the states;
+    minivllm's rows are sequence-major underneath) read where has_initial_state and
+    overwritten. Returns [dim, T] in x's dtype."""
+    md = ShortConvAttentionMetadata(query_start_loc.long(), cache_indices.long(),
+                                    has_initial_state.bool(), x.shape[1])
+    out = causal_conv1d_varlen(x.transpose(0, 1), weight, bias, conv_states.transpose(-1, -2), md)
+    return _activate(out, activation).to(x.dtype).transpose(0, 1)
+
+
+def causal_conv1d_update(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor,
+                         bias: torch.Tensor | None = None, activation: str | None = None,
+                         conv_state_indices: torch.Tensor | None = None,
+                         num_accepted_tokens: torch.Tensor | None = None,
+                         **kwargs: object) -> torch.Tensor:
+    """vLLM's decode form: x [B, dim], one token per sequence on top of its saved state
+    conv_state[conv_state_indices[i]] ([slots, dim, K - 1] view), which is advanced. Returns
+    [B, dim] in x's dtype."""
+    if num_accepted_tokens is not None or x.dim() != 2:
+        raise NotImplementedError("causal_conv1d_update takes one token per sequence [B, dim] "
+                                  "in minivllm (no speculative decoding)")
+    num_seqs = x.shape[0]
+    slots = (torch.arange(num_seqs) if conv_state_indices is None
+             else conv_state_indices.long())
+    md = ShortConvAttentionMetadata(torch.arange(num_seqs + 1), slots,
+                                    torch.ones(num_seqs, dtype=torch.bool), num_seqs)
+    out = causal_conv1d_varlen(x, weight, bias, conv_state.transpose(-1, -2), md)
+    return _activate(out, activation).to(x.dtype)
+
+
+def _activate(out: torch.Tensor, activation: str | None) -> torch.Tensor:
+    if activation in ("silu", "swish"):
+        return torch.nn.functional.silu(out)
+    if activation is None:
+        return out
+    raise ValueError(f"causal conv activation must be silu, swish or None, got {activation!r}")

@@ -1,10 +1,13 @@
 """Quantization helpers at vLLM's path (`quantization.utils.quant_utils`): group shapes, scaled
-dequantisation, and the dense weight of any linear layer."""
+dequantisation, the dense weight of any linear layer, and `is_layer_skipped` (a re-export:
+its home is `base_config.py`)."""
 
 from typing import ClassVar, NamedTuple
 
 import torch
 from torch import nn
+
+from minivllm.model_executor.layers.quantization.base_config import is_layer_skipped  # noqa: F401
 
 
 class _GroupShape(NamedTuple):

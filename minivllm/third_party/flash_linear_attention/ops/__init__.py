@@ -1,0 +1,1 @@
+"""flash-linear-attention's op modules that vLLM's model files import."""
