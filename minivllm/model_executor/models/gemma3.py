@@ -9,6 +9,8 @@ from minivllm.compilation.decorators import support_torch_compile
 from minivllm.config import VllmConfig
 
 from .gemma2 import Gemma2DecoderLayer, Gemma2ForCausalLM, Gemma2Model
+from .text_only import (LANGUAGE_MODEL_PREFIXES, TextOnlyConditionalGeneration,
+                        text_of_vl_mapper, tower_prefixes)
 
 
 def gemma3_rope_parameters(config: Any, layer_type: str) -> dict[str, Any] | None:
@@ -57,4 +59,13 @@ class Gemma3ForCausalLM(Gemma2ForCausalLM):
         return Gemma3Model(vllm_config=vllm_config, prefix=prefix, layer_type=layer_type)
 
 
-__all__ = ["Gemma3DecoderLayer", "Gemma3ForCausalLM", "Gemma3Model", "gemma3_rope_parameters"]
+class Gemma3ForConditionalGeneration(TextOnlyConditionalGeneration, Gemma3ForCausalLM):
+    """Gemma 3's vision-language checkpoints (gemma-3-4b/12b/27b-it), TEXT ONLY (see
+    `text_only`): the SigLIP tower and the projector are skipped."""
+
+    skipped_prefixes = tower_prefixes("vision_tower", "multi_modal_projector")
+    hf_to_vllm_mapper = text_of_vl_mapper(LANGUAGE_MODEL_PREFIXES, skipped_prefixes)
+
+
+__all__ = ["Gemma3DecoderLayer", "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration",
+           "Gemma3Model", "gemma3_rope_parameters"]

@@ -81,8 +81,9 @@ class Gemma4Attention(nn.Module):
         super().__init__()
         layer_idx = extract_layer_index(prefix)
         # transformers keeps the full layers' sizes in `per_layer_config` (the global fields
-        # raise on a heterogeneous config).
-        layer_config = config.per_layer_config[layer_idx]
+        # raise on a heterogeneous config); configs without it (Gemma 3n) are uniform.
+        per_layer = getattr(config, "per_layer_config", None)
+        layer_config = config if per_layer is None else per_layer[layer_idx]
         head_dim, num_kv_heads = layer_config.head_dim, layer_config.num_key_value_heads
         tp_size = get_tensor_model_parallel_world_size()
         num_heads = config.num_attention_heads

@@ -11,6 +11,8 @@ from minivllm.compilation.decorators import support_torch_compile
 from minivllm.config import VllmConfig
 
 from .llama import LlamaAttention, LlamaDecoderLayer, LlamaForCausalLM, LlamaModel
+from .text_only import (LANGUAGE_MODEL_PREFIXES, LanguageModelFromTextConfig,
+                        TextOnlyConditionalGeneration, text_of_vl_mapper, tower_prefixes)
 
 if TYPE_CHECKING:     # annotations only: transformers is slow to import
     from transformers import MistralConfig
@@ -86,5 +88,15 @@ class MistralForCausalLM(LlamaForCausalLM):
         return MistralModel(vllm_config=vllm_config, prefix=prefix, layer_type=layer_type)
 
 
+class Mistral3ForConditionalGeneration(LanguageModelFromTextConfig, TextOnlyConditionalGeneration,
+                                       MistralForCausalLM):
+    """Mistral Small 3.1 / Ministral 3 vision-language checkpoints, TEXT ONLY (see `text_only`):
+    the Pixtral tower and the projector are skipped; the language model is Mistral (text config
+    `mistral` or `ministral3`), or whatever family another text config names."""
+
+    skipped_prefixes = tower_prefixes("vision_tower", "multi_modal_projector")
+    hf_to_vllm_mapper = text_of_vl_mapper(LANGUAGE_MODEL_PREFIXES, skipped_prefixes)
+
+
 __all__ = ["MistralAttention", "MistralDecoderLayer", "MistralForCausalLM", "MistralModel",
-           "llama_4_scaling"]
+           "Mistral3ForConditionalGeneration", "llama_4_scaling"]

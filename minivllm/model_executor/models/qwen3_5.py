@@ -15,7 +15,6 @@ implemented. The multimodal checkpoints (`Qwen3_5ForConditionalGeneration`,
 image / video inputs are not accepted.
 """
 
-import copy
 from collections.abc import Iterable
 from typing import Any
 
@@ -23,7 +22,6 @@ import torch
 from torch import nn
 
 from minivllm.config import VllmConfig
-from minivllm.logger import init_logger
 from minivllm.model_executor.layers.quantization import QuantizationConfig
 
 from .interfaces import HasInnerState, IsHybrid
@@ -31,9 +29,8 @@ from .llama import LlamaMLP
 from .qwen2_moe import MoeForCausalLM
 from .qwen3_next import (MTP_SKIPPER, Qwen3NextDecoderLayer, Qwen3NextModel,
                          QwenNextMixtureOfExperts, qwen_next_moe)
+from .text_only import TextOnlyConditionalGeneration, text_of_vl_mapper, text_only_view
 from .utils import AutoWeightsLoader, WeightsMapper
-
-logger = init_logger(__name__)
 
 # The flat projections as shards of the fused ones: in_proj_qkv carries three ([q | k | v]).
 _FLAT_GDN_MAPPER = WeightsMapper(orig_to_new_stacked={
@@ -43,7 +40,9 @@ _FLAT_GDN_MAPPER = WeightsMapper(orig_to_new_stacked={
 _TOP_LEVEL_MAPPER = MTP_SKIPPER | WeightsMapper(
     orig_to_new_prefix={"model.language_model.": "model."})
 # The multimodal checkpoints: the language model's weights, without the vision tower's.
-_TEXT_OF_VL_MAPPER = _TOP_LEVEL_MAPPER | WeightsMapper(orig_to_new_prefix={"model.visual.": None})
+_VISION_TOWER = ("model.visual.",)
+_TEXT_OF_VL_MAPPER = MTP_SKIPPER | text_of_vl_mapper({"model.language_model.": "model."},
+                                                     _VISION_TOWER)
 # NOTE: vLLM lists in_proj_qkvz as [in_proj_qkv, in_proj_z]; minivllm's LoRA gives each listed
 # name one shard, and in_proj_qkv spans three (q, k, v), so here the fused layer is adaptable
 # only whole: an adapter naming in_proj_qkv / in_proj_z is refused, never mis-sliced.
@@ -109,41 +108,19 @@ class Qwen3_5MoeForCausalLM(Qwen3_5ForCausalLMBase, QwenNextMixtureOfExperts):
         self.set_moe_parameters()
 
 
-def text_only_view(vllm_config: VllmConfig) -> VllmConfig:
-    """A shallow copy of `vllm_config` whose `hf_config` is the language model's config (the
-    Llama body reads `hf_config`); every other part is shared with the engine's config."""
-    model_config = copy.copy(vllm_config.model_config)
-    model_config.hf_config = vllm_config.model_config.hf_text_config
-    view = copy.copy(vllm_config)
-    view.model_config = model_config
-    return view
+class Qwen3_5ForConditionalGeneration(TextOnlyConditionalGeneration, Qwen3_5ForCausalLM):
+    """Qwen3.5's vision-language checkpoint, TEXT ONLY (see `text_only`): the vision tower's
+    weights (`model.visual.*`) are skipped."""
+
+    skipped_prefixes = _VISION_TOWER
+    hf_to_vllm_mapper = _TEXT_OF_VL_MAPPER
 
 
-class _TextOnlyConditionalGeneration:
-    """Serves a Qwen3.5 vision-language checkpoint as its language model (text prompts only):
-    `model.language_model.*` loads as `model.*`, the vision tower's weights are skipped."""
+class Qwen3_5MoeForConditionalGeneration(TextOnlyConditionalGeneration, Qwen3_5MoeForCausalLM):
+    """Qwen3.5-MoE's vision-language checkpoint, TEXT ONLY (see `text_only`)."""
 
-    def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
-        logger.info("%s is served text-only: the language model's weights load, the vision "
-                    "tower's (model.visual.*) are skipped; image and video inputs are not "
-                    "supported.", type(self).__name__)
-        super().__init__(vllm_config=text_only_view(vllm_config), prefix=prefix)
-
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        return AutoWeightsLoader(self).load_weights(weights, mapper=_TEXT_OF_VL_MAPPER)
-
-
-class Qwen3_5ForConditionalGeneration(_TextOnlyConditionalGeneration, Qwen3_5ForCausalLM):
-    """Qwen3.5's vision-language checkpoint, TEXT ONLY (see `_TextOnlyConditionalGeneration`)."""
-
-    hf_to_vllm_mapper = _TEXT_OF_VL_MAPPER | Qwen3_5Model.hf_to_vllm_mapper
-
-
-class Qwen3_5MoeForConditionalGeneration(_TextOnlyConditionalGeneration, Qwen3_5MoeForCausalLM):
-    """Qwen3.5-MoE's vision-language checkpoint, TEXT ONLY (see
-    `_TextOnlyConditionalGeneration`)."""
-
-    hf_to_vllm_mapper = _TEXT_OF_VL_MAPPER | Qwen3_5Model.hf_to_vllm_mapper
+    skipped_prefixes = _VISION_TOWER
+    hf_to_vllm_mapper = _TEXT_OF_VL_MAPPER
 
 
 __all__ = ["Qwen3_5DecoderLayer", "Qwen3_5ForCausalLM", "Qwen3_5ForCausalLMBase",

@@ -33,6 +33,11 @@ _TEXT_GENERATION_MODELS: dict[str, tuple[str, str]] = {
     # Served text-only (the vision tower's weights are skipped; see qwen3_5.py).
     "Qwen3_5ForConditionalGeneration": ("qwen3_5", "Qwen3_5ForConditionalGeneration"),
     "Qwen3_5MoeForConditionalGeneration": ("qwen3_5", "Qwen3_5MoeForConditionalGeneration"),
+    # Served text-only as Qwen2 / Qwen3 / Qwen3-MoE (vision towers skipped; see qwen_vl.py).
+    "Qwen2VLForConditionalGeneration": ("qwen_vl", "Qwen2VLForConditionalGeneration"),
+    "Qwen2_5_VLForConditionalGeneration": ("qwen_vl", "Qwen2_5_VLForConditionalGeneration"),
+    "Qwen3VLForConditionalGeneration": ("qwen_vl", "Qwen3VLForConditionalGeneration"),
+    "Qwen3VLMoeForConditionalGeneration": ("qwen_vl", "Qwen3VLMoeForConditionalGeneration"),
     "OlmoeForCausalLM": ("olmoe", "OlmoeForCausalLM"),
     "GptOssForCausalLM": ("gpt_oss", "GptOssForCausalLM"),
     "DeepseekV2ForCausalLM": ("deepseek_v2", "DeepseekV2ForCausalLM"),
@@ -40,6 +45,9 @@ _TEXT_GENERATION_MODELS: dict[str, tuple[str, str]] = {
     "Glm4MoeLiteForCausalLM": ("deepseek_v2", "Glm4MoeLiteForCausalLM"),
     "Lfm2ForCausalLM": ("lfm2", "Lfm2ForCausalLM"),
     "Phi3ForCausalLM": ("phi3", "Phi3ForCausalLM"),
+    "PhiMoEForCausalLM": ("phimoe", "PhiMoEForCausalLM"),
+    # transformers 5 saves PhiMoE checkpoints under its own spelling of the name.
+    "PhimoeForCausalLM": ("phimoe", "PhiMoEForCausalLM"),
     "Olmo2ForCausalLM": ("olmo2", "Olmo2ForCausalLM"),
     "Olmo3ForCausalLM": ("olmo2", "Olmo2ForCausalLM"),
     "StableLmForCausalLM": ("stablelm", "StablelmForCausalLM"),
@@ -58,6 +66,15 @@ _TEXT_GENERATION_MODELS: dict[str, tuple[str, str]] = {
     "Gemma2ForCausalLM": ("gemma2", "Gemma2ForCausalLM"),
     "Gemma3ForCausalLM": ("gemma3", "Gemma3ForCausalLM"),
     "Gemma4ForCausalLM": ("gemma4", "Gemma4ForCausalLM"),
+    "Gemma3nForCausalLM": ("gemma3n", "Gemma3nForCausalLM"),
+    "Gemma3nForConditionalGeneration": ("gemma3n", "Gemma3nForConditionalGeneration"),
+    # Vision-language checkpoints served text-only as their language model (see text_only.py).
+    "Gemma3ForConditionalGeneration": ("gemma3", "Gemma3ForConditionalGeneration"),
+    "Gemma4ForConditionalGeneration": ("gemma4_mm", "Gemma4ForConditionalGeneration"),
+    "Mistral3ForConditionalGeneration": ("mistral", "Mistral3ForConditionalGeneration"),
+    "LlavaForConditionalGeneration": ("llava", "LlavaForConditionalGeneration"),
+    "Idefics3ForConditionalGeneration": ("idefics3", "Idefics3ForConditionalGeneration"),
+    "SmolVLMForConditionalGeneration": ("idefics3", "SmolVLMForConditionalGeneration"),
 }
 _EMBEDDING_MODELS: dict[str, tuple[str, str]] = {
     "LlamaModel": _LLAMA,

@@ -60,14 +60,15 @@ def make_prompts(vocab_size: int, lens: tuple[int, ...] = PROMPT_LENS,
 
 
 @torch.inference_mode()
-def hf_greedy(path: str, prompts: list[list[int]], num_tokens: int = NUM_TOKENS
-              ) -> list[tuple[list[int], torch.Tensor]]:
+def hf_greedy(path: str, prompts: list[list[int]], num_tokens: int = NUM_TOKENS,
+              model_cls: type | None = None) -> list[tuple[list[int], torch.Tensor]]:
     """Per prompt: transformers' greedy tokens and the logprob of every token after the first
-    (prompt and generated, float64 `[len - 1]`). Eager attention: soft-capping needs it."""
+    (prompt and generated, float64 `[len - 1]`). Eager attention: soft-capping needs it.
+    `model_cls`: the transformers class to run (default AutoModelForCausalLM)."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32,
-                                                 attn_implementation="eager").eval()
+    model = (model_cls or AutoModelForCausalLM).from_pretrained(
+        path, dtype=torch.float32, attn_implementation="eager").eval()
     results = []
     for ids in prompts:
         seq = list(ids)
