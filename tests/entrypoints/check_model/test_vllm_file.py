@@ -41,12 +41,14 @@ def test_relative_import_of_a_module_minivllm_lacks_takes_the_sibling():
 
     def sibling(name: str) -> str | None:
         asked.append(name)
-        return "pkg._checked_granitemoe_1" if name == "granitemoe" else None
-    source = "from .granitemoe import GraniteMoeModel\nfrom .no_such_family.sub import X\n"
+        return "pkg._checked_granitemoeshared_1" if name == "granitemoeshared" else None
+    source = ("from .granitemoeshared import GraniteMoeSharedMLP\n"
+              "from .no_such_family.sub import X\n")
     ported = port_vllm_source(source, sibling)
-    assert ported.splitlines() == ["from pkg._checked_granitemoe_1 import GraniteMoeModel",
-                                   "from .no_such_family.sub import X"]
-    assert asked == ["granitemoe", "no_such_family"]
+    assert ported.splitlines() == [
+        "from pkg._checked_granitemoeshared_1 import GraniteMoeSharedMLP",
+        "from .no_such_family.sub import X"]
+    assert asked == ["granitemoeshared", "no_such_family"]
 
 
 def test_names_minivllm_lacks_come_from_the_sibling_except_for_contract_modules():

@@ -1,5 +1,5 @@
 """vLLM 0.33.0's own model files, import root renamed, run on minivllm and match transformers
-(32 files: the 19 families minivllm ships its own files for, and 13 it has none of).
+(32 files: the 24 families minivllm ships its own files for, and 8 it has none of).
 
 Each file is registered over minivllm's class for its architecture, then a tiny random
 transformers checkpoint of the family runs through `LLM`: fp32 greedy tokens identical and prompt
@@ -57,7 +57,8 @@ FAMILIES = {
                                       "beta_slow": 1.0, "truncate": False,
                                       "rope_theta": 150000.0,
                                       "original_max_position_embeddings": 64})),
-    # Built on vLLM's granitemoe.py, which the port brings along (minivllm has no such module).
+    # Built on vLLM's granitemoe.py, which the port brings along (minivllm's granitemoe.py
+    # lacks the GraniteMoeAttention it imports).
     "granitemoeshared": ("GraniteMoeSharedForCausalLM", "GraniteMoeSharedConfig", None,
                          dict(_LOCAL_EXPERTS, shared_intermediate_size=48)),
     # Families minivllm has no file of its own for: vLLM's file is the only implementation.
