@@ -86,6 +86,7 @@ def test_no_compiler_falls_back_with_a_warning(monkeypatch, tmp_path, caplog):
     assert md.decode is not None and md.decode.rows.numel() == 18 and len(md.decode_groups) >= 1
 
 
+@pytest.mark.slow      # a second from-scratch build (~20 s); every native test uses the first
 @pytest.mark.requires_native
 def test_kernel_builds_into_the_cache_dir(monkeypatch, tmp_path):
     monkeypatch.setattr(ops, "_lib", None)
