@@ -16,7 +16,7 @@ from minivllm.model_executor.layers.linear import ColumnParallelLinear, RowParal
 from minivllm.model_executor.layers.quantization import QuantizationConfig
 from minivllm.v1.attention.backend import AttentionType
 
-from .llama import LlamaAttention, LlamaForCausalLM, LlamaModel, input_norm
+from .llama import LlamaAttention, LlamaDecoderLayer, LlamaForCausalLM, LlamaModel
 from .utils import WeightsMapper
 
 # q / k / v fold into qkv_proj; up_proj and down_proj load under their own names.
@@ -72,12 +72,8 @@ class ArceeDecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
-    def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor,
-                residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        hidden_states, residual = input_norm(self.input_layernorm, hidden_states, residual)
-        hidden_states = self.self_attn(positions=positions, hidden_states=hidden_states)
-        hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
-        return self.mlp(hidden_states), residual
+    # Llama's pre-norm block over the same attributes (only the MLP inside differs).
+    forward = LlamaDecoderLayer.forward
 
 
 class ArceeModel(LlamaModel):
