@@ -79,12 +79,13 @@ struct Activation {
   // per 32)
   std::vector<float> s16;
   // RowShape::x8: [m, k / 32] records of kX8Record bytes instead of all the above: a block's 32
-  // q, then its dx and x8_b * S as floats (S = dx * sum(q), as the two s16 of the block sum),
-  // so that a token's whole block is one pointer's fixed offsets in the x8 kernels
+  // q, then as floats its dx, x8_b * S (S = dx * sum(q), as the two s16 of the block sum) and
+  // the two halves' dx * sums (Q6_K's 16-element scales), so that a token's whole block is one
+  // pointer's fixed offsets in the x8 kernels
   std::vector<uint8_t> x8;
 };
 
-constexpr int64_t kX8Record = 40;  // bytes of one block's record (Activation::x8)
+constexpr int64_t kX8Record = 48;  // bytes of one block's record (Activation::x8)
 
 #if MINIVLLM_GGUF_VNNI
 inline __m512 load16(const void* x, int64_t at, int dt) {
@@ -208,9 +209,9 @@ inline void quantize_row(const void* x, int64_t at, int dt, int64_t k, RowShape 
     float dx[8], s4[8], s16[2];
     for (int64_t b = 0; b < rs.units; ++b, rec += kX8Record) {
       quantize_block(x, at + 32 * b, dt, 0, false, q, dx, s4, s16);
-      const float tail[2] = {dx[0], rs.x8_b * (s16[0] + s16[1])};
+      const float tail[4] = {dx[0], rs.x8_b * (s16[0] + s16[1]), s16[0], s16[1]};
       std::memcpy(rec, q, 32);
-      std::memcpy(rec + 32, tail, 8);
+      std::memcpy(rec + 32, tail, 16);
     }
     return;
   }

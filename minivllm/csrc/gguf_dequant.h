@@ -13,7 +13,7 @@
 #include "gguf_activation.h"
 #include "gguf_avx2.h"
 #include "gguf_blocks.h"
-#include "gguf_x8.h"
+#include "gguf_x8_layout.h"
 
 namespace {
 
@@ -240,14 +240,24 @@ void dequant_rows(int qtype, const uint8_t* w, int64_t w_stride, int64_t r0, int
 }
 
 // Rows [i0, i1) of out: row ids[i] of W (ids null: row i), rows w_stride bytes apart, in the
-// x8 layout (gguf_x8.h: un-interleaved to the plain bytes first, then the kernels above) or not.
+// x8 layout (gguf_x8_layout.h: un-interleaved to the plain bytes first, then the kernels above)
+// or not.
 inline void dequant_rows_at(int qtype, const uint8_t* w, int64_t w_stride, const int64_t* ids,
                             int64_t i0, int64_t i1, int64_t cols, void* out, int64_t out_stride,
                             int dt, bool x8) {
   static thread_local std::vector<uint8_t> plain;
-  if (x8 && plain.size() < static_cast<size_t>(w_stride)) plain.resize(w_stride);
+  if (x8 && plain.size() < static_cast<size_t>(kX8Rows * w_stride)) plain.resize(kX8Rows * w_stride);
   const int64_t elem = dt == kF32 ? 4 : 2;
   for (int64_t i = i0; i < i1; ++i) {
+    if (x8 && ids == nullptr && i % kX8Rows == 0 && i + kX8Rows <= i1) {
+      // a whole group: un-interleaved in one sequential pass (row by row, each row's units
+      // are 2-4 bytes out of every kX8Rows times that), then dequantised as plain rows
+      x8_group_to_plain(qtype, w + i * w_stride, w_stride, plain.data());
+      dequant_rows(qtype, plain.data(), w_stride, 0, kX8Rows, cols,
+                   static_cast<char*>(out) + i * out_stride * elem, out_stride, dt);
+      i += kX8Rows - 1;
+      continue;
+    }
     const int64_t row = ids == nullptr ? i : ids[i];
     const uint8_t* src = w + row * w_stride;
     if (x8) {

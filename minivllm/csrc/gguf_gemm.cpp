@@ -74,7 +74,7 @@ int gemm_x8(int qtype, const void* x, int64_t x_stride, int dt, const uint8_t* w
             int64_t row_bytes, const void* bias, void* y, int64_t y_stride, int64_t m, int64_t n,
             int64_t k, int num_threads) {
 #if MINIVLLM_GGUF_X8
-  if (!x8_type(qtype) || k % 32 != 0 || n % kX8Rows != 0 || m < 1 || dt < 0 || dt > 2) return 1;
+  if (!x8_type(qtype) || k % geometry(qtype).elems != 0 || n % kX8Rows != 0 || m < 1 || dt < 0 || dt > 2) return 1;
   const RowShape rs = x8_row_shape(qtype, k);
   WorkSplit split(n / kX8Rows, num_threads);
   int failed = 0;
@@ -133,6 +133,10 @@ int minivllm_gguf_has_x8() {
   return 0;
 #endif
 }
+
+// 1 when this build's x8 kernels read `qtype` in the layout: Q4_0, Q4_1, Q8_0 with the AVX2 or
+// VNNI kernels, also Q5_0, Q5_1, Q4_K, Q5_K, Q6_K with VNNI; else 0.
+int minivllm_gguf_x8_type(int32_t qtype) { return MINIVLLM_GGUF_X8 && x8_type(qtype) ? 1 : 0; }
 
 // y [m, n] (+ bias [n]) = x [m, k] W^T for W [n, k] stored as GGUF blocks of `qtype`, rows
 // w_stride bytes apart; x, bias and y of element type dt (0 fp32, 1 bf16, 2 fp16), rows of x
@@ -207,7 +211,7 @@ int minivllm_gguf_embedding(int32_t qtype, const uint8_t* w, int64_t w_stride, i
 // the file's). 0; 1: a type without the layout or a partial group.
 int minivllm_gguf_repack_x8(int32_t qtype, uint8_t* w, int64_t row_bytes, int64_t rows,
                             int32_t to_x8, int32_t num_threads) {
-  if (!x8_type(qtype) || rows % kX8Rows != 0 || row_bytes % (x8_header(qtype) + x8_quants(qtype)))
+  if (!x8_type(qtype) || rows % kX8Rows != 0 || row_bytes % x8_block_bytes(qtype))
     return 1;
 #pragma omp parallel num_threads(num_threads)
   {

@@ -1,17 +1,7 @@
-// The "x8" layout of GGUF weights for the dot kernels without AMX: the same bytes as the file,
-// with the blocks of kX8Rows consecutive rows interleaved (8 rows for the AVX2 kernels, 16 for
-// the AVX-512 VNNI ones; the layout is named after its first, 8-row form), so one vector load
-// holds 4 quant bytes of each of the group's rows and the int32 lanes of vpmaddwd / vpdpbusd are
-// the rows' dot products (no horizontal sums, no byte permutes).
-//
-// Rows G*g..G*g+G-1 (G = kX8Rows) keep their place (bytes [G*g, G*g + G) * row_bytes), laid out
-// block by block: for block b (k / 32 of them), G * (header + quant) bytes of
-//   header: each 2-byte field f of a block (d, then Q4_1's m) as G fp16, 2Gf + 2r for row r;
-//   quants: 4-byte chunk c of every row, G * header + 4Gc + 4r.
-// Q4_0 / Q4_1 chunk c holds elements 4c..4c+3 (low nibbles) and 16+4c.. (high), Q8_0 chunk c
-// elements 4c..4c+3. Only these three types (the default model's) have the layout; rows must
-// come in whole groups. Dequantisation and embedding rows un-interleave a row to the plain
-// block bytes first, so their values are the plain layout's, bit for bit.
+// The x8 kernels: dot products of GGUF weights in the x8 layout (gguf_x8_layout.h, which
+// describes it) with x quantized into Activation::x8's records, for the CPUs without AMX whose
+// int8 kernels are the AVX2 or AVX-512 VNNI ones. This file: Q4_0, Q4_1, Q8_0 on both;
+// gguf_x8_k.h: Q5_0, Q5_1, Q4_K, Q5_K, Q6_K on VNNI.
 #pragma once
 
 #include <cstdint>
@@ -20,61 +10,11 @@
 #include "gguf_activation.h"
 #include "gguf_avx2.h"
 #include "gguf_blocks.h"
+#include "gguf_x8_layout.h"
 
 namespace {
 
 using namespace minivllm::gguf;
-
-// The qtype bit that marks a weight in the x8 layout (kernels.h: minivllm_gguf_gemm).
-constexpr int kX8Layout = 1 << 8;
-#if MINIVLLM_GGUF_VNNI
-constexpr int kX8Rows = 16;  // one 512-bit register of int32 / fp32 lanes
-constexpr int kX8Tokens = 8;  // tokens per pass over a group: 8 sums + 8 accumulators of 32 zmm
-#else
-constexpr int kX8Rows = 8;
-constexpr int kX8Tokens = 4;  // 16 ymm registers
-#endif
-// Whether this build's dot kernels read the layout (gguf_gemm.cpp: else the flag is refused).
-#if MINIVLLM_GGUF_AVX2 || MINIVLLM_GGUF_VNNI
-#define MINIVLLM_GGUF_X8 1
-#else
-#define MINIVLLM_GGUF_X8 0
-#endif
-
-constexpr bool x8_type(int qtype) { return qtype == kQ4_0 || qtype == kQ4_1 || qtype == kQ8_0; }
-
-// Bytes of a block's header (fp16 fields) and quants.
-constexpr int x8_header(int qtype) { return qtype == kQ4_1 ? 4 : 2; }
-constexpr int x8_quants(int qtype) { return qtype == kQ8_0 ? 32 : 16; }
-
-// Row `row` of an x8 weight starting at w (rows row_bytes apart) -> its plain block bytes.
-inline void x8_row_to_plain(int qtype, const uint8_t* w, int64_t row_bytes, int64_t row,
-                            uint8_t* plain) {
-  const int h = x8_header(qtype), qb = x8_quants(qtype), bs = h + qb, r = row % kX8Rows;
-  const uint8_t* group = w + (row - r) * row_bytes;
-  for (int64_t b = 0; b < row_bytes / bs; ++b) {
-    const uint8_t* gb = group + b * kX8Rows * bs;
-    uint8_t* pb = plain + b * bs;
-    for (int f = 0; f < h / 2; ++f) std::memcpy(pb + 2 * f, gb + 2 * kX8Rows * f + 2 * r, 2);
-    for (int c = 0; c < qb / 4; ++c)
-      std::memcpy(pb + h + 4 * c, gb + kX8Rows * (h + 4 * c) + 4 * r, 4);
-  }
-}
-
-// 8 plain rows (row_bytes apart) -> one x8 group (8 * row_bytes bytes).
-inline void x8_group_from_plain(int qtype, const uint8_t* plain, int64_t row_bytes,
-                                uint8_t* group) {
-  const int h = x8_header(qtype), qb = x8_quants(qtype), bs = h + qb;
-  for (int64_t b = 0; b < row_bytes / bs; ++b) {
-    uint8_t* gb = group + b * kX8Rows * bs;
-    for (int r = 0; r < kX8Rows; ++r) {
-      const uint8_t* pb = plain + r * row_bytes + b * bs;
-      for (int f = 0; f < h / 2; ++f) std::memcpy(gb + 2 * kX8Rows * f + 2 * r, pb + 2 * f, 2);
-      for (int c = 0; c < qb / 4; ++c)
-        std::memcpy(gb + kX8Rows * (h + 4 * c) + 4 * r, pb + h + 4 * c, 4);
-    }
-  }
-}
 
 // Bytes ahead the kernels prefetch, one line at a time (one prefetch per block made the 30 MB
 // LM head slower than the plain layout on AVX2).
@@ -224,6 +164,8 @@ inline void x8_block_sums(const uint8_t* quants, const int8_t* const* xq, X8Int*
 }
 
 
+#include "gguf_x8_k.h"  // Q5_0, Q5_1, Q4_K, Q5_K, Q6_K
+
 #endif  // MINIVLLM_GGUF_AVX2 / MINIVLLM_GGUF_VNNI
 
 // The activation shape the x8 kernels read: x quantized into Activation::x8's records, so a
@@ -237,7 +179,11 @@ inline RowShape x8_row_shape(int qtype, int64_t k) {
 #else
   const float q8_b = 0.0f;  // (no kernel reads the layout in this build)
 #endif
-  const float b = qtype == kQ4_1 ? 1.0f : qtype == kQ4_0 ? -8.0f : q8_b;
+  // the b term's factor per d * S (Q4_0 / Q5_0 centre their quants at 8 / 16; the K-quants'
+  // min term and Q5_1's m are the weight's own; Q6_K reads the halves' sums instead)
+  const float b = qtype == kQ4_1 || qtype == kQ5_1 || qtype == kQ4_K || qtype == kQ5_K ? 1.0f
+                  : qtype == kQ4_0 ? -8.0f : qtype == kQ5_0 ? -16.0f
+                  : qtype == kQ6_K ? 0.0f : q8_b;
   RowShape rs{k / 32, k, 0, 1, false};
   rs.x8 = true;
   rs.x8_b = b;
@@ -285,21 +231,34 @@ void x8_dot_group(const uint8_t* g, int64_t nb, const uint8_t* rec, int64_t rec_
   for (int mm = 0; mm < MC; ++mm) out[mm] = acc[mm];
 }
 
-// x8_dot_group for a runtime count of 1..kX8Tokens tokens.
+// x8_dot_group, or gguf_x8_k.h's kernel of a 5-bit or K-quant type (nb: 32-element blocks).
+template <int Q, int MC>
+inline void x8_dot_any(const uint8_t* g, int64_t nb, const uint8_t* rec, int64_t rec_stride,
+                       X8Acc* acc) {
+#if MINIVLLM_GGUF_VNNI
+  if constexpr (Q != kQ4_0 && Q != kQ4_1 && Q != kQ8_0) {
+    x8_dot_group_k<Q, MC>(g, nb, rec, rec_stride, acc);
+    return;
+  }
+#endif
+  x8_dot_group<Q, MC>(g, nb, rec, rec_stride, acc);
+}
+
+// x8_dot_any for a runtime count of 1..kX8Tokens tokens.
 template <int Q>
 inline void x8_dot_tokens(int mc, const uint8_t* g, int64_t nb, const uint8_t* rec,
                           int64_t rec_stride, X8Acc* acc) {
   switch (mc) {
 #if MINIVLLM_GGUF_VNNI
-    case 8: return x8_dot_group<Q, 8>(g, nb, rec, rec_stride, acc);
-    case 7: return x8_dot_group<Q, 7>(g, nb, rec, rec_stride, acc);
-    case 6: return x8_dot_group<Q, 6>(g, nb, rec, rec_stride, acc);
-    case 5: return x8_dot_group<Q, 5>(g, nb, rec, rec_stride, acc);
+    case 8: return x8_dot_any<Q, 8>(g, nb, rec, rec_stride, acc);
+    case 7: return x8_dot_any<Q, 7>(g, nb, rec, rec_stride, acc);
+    case 6: return x8_dot_any<Q, 6>(g, nb, rec, rec_stride, acc);
+    case 5: return x8_dot_any<Q, 5>(g, nb, rec, rec_stride, acc);
 #endif
-    case 4: return x8_dot_group<Q, 4>(g, nb, rec, rec_stride, acc);
-    case 3: return x8_dot_group<Q, 3>(g, nb, rec, rec_stride, acc);
-    case 2: return x8_dot_group<Q, 2>(g, nb, rec, rec_stride, acc);
-    default: return x8_dot_group<Q, 1>(g, nb, rec, rec_stride, acc);
+    case 4: return x8_dot_any<Q, 4>(g, nb, rec, rec_stride, acc);
+    case 3: return x8_dot_any<Q, 3>(g, nb, rec, rec_stride, acc);
+    case 2: return x8_dot_any<Q, 2>(g, nb, rec, rec_stride, acc);
+    default: return x8_dot_any<Q, 1>(g, nb, rec, rec_stride, acc);
   }
 }
 
@@ -338,6 +297,10 @@ inline bool x8_gemm(int qtype, const uint8_t* w, int64_t row_bytes, const Activa
     x8_gemm_rows<Q>(w, row_bytes, act, rs, k, a0, m, n0, n1, bias, y, y_stride, dt);           \
     return true;
     MINIVLLM_X8_CASE(kQ4_0) MINIVLLM_X8_CASE(kQ4_1) MINIVLLM_X8_CASE(kQ8_0)
+#if MINIVLLM_GGUF_VNNI
+    MINIVLLM_X8_CASE(kQ5_0) MINIVLLM_X8_CASE(kQ5_1) MINIVLLM_X8_CASE(kQ4_K)
+    MINIVLLM_X8_CASE(kQ5_K) MINIVLLM_X8_CASE(kQ6_K)
+#endif
 #undef MINIVLLM_X8_CASE
     default: return false;
   }

@@ -38,11 +38,16 @@ GGUF_FLOAT_TYPES: frozenset[int] = frozenset(
 _BLOCKS: dict[int, tuple[int, int]] = {
     t: GGML_QUANT_SIZES[GGMLQuantizationType(t)] for t in GGUF_KERNEL_TYPES}
 # The x8 layout (csrc/gguf_x8.h): blocks of 8 rows (AVX2) or 16 (AVX-512 VNNI) interleaved for
-# the dot kernels without AMX, the same bytes as the file's. A flag on the type code the kernels take (`qweight_kernel_type`).
+# the dot kernels without AMX, the same bytes as the file's. A flag on the type code the kernels
+# take (`qweight_kernel_type`).
 GGUF_X8_LAYOUT = 1 << 8
 _X8_MAX_ROWS = 16          # rows of the widest x8 group: dequantised tiles start at its multiples
+# The types some build lays out so: the AVX2 kernels take the first three, the VNNI ones all
+# (`gguf_x8_types()`: this CPU's).
 GGUF_X8_TYPES: frozenset[int] = frozenset(int(t) for t in (
-    GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q8_0))
+    GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q8_0,
+    GGMLQuantizationType.Q5_0, GGMLQuantizationType.Q5_1, GGMLQuantizationType.Q4_K,
+    GGMLQuantizationType.Q5_K, GGMLQuantizationType.Q6_K))
 _BLOCKS.update({t | GGUF_X8_LAYOUT: _BLOCKS[t] for t in GGUF_X8_TYPES})
 _DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 # Rows of x up to which the int8 dot kernels beat the AMX strips (gguf_amx.cpp). The dot's cost
@@ -139,7 +144,7 @@ def check_gguf_type(qtype: int, name: str = "") -> None:
 def gguf_repack_for_cpu(qweight: torch.Tensor, qtype: int) -> int:
     """The type code the kernels take for this packed weight (`qweight_kernel_type`): on CPUs
     whose int8 kernels are the AVX2 or AVX-512 VNNI ones (no AMX), a contiguous CPU weight of
-    `GGUF_X8_TYPES` in whole groups of `gguf_x8_rows()` rows is rearranged in place into the x8
+    `gguf_x8_types()` in whole groups of `gguf_x8_rows()` rows is rearranged in place into the x8
     layout (`qtype | GGUF_X8_LAYOUT`; same bytes, so no extra memory). Its rows then no longer
     read as file rows: use the returned code everywhere. Measured on the 2-core Zen 3 box (8-row
     groups): 1.7-2.0x the plain layout's AVX2 kernel for a [3072, 576] Q4_1 weight at 1 row (one
@@ -147,8 +152,9 @@ def gguf_repack_for_cpu(qweight: torch.Tensor, qtype: int) -> int:
     default model 74 -> 92 tok/s (same run, A/B). `MINIVLLM_GGUF_X8=0` keeps the file's layout."""
     lib = _Native.lib if _Native.resolved else _resolve()
     if (lib is None or not _Native.x8 or qtype not in GGUF_X8_TYPES or not qweight.is_cpu
-            or qweight.dim() != 2 or qweight.dtype != torch.uint8 or qweight.shape[0] % _Native.x8_rows
-            or not qweight.is_contiguous()):
+            or qweight.dim() != 2 or qweight.dtype != torch.uint8
+            or qweight.shape[0] % _Native.x8_rows or not qweight.is_contiguous()
+            or not lib.minivllm_gguf_x8_type(qtype)):
         return qtype
     rc = lib.minivllm_gguf_repack_x8(qtype, qweight.data_ptr(), qweight.shape[1],
                                      qweight.shape[0], 1, torch.get_num_threads())
@@ -161,6 +167,14 @@ def gguf_uses_x8() -> bool:
     if not _Native.resolved:
         _resolve()
     return _Native.x8
+
+
+def gguf_x8_types() -> frozenset[int]:
+    """The GGML types `gguf_repack_for_cpu` lays out in the x8 layout on this CPU: Q4_0, Q4_1,
+    Q8_0 with the AVX2 kernels; also Q5_0, Q5_1, Q4_K, Q5_K, Q6_K with AVX-512 VNNI."""
+    if not gguf_uses_x8():
+        return frozenset()
+    return frozenset(t for t in GGUF_X8_TYPES if _Native.lib.minivllm_gguf_x8_type(t))
 
 
 def gguf_x8_rows() -> int:

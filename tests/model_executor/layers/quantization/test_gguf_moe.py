@@ -86,15 +86,18 @@ def test_native_experts_match_dequantised_and_the_packed_loop(q13, q2, num_token
 
 
 @pytest.mark.requires_native
+@pytest.mark.parametrize("q13,q2", [(T.Q4_1, T.Q8_0), (T.Q4_K, T.Q6_K), (T.Q5_0, T.Q5_K)],
+                         ids=lambda q: T(q).name)
 @pytest.mark.parametrize("num_tokens", [1, 3, 40, 200])    # 200: whole experts per thread
-def test_native_experts_in_the_x8_layout(num_tokens):
+def test_native_experts_in_the_x8_layout(num_tokens, q13, q2):
     """CPUs with the x8 kernels (AVX2: 8-row groups, AVX-512 VNNI without AMX: 16) rearrange
-    Q4_0/Q4_1/Q8_0 experts into the x8 layout at load: the native call on those bytes (decode
-    pieces through gguf_dot_rows, prompts through gguf_gemm) gives the plain layout's products
-    up to the fp32 summation order."""
-    w13, w2, _, _ = _experts(T.Q4_1, T.Q8_0)
+    experts of their x8 types (AVX2: Q4_0/Q4_1/Q8_0; VNNI: also Q5_0/Q5_1 and the K-quants
+    Q4_K/Q5_K/Q6_K) into the x8 layout at load: the native call on those bytes (decode pieces
+    through gguf_dot_rows, prompts through gguf_gemm) gives the plain layout's products up to
+    the fp32 summation order."""
+    w13, w2, _, _ = _experts(q13, q2)
     x, weights, ids = _tokens(num_tokens, seed=7)
-    plain = fused_experts_gguf(x.bfloat16(), w13, int(T.Q4_1), w2, int(T.Q8_0), weights, ids)
+    plain = fused_experts_gguf(x.bfloat16(), w13, int(q13), w2, int(q2), weights, ids)
     if not gl.gguf_x8_rows():
         # AMX CPUs keep the file's layout for their strips; a build without the x8 kernels
         # (scalar) refuses the flag (the layer never sets it there, see
@@ -106,8 +109,12 @@ def test_native_experts_in_the_x8_layout(num_tokens):
         pytest.skip("experts take the x8 layout with the AVX2 or VNNI kernels only (this CPU "
                     "runs AMX or scalar ones)")
     x13, x2 = w13.clone(), w2.clone()
-    c13 = gl.gguf_repack_for_cpu(x13.view(-1, x13.shape[2]), int(T.Q4_1))
-    c2 = gl.gguf_repack_for_cpu(x2.view(-1, x2.shape[2]), int(T.Q8_0))
+    c13 = gl.gguf_repack_for_cpu(x13.view(-1, x13.shape[2]), int(q13))
+    c2 = gl.gguf_repack_for_cpu(x2.view(-1, x2.shape[2]), int(q2))
+    if not {int(q13), int(q2)} <= gl.gguf_x8_types():
+        # the AVX2 kernels: only the legacy three take the layout, the rest keep the file's
+        assert gl.gguf_x8_rows() == 8 and (c13, c2) == (int(q13), int(q2))
+        pytest.skip(f"{T(q13).name}/{T(q2).name} experts take the x8 layout with VNNI only")
     assert c13 & c2 & gl.GGUF_X8_LAYOUT and not torch.equal(x13, w13)
     x8 = fused_experts_gguf(x.bfloat16(), x13, c13, x2, c2, weights, ids)
     assert x8 is not None and _relative(x8, plain.float()) < 2e-3

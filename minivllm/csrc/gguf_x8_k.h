@@ -1,0 +1,238 @@
+// The x8 kernels (gguf_x8.h) of the 5-bit and K-quant types, AVX-512 VNNI builds only: Q5_0,
+// Q5_1, Q4_K, Q5_K and Q6_K (Q4_K_M files are Q4_K + Q6_K, and Q5_0 where a row is not a
+// multiple of 256). Included by gguf_x8.h inside its VNNI section.
+//
+// As there, one zmm holds 16 rows' int32 sums (one lane per row), x comes as the 32-element
+// records of Activation::x8, and a group meets up to kX8Tokens tokens per pass. Every scale is a
+// per-row vector built once per block or sub-block and shared by the pass's tokens:
+//   Q5_0 / Q5_1 (32-element blocks): u = nibble | qh bit << 4 (qh bit i for element i);
+//   Q4_K / Q5_K (256-element super-blocks of 8 sub-blocks of 32): w = d * sc_j * u - dmin * m_j,
+//     sc_j, m_j the 6-bit scales decoded per lane; one x record per sub-block;
+//   Q6_K (16 sub-blocks of 16, int8 scales): w = d * sc_j * (u - 32), u = 4 ql bits | 2 qh bits
+//     << 4; the -32 term reads the record's per-16 sums.
+#pragma once
+
+namespace {
+
+// vpmultishiftqb control for Q5's high bits: byte B of a qword takes the 8 bits of its lane's qh
+// (lane B / 4 of the qword) from 4 below bit `base` + B % 4, so the byte's bit 4 is that qh bit
+// (offsets wrap around the qword; only bit 4 is kept).
+constexpr uint64_t x8_qh_control(int base) {
+  uint64_t v = 0;
+  for (int byte = 0; byte < 8; ++byte)
+    v |= static_cast<uint64_t>((32 * (byte / 4) + base + byte % 4 - 4) & 63) << (8 * byte);
+  return v;
+}
+
+// u | (bits & mask): one vpternlogd (A | (B & C)).
+inline __m512i x8_or_masked(__m512i u, __m512i bits, int mask) {
+  return _mm512_ternarylogic_epi32(u, bits, _mm512_set1_epi8(static_cast<char>(mask)), 0xF8);
+}
+
+// sums[mm] = sum over chunks c < N of unit(c) . the 4 bytes of x at xq[mm] + 4 * (c0 + c)
+// (unit(c): 16 rows' 4 unsigned quants each). Under 4 tokens each keeps two chains, as
+// x8_block_sums, so that vpdpbusd's latency stays hidden.
+template <int MC, int N, class Unit>
+inline void x8_dot_chunks(Unit unit, const int8_t* const* xq, int c0, X8Int* sums) {
+  constexpr bool kTwo = MC < 4;
+  __m512i s1[kTwo ? MC : 1];
+  #pragma GCC unroll 8
+  for (int mm = 0; mm < MC; ++mm) {
+    sums[mm] = _mm512_setzero_si512();
+    if constexpr (kTwo) s1[mm] = _mm512_setzero_si512();
+  }
+  #pragma GCC unroll 8
+  for (int c = 0; c < N; ++c) {
+    const __m512i u = unit(c);
+    #pragma GCC unroll 8
+    for (int mm = 0; mm < MC; ++mm) {
+      if (kTwo && c % 2) s1[mm] = dpbusd_bcast4(s1[mm], u, xq[mm] + 4 * (c0 + c));
+      else sums[mm] = dpbusd_bcast4(sums[mm], u, xq[mm] + 4 * (c0 + c));
+    }
+  }
+  if constexpr (kTwo) {
+    #pragma GCC unroll 8
+    for (int mm = 0; mm < MC; ++mm) sums[mm] = _mm512_add_epi32(sums[mm], s1[mm]);
+  }
+}
+
+// acc[mm] += a * dx * sums[mm] + bw * f, dx and f the floats of token mm's record (f: `tail`
+// floats after dx: 1 the block's b term, 2 / 3 the halves' sums).
+template <int MC>
+inline void x8_scale_add(const X8Int* sums, __m512 a, __m512 bw, const int8_t* const* xq,
+                         int tail, X8Acc* acc) {
+  #pragma GCC unroll 8
+  for (int mm = 0; mm < MC; ++mm) {
+    const float* f = reinterpret_cast<const float*>(xq[mm] + 32);
+    acc[mm] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[mm]),
+                              _mm512_mul_ps(a, _mm512_set1_ps(f[0])), acc[mm]);
+    acc[mm] = _mm512_fmadd_ps(bw, _mm512_set1_ps(f[tail]), acc[mm]);
+  }
+}
+
+inline void x8_prefetch(const uint8_t* p, int bytes) {
+  for (int o = 0; o < bytes; o += 64)
+    _mm_prefetch(reinterpret_cast<const char*>(p + kX8Ahead + o), _MM_HINT_T0);
+}
+
+// Token mm's record of block b: xq[mm] = rec + mm * rec_stride + b * kX8Record.
+template <int MC>
+inline void x8_records(const uint8_t* rec, int64_t rec_stride, int64_t b, const int8_t** xq) {
+  #pragma GCC unroll 8
+  for (int mm = 0; mm < MC; ++mm)
+    xq[mm] = reinterpret_cast<const int8_t*>(rec + mm * rec_stride + b * kX8Record);
+}
+
+// Q5_0 / Q5_1: a group block is d[16] (Q5_1: m[16]), qh[16] (4 bytes), then 4 quant chunks.
+// b term: Q5_0 -16 * d * S (the record's x8_b = -16), Q5_1 m * S.
+template <int Q, int MC>
+void x8_dot_group_q5(const uint8_t* g, int64_t nb, const uint8_t* rec, int64_t rec_stride,
+                     X8Acc* out) {
+  constexpr int kH = 2 * kX8Rows * x8_units(Q).lead2, kGroupBlock = kX8Rows * x8_block_bytes(Q);
+  const __m512i low = _mm512_set1_epi8(0x0F);
+  X8Acc acc[MC];
+  #pragma GCC unroll 8
+  for (int mm = 0; mm < MC; ++mm) acc[mm] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* p = g + b * kGroupBlock;
+    x8_prefetch(p, kGroupBlock);
+    const __m512 d = x8_fp16(p), bw = Q == kQ5_1 ? x8_fp16(p + 2 * kX8Rows) : d;
+    const __m512i qh = _mm512_loadu_si512(p + kH);
+    const uint8_t* quants = p + kH + 4 * kX8Rows;
+    // chunk c < 4: elements 4c.. (low nibbles), c >= 4: 16 + 4(c - 4).. (high); qh bit = element
+    const auto unit = [&](int c) {
+      const __m512i w = _mm512_loadu_si512(quants + 64 * (c % 4));
+      const __m512i nib = _mm512_and_si512(c < 4 ? w : _mm512_srli_epi16(w, 4), low);
+      const __m512i hb = _mm512_multishift_epi64_epi8(
+          _mm512_set1_epi64(static_cast<long long>(x8_qh_control(4 * c))), qh);
+      return x8_or_masked(nib, hb, 0x10);
+    };
+    const int8_t* xq[MC];
+    x8_records<MC>(rec, rec_stride, b, xq);
+    X8Int sums[MC];
+    x8_dot_chunks<MC, 8>(unit, xq, 0, sums);
+    x8_scale_add<MC>(sums, d, bw, xq, 1, acc);
+  }
+  #pragma GCC unroll 8
+  for (int mm = 0; mm < MC; ++mm) out[mm] = acc[mm];
+}
+
+// Q4_K / Q5_K: a group block is d[16], dmin[16], 3 chunks of scale bytes, (Q5_K: 8 qh chunks),
+// 32 quant chunks. Sub-block j (32 elements) is the low (even j) or high nibbles of quant
+// chunks 8 (j / 2).. + 8, its x one record; Q5_K's bit 4 is bit j of qh chunk c's bytes.
+template <int Q, int MC>
+void x8_dot_group_k45(const uint8_t* g, int64_t nsb, const uint8_t* rec, int64_t rec_stride,
+                      X8Acc* out) {
+  constexpr int kGroupBlock = kX8Rows * x8_block_bytes(Q), kScales = 4 * kX8Rows;
+  constexpr int kQh = kScales + 12 * kX8Rows, kQs = kQh + (Q == kQ5_K ? 32 * kX8Rows : 0);
+  const __m512i low = _mm512_set1_epi8(0x0F), six = _mm512_set1_epi32(63);
+  const __m512i four = _mm512_set1_epi32(15), two = _mm512_set1_epi32(3);
+  X8Acc acc[MC];
+  #pragma GCC unroll 8
+  for (int mm = 0; mm < MC; ++mm) acc[mm] = _mm512_setzero_ps();
+  for (int64_t sb = 0; sb < nsb; ++sb) {
+    const uint8_t* p = g + sb * kGroupBlock;
+    x8_prefetch(p, kGroupBlock);
+    const __m512 d = x8_fp16(p), mdmin = _mm512_sub_ps(_mm512_setzero_ps(),
+                                                         x8_fp16(p + 2 * kX8Rows));
+    const __m512i s0 = _mm512_loadu_si512(p + kScales), s1 = _mm512_loadu_si512(p + kScales + 64);
+    const __m512i s2 = _mm512_loadu_si512(p + kScales + 128);
+    #pragma GCC unroll 8
+    for (int j = 0; j < 8; ++j) {
+      // ggml's 6-bit scale and min of sub-block j, from the row's 12 scale bytes s0|s1|s2
+      __m512i sc, mn;
+      if (j < 4) {
+        sc = _mm512_and_si512(_mm512_srli_epi32(s0, 8 * j), six);
+        mn = _mm512_and_si512(_mm512_srli_epi32(s1, 8 * j), six);
+      } else {
+        const int t = 8 * (j - 4);
+        sc = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(s2, t), four), _mm512_slli_epi32(
+            _mm512_and_si512(_mm512_srli_epi32(s0, t + 6), two), 4));
+        mn = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(s2, t + 4), four), _mm512_slli_epi32(
+            _mm512_and_si512(_mm512_srli_epi32(s1, t + 6), two), 4));
+      }
+      const __m512 a = _mm512_mul_ps(d, _mm512_cvtepi32_ps(sc));
+      const __m512 bw = _mm512_mul_ps(mdmin, _mm512_cvtepi32_ps(mn));
+      const auto unit = [&](int c) {
+        const __m512i w = _mm512_loadu_si512(p + kQs + 64 * (8 * (j / 2) + c));
+        const __m512i nib = _mm512_and_si512(j % 2 ? _mm512_srli_epi16(w, 4) : w, low);
+        if constexpr (Q == kQ4_K) {
+          return nib;
+        } else {
+          const __m512i qh = _mm512_loadu_si512(p + kQh + 64 * c);
+          return x8_or_masked(nib, j <= 4 ? _mm512_slli_epi16(qh, 4 - j)
+                                          : _mm512_srli_epi16(qh, j - 4), 0x10);
+        }
+      };
+      const int8_t* xq[MC];
+      x8_records<MC>(rec, rec_stride, 8 * sb + j, xq);
+      X8Int sums[MC];
+      x8_dot_chunks<MC, 8>(unit, xq, 0, sums);
+      x8_scale_add<MC>(sums, a, bw, xq, 1, acc);   // the records' x8_b is 1: bw * dx * S
+    }
+  }
+  #pragma GCC unroll 8
+  for (int mm = 0; mm < MC; ++mm) out[mm] = acc[mm];
+}
+
+// Q6_K: a group block is 32 ql chunks, 16 qh chunks, 4 chunks of int8 scales, then d[16].
+// Quarter s of 128-element half h (one x record) is the low (s < 2) or high nibbles of ql
+// chunks 16h + 8 (s % 2).. + 8 with bits 2s, 2s + 1 of qh chunks 8h..; its two 16-element
+// halves have scales 8h + 2s, + 1.
+template <int MC>
+void x8_dot_group_q6k(const uint8_t* g, int64_t nsb, const uint8_t* rec, int64_t rec_stride,
+                      X8Acc* out) {
+  constexpr int kGroupBlock = kX8Rows * x8_block_bytes(kQ6_K), kQh = 128 * kX8Rows;
+  constexpr int kScales = 192 * kX8Rows, kD = 208 * kX8Rows;
+  const __m512i low = _mm512_set1_epi8(0x0F);
+  X8Acc acc[MC];
+  #pragma GCC unroll 8
+  for (int mm = 0; mm < MC; ++mm) acc[mm] = _mm512_setzero_ps();
+  for (int64_t sb = 0; sb < nsb; ++sb) {
+    const uint8_t* p = g + sb * kGroupBlock;
+    x8_prefetch(p, kGroupBlock);
+    const __m512 d = x8_fp16(p + kD);
+    #pragma GCC unroll 2
+    for (int h = 0; h < 2; ++h) {
+      #pragma GCC unroll 4
+      for (int s = 0; s < 4; ++s) {
+        const int8_t* xq[MC];
+        x8_records<MC>(rec, rec_stride, 8 * sb + 4 * h + s, xq);
+        #pragma GCC unroll 2
+        for (int t = 0; t < 2; ++t) {
+          const int k = 8 * h + 2 * s + t;  // the scale: byte k % 4 of scale chunk k / 4
+          const __m512i sc8 = _mm512_loadu_si512(p + kScales + 64 * (k / 4));
+          const __m512i sc = _mm512_srai_epi32(_mm512_slli_epi32(sc8, 24 - 8 * (k % 4)), 24);
+          const __m512 a = _mm512_mul_ps(d, _mm512_cvtepi32_ps(sc));
+          const auto unit = [&](int c) {  // elements 16t + 4c.. of the quarter
+            const int cc = 4 * t + c;
+            const __m512i w = _mm512_loadu_si512(p + 64 * (16 * h + 8 * (s % 2) + cc));
+            const __m512i nib = _mm512_and_si512(s < 2 ? w : _mm512_srli_epi16(w, 4), low);
+            const __m512i qh = _mm512_loadu_si512(p + kQh + 64 * (8 * h + cc));
+            return x8_or_masked(nib, s < 3 ? _mm512_slli_epi16(qh, 4 - 2 * s)
+                                           : _mm512_srli_epi16(qh, 2), 0x30);
+          };
+          X8Int sums[MC];
+          x8_dot_chunks<MC, 4>(unit, xq, 4 * t, sums);
+          // -32 * a * (dx * the half's sum of x's q): the record's float 2 + t
+          x8_scale_add<MC>(sums, a, _mm512_mul_ps(a, _mm512_set1_ps(-32.0f)), xq, 2 + t, acc);
+        }
+      }
+    }
+  }
+  #pragma GCC unroll 8
+  for (int mm = 0; mm < MC; ++mm) out[mm] = acc[mm];
+}
+
+// The kernel of type Q (one of the five) for its blocks: nb counts 32-element records (8 per
+// super-block).
+template <int Q, int MC>
+inline void x8_dot_group_k(const uint8_t* g, int64_t nb, const uint8_t* rec, int64_t rec_stride,
+                           X8Acc* out) {
+  if constexpr (Q == kQ5_0 || Q == kQ5_1) x8_dot_group_q5<Q, MC>(g, nb, rec, rec_stride, out);
+  else if constexpr (Q == kQ4_K || Q == kQ5_K)
+    x8_dot_group_k45<Q, MC>(g, nb / 8, rec, rec_stride, out);
+  else x8_dot_group_q6k<MC>(g, nb / 8, rec, rec_stride, out);
+}
+
+}  // namespace
