@@ -1,6 +1,7 @@
 """The floors the machine allows: for a decode step, GGUF weight bytes streamed per step / measured
 read bandwidth; for compute-bound work, multiply-adds / the measured rate of a large GEMM."""
 
+import re
 import time
 
 import torch
@@ -37,26 +38,48 @@ def measure_gemm_rate(dtype: torch.dtype = torch.bfloat16, m: int = 1024, n: int
 
 
 def measure_gguf_gemm_rate(type_name: str, m: int = 64, n: int = 4096, k: int = 2048,
-                           repeats: int = 3) -> float | None:
+                           repeats: int = 3) -> float:
     """Multiply-adds/s of the packed GGUF kernel (`gguf_linear`, int8 on CPUs with VNNI or AVX2)
-    on a random [n, k] weight of `type_name` times m rows, laid out as a loaded weight is; None
-    for a type `gguf.quants` cannot quantize (the K-quants)."""
-    import numpy as np
-    from gguf import GGMLQuantizationType, quants
+    on a random [n, k] weight of `type_name` times m rows, laid out as a loaded weight is. A
+    K-quant mix (Q4_K_M, Q3_K_S, ...) is timed on its main type (Q4_K, Q3_K, ...)."""
+    from gguf import GGMLQuantizationType
 
     from minivllm.model_executor.kernels.gguf_linear import gguf_linear, gguf_repack_for_cpu
 
-    qtype = GGMLQuantizationType[type_name]
-    values = np.random.default_rng(0).standard_normal((n, k), dtype=np.float32) * 0.02
-    try:
-        packed = torch.from_numpy(np.ascontiguousarray(quants.quantize(values, qtype)))
-    except NotImplementedError:
-        return None
+    qtype = GGMLQuantizationType[_MIX_SUFFIX.sub("", type_name)]
+    packed = random_gguf_blocks(qtype, n, k)
     kernel_type = gguf_repack_for_cpu(packed, int(qtype))
     x = torch.randn(m, k, dtype=torch.bfloat16)
     # independent_rows: the kernels a batched decode step runs on any row count
     run = lambda: gguf_linear(x, packed, kernel_type, None, independent_rows=True)  # noqa: E731
     return m * n * k / _best_time(run, repeats)
+
+
+def random_gguf_blocks(qtype, n: int, k: int) -> torch.Tensor:
+    """uint8 [n, k / block * block_bytes]: a random weight in `qtype`. Legacy types go through
+    gguf-py's quantizer; K-quants (which it cannot write) are random bytes whose fp16 super-block
+    scales are set to small finite values, so the kernel's float work is what a real file costs."""
+    import numpy as np
+    from gguf import quants
+    from gguf.constants import GGML_QUANT_SIZES
+
+    rng = np.random.default_rng(0)
+    if qtype.name not in _K_SCALE_OFFSETS:
+        values = rng.standard_normal((n, k), dtype=np.float32) * 0.02
+        return torch.from_numpy(np.ascontiguousarray(quants.quantize(values, qtype)))
+    block, block_bytes = GGML_QUANT_SIZES[qtype]
+    blocks = rng.integers(0, 256, (n * k // block, block_bytes), dtype=np.uint8)
+    for offset in _K_SCALE_OFFSETS[qtype.name]:       # d (and dmin): fp16 at these byte offsets
+        blocks[:, offset:offset + 2] = np.full(len(blocks), 1e-3, np.float16).view(
+            np.uint8).reshape(-1, 2)
+    return torch.from_numpy(blocks.reshape(n, -1))
+
+
+# A K-quant mix's size suffix (llama-quantize's _S / _M / _L choose which tensors get more bits).
+_MIX_SUFFIX = re.compile(r"_[SML]$")
+# Byte offsets of the fp16 super-block scales in each K-quant block (ggml's block layouts).
+_K_SCALE_OFFSETS = {"Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2),
+                    "Q6_K": (208,)}
 
 
 def _best_time(fn, repeats: int) -> float:

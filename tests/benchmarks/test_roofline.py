@@ -33,3 +33,19 @@ def test_an_untied_embedding_is_only_gathered(tmp_path):
 def test_measured_bandwidth_is_positive():
     # bytes/s; a loose bound: the host may be busy
     assert measure_read_bandwidth(num_bytes=1 << 22, repeats=2) > 1e6
+
+
+@pytest.mark.parametrize("type_name", ["Q4_1", "Q2_K", "Q3_K_M", "Q4_K_M", "Q5_K_S", "Q6_K"])
+def test_packed_rate_of_legacy_types_and_k_quant_mixes(type_name):
+    # `bench moe --gguf-type Q4_K_M` once crashed here: a mix is timed on its main type, on
+    # random blocks whose super-block scales are finite
+    import numpy as np
+    from gguf import GGMLQuantizationType, quants
+
+    from minivllm.benchmarks.roofline import measure_gguf_gemm_rate, random_gguf_blocks
+
+    qtype = GGMLQuantizationType[type_name.removesuffix("_M").removesuffix("_S")]
+    blocks = random_gguf_blocks(qtype, 8, 512)
+    values = quants.dequantize(blocks.numpy(), qtype)
+    assert values.shape == (8, 512) and np.isfinite(values).all() and values.std() > 0
+    assert measure_gguf_gemm_rate(type_name, m=4, n=64, k=512, repeats=1) > 0
