@@ -135,8 +135,8 @@ int minivllm_gguf_has_x8() {
 }
 
 // 1 when this build's x8 kernels read `qtype` in the layout: Q4_0, Q4_1, Q8_0 with the AVX2 or
-// VNNI kernels, also Q5_0, Q5_1, Q4_K, Q5_K, Q6_K with VNNI; else 0.
-int minivllm_gguf_x8_type(int32_t qtype) { return MINIVLLM_GGUF_X8 && x8_type(qtype) ? 1 : 0; }
+// VNNI kernels, also Q5_0, Q5_1 and the K-quants Q2_K ... Q6_K with VNNI; else 0.
+int minivllm_gguf_has_x8_type(int32_t qtype) { return MINIVLLM_GGUF_X8 && x8_type(qtype) ? 1 : 0; }
 
 // y [m, n] (+ bias [n]) = x [m, k] W^T for W [n, k] stored as GGUF blocks of `qtype`, rows
 // w_stride bytes apart; x, bias and y of element type dt (0 fp32, 1 bf16, 2 fp16), rows of x

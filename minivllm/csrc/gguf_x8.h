@@ -1,7 +1,7 @@
 // The x8 kernels: dot products of GGUF weights in the x8 layout (gguf_x8_layout.h, which
 // describes it) with x quantized into Activation::x8's records, for the CPUs without AMX whose
 // int8 kernels are the AVX2 or AVX-512 VNNI ones. This file: Q4_0, Q4_1, Q8_0 on both;
-// gguf_x8_k.h: Q5_0, Q5_1, Q4_K, Q5_K, Q6_K on VNNI.
+// gguf_x8_k.h: Q5_0, Q5_1 and the K-quants Q2_K ... Q6_K on VNNI.
 #pragma once
 
 #include <cstdint>
@@ -164,7 +164,7 @@ inline void x8_block_sums(const uint8_t* quants, const int8_t* const* xq, X8Int*
 }
 
 
-#include "gguf_x8_k.h"  // Q5_0, Q5_1, Q4_K, Q5_K, Q6_K
+#include "gguf_x8_k.h"  // Q5_0, Q5_1, Q2_K ... Q6_K
 
 #endif  // MINIVLLM_GGUF_AVX2 / MINIVLLM_GGUF_VNNI
 
@@ -180,10 +180,11 @@ inline RowShape x8_row_shape(int qtype, int64_t k) {
   const float q8_b = 0.0f;  // (no kernel reads the layout in this build)
 #endif
   // the b term's factor per d * S (Q4_0 / Q5_0 centre their quants at 8 / 16; the K-quants'
-  // min term and Q5_1's m are the weight's own; Q6_K reads the halves' sums instead)
+  // min term and Q5_1's m are the weight's own; the 16-element sub-block types read the halves'
+  // sums instead)
   const float b = qtype == kQ4_1 || qtype == kQ5_1 || qtype == kQ4_K || qtype == kQ5_K ? 1.0f
                   : qtype == kQ4_0 ? -8.0f : qtype == kQ5_0 ? -16.0f
-                  : qtype == kQ6_K ? 0.0f : q8_b;
+                  : qtype == kQ2_K || qtype == kQ3_K || qtype == kQ6_K ? 0.0f : q8_b;
   RowShape rs{k / 32, k, 0, 1, false};
   rs.x8 = true;
   rs.x8_b = b;
@@ -298,8 +299,9 @@ inline bool x8_gemm(int qtype, const uint8_t* w, int64_t row_bytes, const Activa
     return true;
     MINIVLLM_X8_CASE(kQ4_0) MINIVLLM_X8_CASE(kQ4_1) MINIVLLM_X8_CASE(kQ8_0)
 #if MINIVLLM_GGUF_VNNI
-    MINIVLLM_X8_CASE(kQ5_0) MINIVLLM_X8_CASE(kQ5_1) MINIVLLM_X8_CASE(kQ4_K)
-    MINIVLLM_X8_CASE(kQ5_K) MINIVLLM_X8_CASE(kQ6_K)
+    MINIVLLM_X8_CASE(kQ5_0) MINIVLLM_X8_CASE(kQ5_1) MINIVLLM_X8_CASE(kQ2_K)
+    MINIVLLM_X8_CASE(kQ3_K) MINIVLLM_X8_CASE(kQ4_K) MINIVLLM_X8_CASE(kQ5_K)
+    MINIVLLM_X8_CASE(kQ6_K)
 #endif
 #undef MINIVLLM_X8_CASE
     default: return false;

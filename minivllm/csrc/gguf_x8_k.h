@@ -8,8 +8,8 @@
 //   Q5_0 / Q5_1 (32-element blocks): u = nibble | qh bit << 4 (qh bit i for element i);
 //   Q4_K / Q5_K (256-element super-blocks of 8 sub-blocks of 32): w = d * sc_j * u - dmin * m_j,
 //     sc_j, m_j the 6-bit scales decoded per lane; one x record per sub-block;
-//   Q6_K (16 sub-blocks of 16, int8 scales): w = d * sc_j * (u - 32), u = 4 ql bits | 2 qh bits
-//     << 4; the -32 term reads the record's per-16 sums.
+//   Q2_K, Q3_K, Q6_K (16 sub-blocks of 16, X8Sub16): w = a_k * u + bw_k with u of 2, 3 or 6
+//     bits; the bw term reads the record's per-16 sums.
 #pragma once
 
 namespace {
@@ -175,48 +175,110 @@ void x8_dot_group_k45(const uint8_t* g, int64_t nsb, const uint8_t* rec, int64_t
   for (int mm = 0; mm < MC; ++mm) out[mm] = acc[mm];
 }
 
-// Q6_K: a group block is 32 ql chunks, 16 qh chunks, 4 chunks of int8 scales, then d[16].
-// Quarter s of 128-element half h (one x record) is the low (s < 2) or high nibbles of ql
-// chunks 16h + 8 (s % 2).. + 8 with bits 2s, 2s + 1 of qh chunks 8h..; its two 16-element
-// halves have scales 8h + 2s, + 1.
-template <int MC>
-void x8_dot_group_q6k(const uint8_t* g, int64_t nsb, const uint8_t* rec, int64_t rec_stride,
-                      X8Acc* out) {
-  constexpr int kGroupBlock = kX8Rows * x8_block_bytes(kQ6_K), kQh = 128 * kX8Rows;
-  constexpr int kScales = 192 * kX8Rows, kD = 208 * kX8Rows;
-  const __m512i low = _mm512_set1_epi8(0x0F);
+// The types of 16-element sub-blocks (Q2_K, Q3_K, Q6_K): sub-block k = 2r + t is half t of the
+// super-block's 32-element record r; unit(r, t, c) holds its elements 16t + 4c.. of record r for
+// the group's 16 rows; scales(k) its per-row a (times u) and bw (times the half's x sum).
+template <int Q>
+struct X8Sub16;
+
+// Q2_K: 4 chunks of scale bytes (low nibble scale, high min), 16 qs chunks, d[16], dmin[16].
+// Record r = 4h + j is bits 2j, 2j + 1 of qs bytes 32h..: w = d * sc * u - dmin * m.
+template <>
+struct X8Sub16<kQ2_K> {
+  __m512 d, mdmin;
+  explicit X8Sub16(const uint8_t* p)
+      : d(x8_fp16(p + 80 * kX8Rows)),
+        mdmin(_mm512_sub_ps(_mm512_setzero_ps(), x8_fp16(p + 82 * kX8Rows))) {}
+  void scales(const uint8_t* p, int k, __m512* a, __m512* bw) const {
+    const __m512i c = _mm512_loadu_si512(p + 64 * (k / 4)), f = _mm512_set1_epi32(15);
+    *a = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(c, 8 * (k % 4)), f)));
+    *bw = _mm512_mul_ps(mdmin, _mm512_cvtepi32_ps(
+                                   _mm512_and_si512(_mm512_srli_epi32(c, 8 * (k % 4) + 4), f)));
+  }
+  __m512i unit(const uint8_t* p, int r, int t, int c) const {
+    const __m512i w = _mm512_loadu_si512(p + 16 * kX8Rows + 64 * (8 * (r / 4) + 4 * t + c));
+    return _mm512_and_si512(_mm512_srli_epi16(w, 2 * (r % 4)), _mm512_set1_epi8(3));
+  }
+};
+
+// Q3_K: 8 hmask chunks, 16 qs chunks, 3 chunks of scale bytes (16 6-bit scales, offset 32),
+// d[16]. Record r = 4h + j: u = bits 2j.. of qs bytes 32h.. | hmask bit 4h + j << 2, and
+// w = d * (sc - 32) * (u - 4).
+template <>
+struct X8Sub16<kQ3_K> {
+  __m512 d;
+  explicit X8Sub16(const uint8_t* p) : d(x8_fp16(p + 108 * kX8Rows)) {}
+  void scales(const uint8_t* p, int k, __m512* a, __m512* bw) const {
+    // ggml's unpacking: low 4 bits from byte k % 8 of bytes 0..7 (high nibble from k / 8), high
+    // 2 bits from byte k % 4 of bytes 8..11 (bits 2 (k / 4)..)
+    const __m512i lo = _mm512_loadu_si512(p + 96 * kX8Rows + 64 * ((k / 4) % 2));
+    const __m512i hi = _mm512_loadu_si512(p + 96 * kX8Rows + 128);
+    const int b = 8 * (k % 4);
+    const __m512i sc = _mm512_or_si512(
+        _mm512_and_si512(_mm512_srli_epi32(lo, b + 4 * (k / 8)), _mm512_set1_epi32(15)),
+        _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(hi, b + 2 * (k / 4)),
+                                           _mm512_set1_epi32(3)), 4));
+    *a = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_sub_epi32(sc, _mm512_set1_epi32(32))));
+    *bw = _mm512_mul_ps(*a, _mm512_set1_ps(-4.0f));
+  }
+  __m512i unit(const uint8_t* p, int r, int t, int c) const {
+    const __m512i w = _mm512_loadu_si512(p + 32 * kX8Rows + 64 * (8 * (r / 4) + 4 * t + c));
+    const __m512i q = _mm512_and_si512(_mm512_srli_epi16(w, 2 * (r % 4)), _mm512_set1_epi8(3));
+    const __m512i hm = _mm512_loadu_si512(p + 64 * (4 * t + c));
+    const int bit = r;  // 4h + j
+    return x8_or_masked(q, bit >= 2 ? _mm512_srli_epi16(hm, bit - 2)
+                                    : _mm512_slli_epi16(hm, 2 - bit), 0x04);
+  }
+};
+
+// Q6_K: 32 ql chunks, 16 qh chunks, 4 chunks of int8 scales, then d[16]. Record r = 4h + s is
+// the low (s < 2) or high nibbles of ql chunks 16h + 8 (s % 2).. with bits 2s, 2s + 1 of qh
+// chunks 8h..: w = d * sc * (u - 32).
+template <>
+struct X8Sub16<kQ6_K> {
+  __m512 d;
+  explicit X8Sub16(const uint8_t* p) : d(x8_fp16(p + 208 * kX8Rows)) {}
+  void scales(const uint8_t* p, int k, __m512* a, __m512* bw) const {
+    const __m512i sc8 = _mm512_loadu_si512(p + 192 * kX8Rows + 64 * (k / 4));
+    const __m512i sc = _mm512_srai_epi32(_mm512_slli_epi32(sc8, 24 - 8 * (k % 4)), 24);
+    *a = _mm512_mul_ps(d, _mm512_cvtepi32_ps(sc));
+    *bw = _mm512_mul_ps(*a, _mm512_set1_ps(-32.0f));
+  }
+  __m512i unit(const uint8_t* p, int r, int t, int c) const {
+    const int h = r / 4, s = r % 4, cc = 4 * t + c;
+    const __m512i w = _mm512_loadu_si512(p + 64 * (16 * h + 8 * (s % 2) + cc));
+    const __m512i nib = _mm512_and_si512(s < 2 ? w : _mm512_srli_epi16(w, 4),
+                                         _mm512_set1_epi8(0x0F));
+    const __m512i qh = _mm512_loadu_si512(p + 128 * kX8Rows + 64 * (8 * h + cc));
+    return x8_or_masked(nib, s < 3 ? _mm512_slli_epi16(qh, 4 - 2 * s)
+                                   : _mm512_srli_epi16(qh, 2), 0x30);
+  }
+};
+
+// A group of a 16-element sub-block type: per half record, 4 units, then a * dx * sums plus
+// bw * the record's float 2 + t (dx * that half's sum of x's q).
+template <int Q, int MC>
+void x8_dot_group_sub16(const uint8_t* g, int64_t nsb, const uint8_t* rec, int64_t rec_stride,
+                        X8Acc* out) {
+  constexpr int kGroupBlock = kX8Rows * x8_block_bytes(Q);
   X8Acc acc[MC];
   #pragma GCC unroll 8
   for (int mm = 0; mm < MC; ++mm) acc[mm] = _mm512_setzero_ps();
   for (int64_t sb = 0; sb < nsb; ++sb) {
     const uint8_t* p = g + sb * kGroupBlock;
     x8_prefetch(p, kGroupBlock);
-    const __m512 d = x8_fp16(p + kD);
-    #pragma GCC unroll 2
-    for (int h = 0; h < 2; ++h) {
-      #pragma GCC unroll 4
-      for (int s = 0; s < 4; ++s) {
-        const int8_t* xq[MC];
-        x8_records<MC>(rec, rec_stride, 8 * sb + 4 * h + s, xq);
-        #pragma GCC unroll 2
-        for (int t = 0; t < 2; ++t) {
-          const int k = 8 * h + 2 * s + t;  // the scale: byte k % 4 of scale chunk k / 4
-          const __m512i sc8 = _mm512_loadu_si512(p + kScales + 64 * (k / 4));
-          const __m512i sc = _mm512_srai_epi32(_mm512_slli_epi32(sc8, 24 - 8 * (k % 4)), 24);
-          const __m512 a = _mm512_mul_ps(d, _mm512_cvtepi32_ps(sc));
-          const auto unit = [&](int c) {  // elements 16t + 4c.. of the quarter
-            const int cc = 4 * t + c;
-            const __m512i w = _mm512_loadu_si512(p + 64 * (16 * h + 8 * (s % 2) + cc));
-            const __m512i nib = _mm512_and_si512(s < 2 ? w : _mm512_srli_epi16(w, 4), low);
-            const __m512i qh = _mm512_loadu_si512(p + kQh + 64 * (8 * h + cc));
-            return x8_or_masked(nib, s < 3 ? _mm512_slli_epi16(qh, 4 - 2 * s)
-                                           : _mm512_srli_epi16(qh, 2), 0x30);
-          };
-          X8Int sums[MC];
-          x8_dot_chunks<MC, 4>(unit, xq, 4 * t, sums);
-          // -32 * a * (dx * the half's sum of x's q): the record's float 2 + t
-          x8_scale_add<MC>(sums, a, _mm512_mul_ps(a, _mm512_set1_ps(-32.0f)), xq, 2 + t, acc);
-        }
+    const X8Sub16<Q> st(p);
+    #pragma GCC unroll 8
+    for (int r = 0; r < 8; ++r) {
+      const int8_t* xq[MC];
+      x8_records<MC>(rec, rec_stride, 8 * sb + r, xq);
+      #pragma GCC unroll 2
+      for (int t = 0; t < 2; ++t) {
+        __m512 a, bw;
+        st.scales(p, 2 * r + t, &a, &bw);
+        X8Int sums[MC];
+        x8_dot_chunks<MC, 4>([&](int c) { return st.unit(p, r, t, c); }, xq, 4 * t, sums);
+        x8_scale_add<MC>(sums, a, bw, xq, 2 + t, acc);
       }
     }
   }
@@ -224,15 +286,15 @@ void x8_dot_group_q6k(const uint8_t* g, int64_t nsb, const uint8_t* rec, int64_t
   for (int mm = 0; mm < MC; ++mm) out[mm] = acc[mm];
 }
 
-// The kernel of type Q (one of the five) for its blocks: nb counts 32-element records (8 per
-// super-block).
+// The kernel of type Q (a 5-bit or K-quant type) for its blocks: nb counts 32-element records
+// (8 per super-block).
 template <int Q, int MC>
 inline void x8_dot_group_k(const uint8_t* g, int64_t nb, const uint8_t* rec, int64_t rec_stride,
                            X8Acc* out) {
   if constexpr (Q == kQ5_0 || Q == kQ5_1) x8_dot_group_q5<Q, MC>(g, nb, rec, rec_stride, out);
   else if constexpr (Q == kQ4_K || Q == kQ5_K)
     x8_dot_group_k45<Q, MC>(g, nb / 8, rec, rec_stride, out);
-  else x8_dot_group_q6k<MC>(g, nb / 8, rec, rec_stride, out);
+  else x8_dot_group_sub16<Q, MC>(g, nb / 8, rec, rec_stride, out);
 }
 
 }  // namespace

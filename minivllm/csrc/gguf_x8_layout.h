@@ -61,6 +61,8 @@ constexpr X8Units x8_units(int qtype) {
     case kQ4_K: return {2, 35, 0};  // d, dmin, 12 scale bytes, 128 quant bytes
     case kQ5_K: return {2, 43, 0};  // ... then 32 qh bytes before the quants
     case kQ6_K: return {0, 52, 1};  // 128 ql, 64 qh, 16 scale bytes, then d
+    case kQ2_K: return {0, 20, 2};  // 16 scale bytes, 64 quant bytes, then d, dmin
+    case kQ3_K: return {0, 27, 1};  // 32 hmask bytes, 64 quant bytes, 12 scale bytes, then d
     default: return {0, 0, 0};
   }
 }
@@ -73,7 +75,8 @@ constexpr int x8_block_bytes(int qtype) {
 constexpr bool x8_type(int qtype) {
   if (qtype == kQ4_0 || qtype == kQ4_1 || qtype == kQ8_0) return true;
 #if MINIVLLM_GGUF_VNNI
-  return qtype == kQ5_0 || qtype == kQ5_1 || qtype == kQ4_K || qtype == kQ5_K || qtype == kQ6_K;
+  return qtype == kQ5_0 || qtype == kQ5_1 || qtype == kQ2_K || qtype == kQ3_K ||
+         qtype == kQ4_K || qtype == kQ5_K || qtype == kQ6_K;
 #else
   return false;
 #endif

@@ -15,7 +15,7 @@ int minivllm_has_gemm_amx(void);
 int minivllm_gguf_has_vnni(void);
 int minivllm_gguf_has_avx2(void);
 int minivllm_gguf_has_x8(void);  // the x8 layout's rows per group where built (8, 16), else 0
-int minivllm_gguf_x8_type(int32_t qtype);  // 1 when this build has the x8 layout for qtype
+int minivllm_gguf_has_x8_type(int32_t qtype);  // 1 when this build has the x8 layout for qtype
 
 int minivllm_paged_decode_bf16(const uint16_t* q, int64_t q_row_stride, uint16_t* k_cache,
                                uint16_t* v_cache, int64_t slot_stride, const int32_t* block_table,

@@ -345,10 +345,10 @@ def test_x8_layout_same_values_and_products(x8_build, monkeypatch, qtype):
     assert gl.gguf_repack_for_cpu(plain[:g + 6].clone(), qtype) == qtype   # not whole groups
     if g == 8 and qtype not in (T.Q4_0, T.Q4_1, T.Q8_0):
         # the AVX2 kernels read only the legacy three in the layout: the rest keep the file's
-        assert not lib.minivllm_gguf_x8_type(qtype) and qtype not in gl.gguf_x8_types()
+        assert not lib.minivllm_gguf_has_x8_type(qtype) and qtype not in gl.gguf_x8_types()
         assert gl.gguf_repack_for_cpu(plain.clone(), qtype) == qtype
         return
-    assert lib.minivllm_gguf_x8_type(qtype) and qtype in gl.gguf_x8_types()
+    assert lib.minivllm_gguf_has_x8_type(qtype) and qtype in gl.gguf_x8_types()
     x8 = plain.clone()
     code = gl.gguf_repack_for_cpu(x8, qtype)
     assert code == qtype | gl.GGUF_X8_LAYOUT and not torch.equal(x8, plain)

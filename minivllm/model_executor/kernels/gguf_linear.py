@@ -46,8 +46,9 @@ _X8_MAX_ROWS = 16          # rows of the widest x8 group: dequantised tiles star
 # (`gguf_x8_types()`: this CPU's).
 GGUF_X8_TYPES: frozenset[int] = frozenset(int(t) for t in (
     GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q8_0,
-    GGMLQuantizationType.Q5_0, GGMLQuantizationType.Q5_1, GGMLQuantizationType.Q4_K,
-    GGMLQuantizationType.Q5_K, GGMLQuantizationType.Q6_K))
+    GGMLQuantizationType.Q5_0, GGMLQuantizationType.Q5_1, GGMLQuantizationType.Q2_K,
+    GGMLQuantizationType.Q3_K, GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q5_K,
+    GGMLQuantizationType.Q6_K))
 _BLOCKS.update({t | GGUF_X8_LAYOUT: _BLOCKS[t] for t in GGUF_X8_TYPES})
 _DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 # Rows of x up to which the int8 dot kernels beat the AMX strips (gguf_amx.cpp). The dot's cost
@@ -154,7 +155,7 @@ def gguf_repack_for_cpu(qweight: torch.Tensor, qtype: int) -> int:
     if (lib is None or not _Native.x8 or qtype not in GGUF_X8_TYPES or not qweight.is_cpu
             or qweight.dim() != 2 or qweight.dtype != torch.uint8
             or qweight.shape[0] % _Native.x8_rows or not qweight.is_contiguous()
-            or not lib.minivllm_gguf_x8_type(qtype)):
+            or not lib.minivllm_gguf_has_x8_type(qtype)):
         return qtype
     rc = lib.minivllm_gguf_repack_x8(qtype, qweight.data_ptr(), qweight.shape[1],
                                      qweight.shape[0], 1, torch.get_num_threads())
@@ -171,10 +172,10 @@ def gguf_uses_x8() -> bool:
 
 def gguf_x8_types() -> frozenset[int]:
     """The GGML types `gguf_repack_for_cpu` lays out in the x8 layout on this CPU: Q4_0, Q4_1,
-    Q8_0 with the AVX2 kernels; also Q5_0, Q5_1, Q4_K, Q5_K, Q6_K with AVX-512 VNNI."""
+    Q8_0 with the AVX2 kernels; also Q5_0, Q5_1 and Q2_K ... Q6_K with AVX-512 VNNI."""
     if not gguf_uses_x8():
         return frozenset()
-    return frozenset(t for t in GGUF_X8_TYPES if _Native.lib.minivllm_gguf_x8_type(t))
+    return frozenset(t for t in GGUF_X8_TYPES if _Native.lib.minivllm_gguf_has_x8_type(t))
 
 
 def gguf_x8_rows() -> int:

@@ -86,7 +86,8 @@ def test_native_experts_match_dequantised_and_the_packed_loop(q13, q2, num_token
 
 
 @pytest.mark.requires_native
-@pytest.mark.parametrize("q13,q2", [(T.Q4_1, T.Q8_0), (T.Q4_K, T.Q6_K), (T.Q5_0, T.Q5_K)],
+@pytest.mark.parametrize("q13,q2", [(T.Q4_1, T.Q8_0), (T.Q4_K, T.Q6_K), (T.Q5_0, T.Q5_K),
+                                     (T.Q3_K, T.Q2_K)],
                          ids=lambda q: T(q).name)
 @pytest.mark.parametrize("num_tokens", [1, 3, 40, 200])    # 200: whole experts per thread
 def test_native_experts_in_the_x8_layout(num_tokens, q13, q2):
