@@ -80,8 +80,8 @@ struct Activation {
   std::vector<float> s16;
   // RowShape::x8: [m, k / 32] records of kX8Record bytes instead of all the above: a block's 32
   // q, then as floats its dx, x8_b * S (S = dx * sum(q), as the two s16 of the block sum) and
-  // the two halves' dx * sums (Q6_K's 16-element scales), so that a token's whole block is one
-  // pointer's fixed offsets in the x8 kernels
+  // the two halves' dx * sums (the 16-element sub-blocks of Q2_K / Q3_K / Q6_K), so that a
+  // token's whole block is one pointer's fixed offsets in the x8 kernels
   std::vector<uint8_t> x8;
 };
 

@@ -246,7 +246,8 @@ inline void dequant_rows_at(int qtype, const uint8_t* w, int64_t w_stride, const
                             int64_t i0, int64_t i1, int64_t cols, void* out, int64_t out_stride,
                             int dt, bool x8) {
   static thread_local std::vector<uint8_t> plain;
-  if (x8 && plain.size() < static_cast<size_t>(kX8Rows * w_stride)) plain.resize(kX8Rows * w_stride);
+  const size_t group_bytes = static_cast<size_t>(kX8Rows * w_stride);
+  if (x8 && plain.size() < group_bytes) plain.resize(group_bytes);
   const int64_t elem = dt == kF32 ? 4 : 2;
   for (int64_t i = i0; i < i1; ++i) {
     if (x8 && ids == nullptr && i % kX8Rows == 0 && i + kX8Rows <= i1) {

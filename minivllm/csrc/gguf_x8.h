@@ -237,12 +237,11 @@ template <int Q, int MC>
 inline void x8_dot_any(const uint8_t* g, int64_t nb, const uint8_t* rec, int64_t rec_stride,
                        X8Acc* acc) {
 #if MINIVLLM_GGUF_VNNI
-  if constexpr (Q != kQ4_0 && Q != kQ4_1 && Q != kQ8_0) {
+  if constexpr (Q != kQ4_0 && Q != kQ4_1 && Q != kQ8_0)
     x8_dot_group_k<Q, MC>(g, nb, rec, rec_stride, acc);
-    return;
-  }
+  else  // (the legacy kernel is never instantiated for the other types)
 #endif
-  x8_dot_group<Q, MC>(g, nb, rec, rec_stride, acc);
+    x8_dot_group<Q, MC>(g, nb, rec, rec_stride, acc);
 }
 
 // x8_dot_any for a runtime count of 1..kX8Tokens tokens.

@@ -152,10 +152,12 @@ void x8_dot_group_k45(const uint8_t* g, int64_t nsb, const uint8_t* rec, int64_t
         mn = _mm512_and_si512(_mm512_srli_epi32(s1, 8 * j), six);
       } else {
         const int t = 8 * (j - 4);
-        sc = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(s2, t), four), _mm512_slli_epi32(
-            _mm512_and_si512(_mm512_srli_epi32(s0, t + 6), two), 4));
-        mn = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(s2, t + 4), four), _mm512_slli_epi32(
-            _mm512_and_si512(_mm512_srli_epi32(s1, t + 6), two), 4));
+        sc = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(s2, t), four),
+                             _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(s0, t + 6), two),
+                                               4));
+        mn = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(s2, t + 4), four),
+                             _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(s1, t + 6), two),
+                                               4));
       }
       const __m512 a = _mm512_mul_ps(d, _mm512_cvtepi32_ps(sc));
       const __m512 bw = _mm512_mul_ps(mdmin, _mm512_cvtepi32_ps(mn));
@@ -197,9 +199,10 @@ struct X8Sub16<kQ2_K> {
         mdmin(_mm512_sub_ps(_mm512_setzero_ps(), x8_fp16(p + 82 * kX8Rows))) {}
   void scales(const uint8_t* p, int k, __m512* a, __m512* bw) const {
     const __m512i c = _mm512_loadu_si512(p + 64 * (k / 4)), f = _mm512_set1_epi32(15);
-    *a = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(c, 8 * (k % 4)), f)));
-    *bw = _mm512_mul_ps(mdmin, _mm512_cvtepi32_ps(
-                                   _mm512_and_si512(_mm512_srli_epi32(c, 8 * (k % 4) + 4), f)));
+    const __m512i sc = _mm512_and_si512(_mm512_srli_epi32(c, 8 * (k % 4)), f);
+    const __m512i mn = _mm512_and_si512(_mm512_srli_epi32(c, 8 * (k % 4) + 4), f);
+    *a = _mm512_mul_ps(d, _mm512_cvtepi32_ps(sc));
+    *bw = _mm512_mul_ps(mdmin, _mm512_cvtepi32_ps(mn));
   }
   __m512i unit(const uint8_t* p, int r, int t, int c) const {
     const __m512i w = _mm512_loadu_si512(p + 16 * kX8Rows + 64 * (8 * (r / 4) + 4 * t + c));

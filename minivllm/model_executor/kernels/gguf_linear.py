@@ -37,7 +37,7 @@ GGUF_FLOAT_TYPES: frozenset[int] = frozenset(
 # (elements, bytes) per block of each supported type: a plain dict, read on every call.
 _BLOCKS: dict[int, tuple[int, int]] = {
     t: GGML_QUANT_SIZES[GGMLQuantizationType(t)] for t in GGUF_KERNEL_TYPES}
-# The x8 layout (csrc/gguf_x8.h): blocks of 8 rows (AVX2) or 16 (AVX-512 VNNI) interleaved for
+# The x8 layout (csrc/gguf_x8_layout.h): blocks of 8 rows (AVX2) or 16 (AVX-512 VNNI) interleaved for
 # the dot kernels without AMX, the same bytes as the file's. A flag on the type code the kernels
 # take (`qweight_kernel_type`).
 GGUF_X8_LAYOUT = 1 << 8
