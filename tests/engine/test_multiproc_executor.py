@@ -31,7 +31,9 @@ def no_leftover_workers():
     assert wait_until_gone([p.pid for p in live_children()]) == []
 
 
-@pytest.mark.parametrize("tp, pp", [(2, 1), (4, 1), (1, 2), (1, 3), (2, 2)],
+# TP x PP together (4 processes, ~7 s) runs with the slow tests; each alone stays in the default run.
+@pytest.mark.parametrize("tp, pp", [(2, 1), (4, 1), (1, 2), (1, 3),
+                                    pytest.param(2, 2, marks=pytest.mark.slow)],
                          ids=["tp2", "tp4_kv_replicated", "pp2", "pp3_uneven", "tp2xpp2"])
 def test_parallel_matches_single_process(tiny_path, reference, tp, pp):
     llm = LLM(model=tiny_path, tensor_parallel_size=tp, pipeline_parallel_size=pp,
