@@ -63,13 +63,15 @@ def random_gguf_blocks(qtype, n: int, k: int) -> torch.Tensor:
     from gguf import quants
     from gguf.constants import GGML_QUANT_SIZES
 
+    from minivllm.model_executor.kernels.gguf_dequant import K_SCALE_OFFSETS
+
     rng = np.random.default_rng(0)
-    if qtype.name not in _K_SCALE_OFFSETS:
+    if qtype.name not in K_SCALE_OFFSETS:
         values = rng.standard_normal((n, k), dtype=np.float32) * 0.02
         return torch.from_numpy(np.ascontiguousarray(quants.quantize(values, qtype)))
     block, block_bytes = GGML_QUANT_SIZES[qtype]
     blocks = rng.integers(0, 256, (n * k // block, block_bytes), dtype=np.uint8)
-    for offset in _K_SCALE_OFFSETS[qtype.name]:       # d (and dmin): fp16 at these byte offsets
+    for offset in K_SCALE_OFFSETS[qtype.name]:       # d (and dmin): fp16 at these byte offsets
         blocks[:, offset:offset + 2] = np.full(len(blocks), 1e-3, np.float16).view(
             np.uint8).reshape(-1, 2)
     return torch.from_numpy(blocks.reshape(n, -1))
@@ -77,9 +79,6 @@ def random_gguf_blocks(qtype, n: int, k: int) -> torch.Tensor:
 
 # A K-quant mix's size suffix (llama-quantize's _S / _M / _L choose which tensors get more bits).
 _MIX_SUFFIX = re.compile(r"_[SML]$")
-# Byte offsets of the fp16 super-block scales in each K-quant block (ggml's block layouts).
-_K_SCALE_OFFSETS = {"Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2),
-                    "Q6_K": (208,)}
 
 
 def _best_time(fn, repeats: int) -> float:

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from gguf import GGMLQuantizationType as T, GGUFReader, quants
 
 from minivllm import _custom_ops as ops
+from minivllm.model_executor.kernels.gguf_dequant import K_SCALE_OFFSETS
 from minivllm.forward_context import BatchDescriptor, ForwardContext, override_forward_context
 from minivllm.model_executor.kernels import cpu_linear, gguf_linear as gl
 
@@ -20,7 +21,7 @@ pytestmark = pytest.mark.requires_native
 LEGACY = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0]
 K_QUANTS = [T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K]
 # offsets of the fp16 scale fields of each K-quant super-block (the other bytes: random bits)
-K_HALVES = {T.Q2_K: (80, 82), T.Q3_K: (108,), T.Q4_K: (0, 2), T.Q5_K: (0, 2), T.Q6_K: (208,)}
+K_HALVES = {T[name]: offsets for name, offsets in K_SCALE_OFFSETS.items()}
 
 
 def random_weight(qtype: int, rows: int, cols: int, seed: int = 0) -> np.ndarray:

@@ -118,6 +118,11 @@ def _q6_k(blocks: torch.Tensor) -> torch.Tensor:
     return (dl * q).reshape(n, QK_K)
 
 
+# Byte offsets of each K-quant block's fp16 super-block scales (d, then dmin), by type name:
+# where random blocks (benchmarks, tests) need finite values.
+K_SCALE_OFFSETS: dict[str, tuple[int, ...]] = {
+    "Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
+
 DEQUANTIZERS: dict[int, Callable[[torch.Tensor], torch.Tensor]] = {
     T.Q4_0: lambda b: _legacy_4(b, False), T.Q4_1: lambda b: _legacy_4(b, True),
     T.Q5_0: lambda b: _legacy_5(b, False), T.Q5_1: lambda b: _legacy_5(b, True),

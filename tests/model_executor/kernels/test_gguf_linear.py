@@ -9,11 +9,11 @@ import torch.nn.functional as F
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T, quants
 
 from minivllm.model_executor.kernels import gguf_linear as gl
-from minivllm.model_executor.kernels.gguf_dequant import dequantize_torch
+from minivllm.model_executor.kernels.gguf_dequant import K_SCALE_OFFSETS, dequantize_torch
 
 LEGACY = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0]
 K_QUANTS = [T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K]
-K_HALVES = {T.Q2_K: (80, 82), T.Q3_K: (108,), T.Q4_K: (0, 2), T.Q5_K: (0, 2), T.Q6_K: (208,)}
+K_HALVES = {T[name]: offsets for name, offsets in K_SCALE_OFFSETS.items()}
 
 
 def random_weight(qtype: int, rows: int, cols: int, seed: int = 0) -> np.ndarray:

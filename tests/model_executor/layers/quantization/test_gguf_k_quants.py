@@ -15,6 +15,7 @@ import torch
 
 from minivllm import LLM, SamplingParams
 from minivllm.model_executor.kernels import gguf_linear as gl
+from minivllm.model_executor.kernels.gguf_dequant import K_SCALE_OFFSETS
 from tests.conftest import TINY_LLAMA, make_bpe_tokenizer
 from tests.model_executor.layers.quantization._gguf_helpers import (_add_metadata,
                                                                     hf_logits_of_gguf, write_out)
@@ -22,12 +23,12 @@ from tests.model_executor.layers.quantization._gguf_helpers import (_add_metadat
 pytestmark = pytest.mark.requires_native
 T = gguf.GGMLQuantizationType
 PROMPT = [1, 17, 42, 99, 7, 250, 3, 64, 128, 11]
-# byte offset and magnitude of each fp16 scale field (|w| ~ 0.01-0.05); a min's (dmin) is the
-# scale's times the mean quant, so that the weights centre on zero as a trained model's do
-# (weights all of one sign made the two engines' roundings grow to 0.7 in a logprob)
-_SCALES = {T.Q2_K: ((80, 1e-3), (82, 1.5e-3)), T.Q3_K: ((108, 4e-4),),
-           T.Q4_K: ((0, 2e-4), (2, 1.5e-3)), T.Q5_K: ((0, 1e-4), (2, 1.55e-3)),
-           T.Q6_K: ((208, 5e-5),), T.Q5_0: ((0, 4e-3),)}
+# magnitude of each fp16 scale field (d, then dmin; |w| ~ 0.01-0.05): a min's is the scale's
+# times the mean quant, so that the weights centre on zero as a trained model's do (weights all
+# of one sign made the two engines' roundings grow to 0.7 in a logprob)
+_SCALES = {T.Q2_K: (1e-3, 1.5e-3), T.Q3_K: (4e-4,), T.Q4_K: (2e-4, 1.5e-3),
+           T.Q5_K: (1e-4, 1.55e-3), T.Q6_K: (5e-5,), T.Q5_0: (4e-3,)}
+_OFFSETS = {**{T[name]: at for name, at in K_SCALE_OFFSETS.items()}, T.Q5_0: (0,)}
 # (every other matrix, ffn_down and the LM head): llama.cpp's mixes
 MIXES = {"Q4_K_M": (T.Q4_K, T.Q6_K), "Q3_K_M": (T.Q3_K, T.Q5_K), "Q2_K": (T.Q2_K, T.Q3_K),
          "Q5_0": (T.Q5_0, T.Q6_K)}
@@ -37,7 +38,7 @@ def _random_blocks(qtype, rows: int, cols: int, rng) -> np.ndarray:
     elems, nbytes = gguf.GGML_QUANT_SIZES[qtype]
     raw = rng.integers(0, 256, (rows, cols // elems, nbytes), dtype=np.uint8)
     factor = np.abs(rng.standard_normal(raw.shape[:2])) + 0.25      # one per block
-    for at, scale in _SCALES[qtype]:
+    for at, scale in zip(_OFFSETS[qtype], _SCALES[qtype]):
         half = (factor * scale).astype(np.float16)
         raw[..., at:at + 2] = half.view(np.uint8).reshape(*raw.shape[:2], 2)
     return raw.reshape(rows, -1)
