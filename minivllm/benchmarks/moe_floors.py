@@ -118,8 +118,8 @@ def _compute_floors(args: argparse.Namespace, sizes: dict, bandwidth: float) -> 
     macs, tokens = sum(steps), args.num_prompts * args.output_len
     rates = {"": measure_gemm_rate(getattr(torch, args.dtype))}
     out = {"batch_macs": macs, "gemm_dtype": args.dtype, "gemm_rate_gmac_per_s": rates[""] / 1e9}
-    packed = measure_gguf_gemm_rate(args.gguf_type) if "gguf_" in sizes else None
-    if packed is not None:
+    if "gguf_" in sizes:
+        packed = measure_gguf_gemm_rate(args.gguf_type)
         out["gguf_gemm_rate_gmac_per_s"] = packed / 1e9
         rates["gguf_"] = max(packed, rates[""])
     for name, rate in rates.items():

@@ -37,18 +37,14 @@ GGUF_FLOAT_TYPES: frozenset[int] = frozenset(
 # (elements, bytes) per block of each supported type: a plain dict, read on every call.
 _BLOCKS: dict[int, tuple[int, int]] = {
     t: GGML_QUANT_SIZES[GGMLQuantizationType(t)] for t in GGUF_KERNEL_TYPES}
-# The x8 layout (csrc/gguf_x8_layout.h): blocks of 8 rows (AVX2) or 16 (AVX-512 VNNI) interleaved for
-# the dot kernels without AMX, the same bytes as the file's. A flag on the type code the kernels
-# take (`qweight_kernel_type`).
+# The x8 layout (csrc/gguf_x8_layout.h): blocks of 8 rows (AVX2) or 16 (AVX-512 VNNI)
+# interleaved for the dot kernels without AMX, the same bytes as the file's. A flag on the type
+# code the kernels take (`qweight_kernel_type`).
 GGUF_X8_LAYOUT = 1 << 8
 _X8_MAX_ROWS = 16          # rows of the widest x8 group: dequantised tiles start at its multiples
-# The types some build lays out so: the AVX2 kernels take the first three, the VNNI ones all
-# (`gguf_x8_types()`: this CPU's).
-GGUF_X8_TYPES: frozenset[int] = frozenset(int(t) for t in (
-    GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q8_0,
-    GGMLQuantizationType.Q5_0, GGMLQuantizationType.Q5_1, GGMLQuantizationType.Q2_K,
-    GGMLQuantizationType.Q3_K, GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q5_K,
-    GGMLQuantizationType.Q6_K))
+# Every block type has the layout in some build: the AVX2 kernels take Q4_0/Q4_1/Q8_0, the VNNI
+# ones all (`gguf_x8_types()`: this CPU's).
+GGUF_X8_TYPES: frozenset[int] = GGUF_KERNEL_TYPES
 _BLOCKS.update({t | GGUF_X8_LAYOUT: _BLOCKS[t] for t in GGUF_X8_TYPES})
 _DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 # Rows of x up to which the int8 dot kernels beat the AMX strips (gguf_amx.cpp). The dot's cost
