@@ -48,13 +48,15 @@ inline void store_sums(const float* out, int rows, int mc, int64_t n, int64_t m0
 // Geometry of a row for the kernels: units of `blocks` blocks (the last unit of a row may hold
 // fewer, nb_last), kp = k padded to whole units, lanes = fp32 lanes of dx / s4 per row.
 // split: the activation layout of NibbleUnit (each block's two halves in separate registers).
-// x8: the x8 kernels' records instead (x8_row_shape, gguf_x8.h), x8_b their b-term factor.
+// x8: the x8 kernels' records instead (x8_row_shape, gguf_x8.h), x8_b their b-term factor;
+// x8_offset: the quants' offset o of Q3_K (4) / Q6_K (32), whose records carry -o * sum(q).
 struct RowShape {
   int64_t units, kp, lanes;
   int nb_last;
   bool split;
   bool x8 = false;
   float x8_b = 0.0f;
+  int x8_offset = 0;
 };
 
 RowShape row_shape(int qtype, int64_t k, bool simd) {
@@ -80,8 +82,9 @@ struct Activation {
   std::vector<float> s16;
   // RowShape::x8: [m, k / 32] records of kX8Record bytes instead of all the above: a block's 32
   // q, then as floats its dx, x8_b * S (S = dx * sum(q), as the two s16 of the block sum) and
-  // the two halves' dx * sums (the 16-element sub-blocks of Q2_K / Q3_K / Q6_K), so that a
-  // token's whole block is one pointer's fixed offsets in the x8 kernels
+  // the two halves' dx * sums (the 16-element sub-blocks of Q2_K), so that a token's whole
+  // block is one pointer's fixed offsets in the x8 kernels. With RowShape::x8_offset (Q3_K,
+  // Q6_K) the halves' terms are int32 -o * sum(q) instead, where their integer sums start.
   std::vector<uint8_t> x8;
 };
 
@@ -212,6 +215,11 @@ inline void quantize_row(const void* x, int64_t at, int dt, int64_t k, RowShape 
       const float tail[4] = {dx[0], rs.x8_b * (s16[0] + s16[1]), s16[0], s16[1]};
       std::memcpy(rec, q, 32);
       std::memcpy(rec + 32, tail, 16);
+      if (rs.x8_offset != 0) {
+        int32_t half[2] = {0, 0};
+        for (int i = 0; i < 32; ++i) half[i / 16] -= rs.x8_offset * q[i];
+        std::memcpy(rec + 40, half, 8);
+      }
     }
     return;
   }

@@ -188,6 +188,7 @@ inline RowShape x8_row_shape(int qtype, int64_t k) {
   RowShape rs{k / 32, k, 0, 1, false};
   rs.x8 = true;
   rs.x8_b = b;
+  rs.x8_offset = qtype == kQ3_K ? 4 : qtype == kQ6_K ? 32 : 0;  // (their integer sums: gguf_x8_k.h)
   return rs;
 }
 
