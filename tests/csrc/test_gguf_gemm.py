@@ -3,7 +3,10 @@ products within the bound their activation quantization implies, the AMX prompt 
 slices, bias, dtypes, the portable (non-VNNI) build, and the default model's first layer."""
 
 import ctypes
+import functools
 import os
+import tempfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -274,14 +277,18 @@ def test_int8_tiles_within_the_bound(qtype, monkeypatch):
         torch.set_num_threads(threads)
 
 
-def _portable_library(tmp_path, flags: list[str]) -> ctypes.CDLL:
+@functools.cache
+def _portable_library(flags: tuple[str, ...]) -> ctypes.CDLL:
     """gguf_gemm.cpp (the GGUF dot and dequantisation kernels) built with extra `flags` (fewer
-    instruction sets than this CPU has), its functions typed as `_custom_ops` types them."""
-    out = tmp_path / "portable.so"
+    instruction sets than this CPU has), its functions typed as `_custom_ops` types them. Built
+    once per flags and session (the no-VNNI build serves two tests: ~20 s of compiling each)."""
     import subprocess
-    subprocess.run([ops.cxx_compiler(), *ops._FLAGS, *flags, str(ops._CSRC / "gguf_gemm.cpp"),
-                    "-o", str(out)], check=True, capture_output=True, timeout=300)
-    lib = ctypes.CDLL(str(out))
+    with tempfile.TemporaryDirectory(prefix="minivllm-portable-") as folder:
+        out = Path(folder) / "portable.so"
+        subprocess.run([ops.cxx_compiler(), *ops._FLAGS, *flags,
+                        str(ops._CSRC / "gguf_gemm.cpp"), "-o", str(out)],
+                       check=True, capture_output=True, timeout=300)
+        lib = ctypes.CDLL(str(out))        # (loaded: the file may go)
     for name, argtypes in ops._SIGNATURES.items():
         fn = getattr(lib, name, None)
         if fn is not None:
@@ -294,8 +301,8 @@ def _portable_library(tmp_path, flags: list[str]) -> ctypes.CDLL:
 @pytest.mark.skipif(os.uname().machine != "x86_64", reason="-mno-avx512vnni is an x86 flag")
 @pytest.mark.parametrize("flags,avx2", [(["-mno-avx512vnni"], ops.cpu_has("avx2")),
                                         (["-mno-avx2"], False)], ids=["no-vnni", "no-avx2"])
-def test_portable_build_agrees(tmp_path, monkeypatch, flags, avx2):
-    lib = _portable_library(tmp_path, flags)
+def test_portable_build_agrees(monkeypatch, flags, avx2):
+    lib = _portable_library(tuple(flags))
     assert lib.minivllm_gguf_has_vnni() == 0 and lib.minivllm_gguf_has_avx2() == int(avx2)
     gl._resolve()       # first: else undoing the patch leaves _Native resolved with no library
     monkeypatch.setattr(gl._Native, "lib", lib)
@@ -318,13 +325,13 @@ def test_portable_build_agrees(tmp_path, monkeypatch, flags, avx2):
 
 
 @pytest.fixture(scope="module", params=["avx2", "vnni"])
-def x8_build(request, tmp_path_factory):
+def x8_build(request):
     """(library, rows per x8 group): gguf_gemm.cpp without VNNI (the AVX2 kernels, 8-row groups;
     AVX2 CPUs only), or this CPU's own build where it has VNNI (16-row groups)."""
     if os.uname().machine != "x86_64" or not ops.cpu_has("avx2"):
         pytest.skip("the x8 layout is an x86 SIMD kernel layout")
     if request.param == "avx2":
-        return _portable_library(tmp_path_factory.mktemp("x8"), ["-mno-avx512vnni"]), 8
+        return _portable_library(("-mno-avx512vnni",)), 8
     if not ops.native_available() or not ops.native_lib().minivllm_gguf_has_vnni():
         pytest.skip("this CPU's kernels are not the VNNI ones")
     return ops.native_lib(), 16
