@@ -31,9 +31,10 @@ def no_leftover_workers():
     assert wait_until_gone([p.pid for p in live_children()]) == []
 
 
-# TP x PP together (4 processes, ~7 s) runs with the slow tests; each alone stays in the default run.
-@pytest.mark.parametrize("tp, pp", [(2, 1), (4, 1), (1, 2), (1, 3),
-                                    pytest.param(2, 2, marks=pytest.mark.slow)],
+# TP 4 > 2 KV heads (~10 s: 4 processes on 2 cores) and TP x PP run with the slow tests; the
+# KV replication itself is test_linear's test_qkv_shards_and_kv_replication
+@pytest.mark.parametrize("tp, pp", [(2, 1), pytest.param(4, 1, marks=pytest.mark.slow), (1, 2),
+                                    (1, 3), pytest.param(2, 2, marks=pytest.mark.slow)],
                          ids=["tp2", "tp4_kv_replicated", "pp2", "pp3_uneven", "tp2xpp2"])
 def test_parallel_matches_single_process(tiny_path, reference, tp, pp):
     llm = LLM(model=tiny_path, tensor_parallel_size=tp, pipeline_parallel_size=pp,
