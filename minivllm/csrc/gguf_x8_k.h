@@ -30,11 +30,11 @@ inline __m512i x8_or_masked(__m512i u, __m512i bits, int mask) {
   return _mm512_ternarylogic_epi32(u, bits, _mm512_set1_epi8(static_cast<char>(mask)), 0xF8);
 }
 
-// sums[mm] = sum over chunks c < N of unit(c) . the 4 bytes of x at xq[mm] + 4 * (c0 + c)
+// sums[mm] = sum over a record's 8 chunks c of unit(c) . the 4 bytes of x at xq[mm] + 4c
 // (unit(c): 16 rows' 4 unsigned quants each). Under 4 tokens each keeps two chains, as
 // x8_block_sums, so that vpdpbusd's latency stays hidden.
-template <int MC, int N, class Unit>
-inline void x8_dot_chunks(Unit unit, const int8_t* const* xq, int c0, X8Int* sums) {
+template <int MC, class Unit>
+inline void x8_dot_chunks(Unit unit, const int8_t* const* xq, X8Int* sums) {
   constexpr bool kTwo = MC < 4;
   __m512i s1[kTwo ? MC : 1];
   #pragma GCC unroll 8
@@ -43,12 +43,12 @@ inline void x8_dot_chunks(Unit unit, const int8_t* const* xq, int c0, X8Int* sum
     if constexpr (kTwo) s1[mm] = _mm512_setzero_si512();
   }
   #pragma GCC unroll 8
-  for (int c = 0; c < N; ++c) {
+  for (int c = 0; c < 8; ++c) {
     const __m512i u = unit(c);
     #pragma GCC unroll 8
     for (int mm = 0; mm < MC; ++mm) {
-      if (kTwo && c % 2) s1[mm] = dpbusd_bcast4(s1[mm], u, xq[mm] + 4 * (c0 + c));
-      else sums[mm] = dpbusd_bcast4(sums[mm], u, xq[mm] + 4 * (c0 + c));
+      if (kTwo && c % 2) s1[mm] = dpbusd_bcast4(s1[mm], u, xq[mm] + 4 * c);
+      else sums[mm] = dpbusd_bcast4(sums[mm], u, xq[mm] + 4 * c);
     }
   }
   if constexpr (kTwo) {
@@ -57,31 +57,30 @@ inline void x8_dot_chunks(Unit unit, const int8_t* const* xq, int c0, X8Int* sum
   }
 }
 
-// acc[mm] += a * dx * sums[mm] + bw * f, dx and f the floats of token mm's record (f: `tail`
-// floats after dx: 1 the block's b term, 2 / 3 the halves' sums).
+// acc[mm] += a * dx * sums[mm] + bw * b, dx and b the floats of token mm's record (b: its
+// x8_b * S term).
 template <int MC>
 inline void x8_scale_add(const X8Int* sums, __m512 a, __m512 bw, const int8_t* const* xq,
-                         int tail, X8Acc* acc) {
+                         X8Acc* acc) {
   #pragma GCC unroll 8
   for (int mm = 0; mm < MC; ++mm) {
     const float* f = reinterpret_cast<const float*>(xq[mm] + 32);
     acc[mm] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[mm]),
                               _mm512_mul_ps(a, _mm512_set1_ps(f[0])), acc[mm]);
-    acc[mm] = _mm512_fmadd_ps(bw, _mm512_set1_ps(f[tail]), acc[mm]);
+    acc[mm] = _mm512_fmadd_ps(bw, _mm512_set1_ps(f[1]), acc[mm]);
   }
 }
 
-// For 4 tokens or fewer, ends a sub-block for the scheduler: GCC otherwise interleaves a fully
-// unrolled super-block's sub-blocks and spills their sums. (With more tokens the interleaving
-// pays: the units' decoding is then the smaller part.)
-template <int MC, class V>
-inline void x8_fence_all(V* v) {
-  #pragma GCC unroll 8
-  for (int mm = 0; mm < MC; ++mm) __asm__ volatile("" : "+v"(v[mm]));
-}
-template <int MC, class V>
+// Ends a sub-block for the scheduler (an empty asm on each v[mm]): GCC otherwise interleaves a
+// fully unrolled super-block's sub-blocks and spills their sums. By default for 4 tokens or
+// fewer only (with more, the interleaving pays where the units' decoding is the smaller part);
+// kAnyCount: for every count.
+template <int MC, bool kAnyCount = false, class V>
 inline void x8_fence(V* v) {
-  if constexpr (MC <= 4) x8_fence_all<MC>(v);
+  if constexpr (kAnyCount || MC <= 4) {
+    #pragma GCC unroll 8
+    for (int mm = 0; mm < MC; ++mm) __asm__ volatile("" : "+v"(v[mm]));
+  }
 }
 
 // Part `part` of `parts` of the lines 2 * kX8Ahead bytes past a block of `bytes` at p, into L2.
@@ -130,8 +129,8 @@ void x8_dot_group_q5(const uint8_t* g, int64_t nb, const uint8_t* rec, int64_t r
     const int8_t* xq[MC];
     x8_records<MC>(rec, rec_stride, b, xq);
     X8Int sums[MC];
-    x8_dot_chunks<MC, 8>(unit, xq, 0, sums);
-    x8_scale_add<MC>(sums, d, bw, xq, 1, acc);
+    x8_dot_chunks<MC>(unit, xq, sums);
+    x8_scale_add<MC>(sums, d, bw, xq, acc);
   }
   #pragma GCC unroll 8
   for (int mm = 0; mm < MC; ++mm) out[mm] = acc[mm];
@@ -189,8 +188,8 @@ void x8_dot_group_k45(const uint8_t* g, int64_t nsb, const uint8_t* rec, int64_t
       const int8_t* xq[MC];
       x8_records<MC>(rec, rec_stride, 8 * sb + j, xq);
       X8Int sums[MC];
-      x8_dot_chunks<MC, 8>(unit, xq, 0, sums);
-      x8_scale_add<MC>(sums, a, bw, xq, 1, acc);   // the records' x8_b is 1: bw * dx * S
+      x8_dot_chunks<MC>(unit, xq, sums);
+      x8_scale_add<MC>(sums, a, bw, xq, acc);   // the records' x8_b is 1: bw * dx * S
       x8_fence<MC>(acc);
     }
   }
@@ -313,11 +312,9 @@ inline void x8_sub16_half(const X8Sub16<Q>& st, const uint8_t* p, int r, int t,
       acc[mm] = _mm512_fmadd_ps(bw, _mm512_set1_ps(reinterpret_cast<const float*>(xq[mm] + 40)[t]),
                                 acc[mm]);
   }
-  // Ends the half for the scheduler (x8_fence); Q3_K / Q6_K for any token count. With both
-  // changes, Q6_K on Zen 4 ([4096, 2048] weights past L3, 2 threads): 1 token 19 -> 36 GB/s,
-  // 4 tokens 90 -> 140 GMAC/s, 8 tokens 127 -> 176.
-  if constexpr (X8Sub16<Q>::kOffsetInSums) x8_fence_all<MC>(isum);
-  else x8_fence<MC>(isum);
+  // Q3_K / Q6_K fence every count. With the integer sums, Q6_K on Zen 4 ([4096, 2048] weights
+  // past L3, 2 threads): 1 token 19 -> 36 GB/s, 4 tokens 90 -> 140 GMAC/s, 8 tokens 127 -> 176.
+  x8_fence<MC, X8Sub16<Q>::kOffsetInSums>(isum);
 }
 
 // A group of a 16-element sub-block type: each record's two halves summed in int32 (|sum| <
