@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import enum
 import math
+import numbers
 from dataclasses import dataclass, field
+from typing import Any
 
-# Temperatures below this are treated as greedy decoding (vLLM's threshold).
 MAX_LOGPROBS = 20   # as vLLM's default max_logprobs
+# Temperatures below this are treated as greedy decoding (vLLM's threshold).
 _SAMPLING_EPS = 1e-5
 
 
@@ -33,6 +35,12 @@ class StructuredOutputsParams:
             raise ValueError(
                 "structured_outputs needs exactly one constraint of "
                 f"{', '.join(_CONSTRAINT_KINDS)}; got {', '.join(given) if given else 'none'}.")
+        for name, types in _FIELD_TYPES.items():
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, types):
+                raise ValueError(f"structured_outputs {name} must be "
+                                 f"{' or '.join(_TYPE_NAMES[t] for t in types)}, "
+                                 f"not {type(value).__name__}.")
         if self.json_object is False:
             raise ValueError("structured_outputs json_object must be true when given.")
         if self.choice is not None and (not self.choice or not all(
@@ -46,6 +54,47 @@ class StructuredOutputsParams:
 
 
 _CONSTRAINT_KINDS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
+# The types each field takes (a server request's JSON gives any): the grammar library's calls
+# raise TypeError on others.
+_FIELD_TYPES: dict[str, tuple[type, ...]] = {
+    "json": (str, dict), "regex": (str,), "choice": (list,), "grammar": (str,),
+    "json_object": (bool,), "structural_tag": (str,), "disable_any_whitespace": (bool,),
+    "disable_additional_properties": (bool,), "disable_fallback": (bool,),
+    "whitespace_pattern": (str,)}
+_TYPE_NAMES = {str: "a string", dict: "an object", list: "a list", bool: "a boolean"}
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+
+def _is_real(v: Any) -> bool:
+    return isinstance(v, numbers.Real) and not isinstance(v, bool)
+
+
+def _is_int_list(v: Any) -> bool:
+    return isinstance(v, (list, tuple)) and all(map(_is_int, v))
+
+
+# SamplingParams' fields by type: (names, check, what the error calls it); `_OPTIONAL` ones may
+# be None. A wrong type otherwise failed later, in the engine's thread (seed=1.5: a RuntimeError
+# from torch's manual_seed mid-step) or silently (stop_token_ids=["a"]).
+_TYPE_RULES = (
+    (("n", "top_k", "min_tokens", "best_of", "seed", "max_tokens", "logprobs",
+      "prompt_logprobs"), _is_int, "an integer"),
+    (("presence_penalty", "frequency_penalty", "repetition_penalty", "temperature", "top_p",
+      "min_p"), _is_real, "a number"),
+    (("ignore_eos", "skip_special_tokens", "spaces_between_special_tokens",
+      "include_stop_str_in_output", "detokenize"), lambda v: isinstance(v, bool), "a boolean"),
+    (("stop",), lambda v: isinstance(v, str) or (isinstance(v, (list, tuple)) and all(
+        isinstance(s, str) for s in v)), "a string or a list of strings"),
+    (("stop_token_ids", "allowed_token_ids"), _is_int_list, "a list of token ids"),
+    (("bad_words",), lambda v: isinstance(v, (list, tuple)), "a list of strings"),
+    (("logit_bias",), lambda v: isinstance(v, dict) and all(map(_is_real, v.values())),
+     "a dict of token id -> bias"),
+)
+_OPTIONAL = frozenset({"best_of", "seed", "max_tokens", "logprobs", "prompt_logprobs", "stop",
+                       "stop_token_ids", "allowed_token_ids", "bad_words", "logit_bias"})
 
 
 class SamplingType(enum.IntEnum):
@@ -91,6 +140,7 @@ class SamplingParams:
                                                   compare=False)
 
     def __post_init__(self) -> None:
+        self._check_types()
         if self.stop is None:
             self.stop = []
         elif isinstance(self.stop, str):
@@ -102,12 +152,35 @@ class SamplingParams:
         if self.top_k == -1:
             self.top_k = 0
         if self.logit_bias:
-            self.logit_bias = {int(t): float(b) for t, b in self.logit_bias.items()}
+            try:
+                self.logit_bias = {int(t): float(b) for t, b in self.logit_bias.items()}
+            except ValueError:
+                raise ValueError("logit_bias keys must be token ids (integers, or integers as "
+                                 "strings).") from None
         self._verify_args()
         if self.temperature < _SAMPLING_EPS:
             # NOTE: greedy ignores the truncation knobs; resetting them keeps
             # the sampler from doing useless work on greedy rows.
             self.top_p, self.top_k, self.min_p = 1.0, 0, 0.0
+
+    def _check_types(self) -> None:
+        """ValueError naming the first field of the wrong type (numpy / torch scalars count as
+        the Python ones); the value checks below assume the right types."""
+        for names, ok, kind in _TYPE_RULES:
+            for name in names:
+                value = getattr(self, name)
+                if value is None and name in _OPTIONAL:
+                    continue
+                if not ok(value):
+                    raise ValueError(f"{name} must be {kind}"
+                                     f"{' or None' if name in _OPTIONAL else ''}, got "
+                                     f"{type(value).__name__} {value!r}.")
+                if ok is _is_int:
+                    setattr(self, name, int(value))   # numpy / torch ints -> int
+        if self.structured_outputs is not None and not isinstance(
+                self.structured_outputs, StructuredOutputsParams):
+            raise ValueError("structured_outputs must be a StructuredOutputsParams or None, got "
+                             f"{type(self.structured_outputs).__name__}.")
 
     def _verify_args(self) -> None:
         for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty",

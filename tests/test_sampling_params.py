@@ -1,5 +1,8 @@
 """SamplingParams: vLLM defaults, normalisation and validation errors."""
 
+import re
+
+import numpy as np
 import pytest
 
 from minivllm.sampling_params import SamplingParams, SamplingType
@@ -72,3 +75,30 @@ def test_temperature_message_gives_the_value():
 def test_non_finite_and_out_of_range_values_name_the_field(kwargs, field):
     with pytest.raises(ValueError, match=field):
         SamplingParams(**kwargs)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    # these failed later (seed=1.5: torch's manual_seed, mid-step) or passed silently
+    (dict(seed=1.5), "seed must be an integer or None, got float 1.5"),
+    (dict(top_k=1.5), "top_k must be an integer, got float"),
+    (dict(n="2"), "n must be an integer, got str"),
+    (dict(temperature="0"), "temperature must be a number, got str"),
+    (dict(max_tokens=True), "max_tokens must be an integer or None, got bool"),
+    (dict(stop=5), "stop must be a string or a list of strings or None"),
+    (dict(stop_token_ids=["a"]), "stop_token_ids must be a list of token ids"),
+    (dict(allowed_token_ids=[1.0]), "allowed_token_ids must be a list of token ids"),
+    (dict(logit_bias={1: "x"}), "logit_bias must be a dict of token id -> bias"),
+    (dict(logit_bias={"a": 1}), "logit_bias keys must be token ids"),
+    (dict(ignore_eos="yes"), "ignore_eos must be a boolean"),
+    (dict(structured_outputs={"regex": "a"}), "structured_outputs must be a StructuredOutputsParams"),
+])
+def test_wrong_types_name_the_field(kwargs, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        SamplingParams(**kwargs)
+
+
+def test_numpy_scalars_are_taken_as_python_numbers():
+    params = SamplingParams(seed=np.int64(3), max_tokens=np.int32(5), temperature=np.float32(0.5),
+                            stop_token_ids=[np.int64(7)])
+    assert params.seed == 3 and type(params.seed) is int and type(params.max_tokens) is int
+    assert params.stop_token_ids == [7] and params.temperature == 0.5

@@ -129,10 +129,14 @@ def _load_tensors(lora_path: str) -> dict[str, torch.Tensor]:
         path = os.path.join(lora_path, name)
         if not os.path.isfile(path):
             continue
-        if name.endswith(".safetensors"):
-            from safetensors.torch import load_file
+        try:
+            if name.endswith(".safetensors"):
+                from safetensors.torch import load_file
 
-            return load_file(path)
-        return torch.load(path, map_location="cpu", weights_only=True)
+                return load_file(path)
+            return torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as exc:   # SafetensorError, UnpicklingError, EOFError, ...: no ValueError
+            raise ValueError(f"LoRA adapter {lora_path!r}: {name} is not a readable weights "
+                             f"file ({type(exc).__name__}: {exc})") from exc
     raise ValueError(f"No adapter weights in {lora_path!r}: expected one of "
                      f"{', '.join(_WEIGHT_FILES)}")

@@ -20,6 +20,27 @@ ADAPTER_CONFIG = "adapter_config.json"
 _SUPPORTED_BIAS = ("none",)
 
 
+def _rank(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v > 0
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+# The JSON types a config's fields must have (a hand-edited or foreign config can hold any).
+_FIELD_TYPES = {
+    "r": (_rank, "a positive integer"),
+    "lora_alpha": (_number, "a number"),
+    "target_modules": (lambda v: isinstance(v, str) or (isinstance(v, list) and all(
+        isinstance(t, str) for t in v)), "a regex string or a list of module names"),
+    "rank_pattern": (lambda v: isinstance(v, dict) and all(map(_rank, v.values())),
+                     "an object of positive integers"),
+    "alpha_pattern": (lambda v: isinstance(v, dict) and all(map(_number, v.values())),
+                      "an object of numbers"),
+}
+
+
 @dataclass
 class PEFTHelper:
     r: int
@@ -36,12 +57,18 @@ class PEFTHelper:
 
     @classmethod
     def from_dict(cls, config: dict[str, Any]) -> PEFTHelper:
+        if not isinstance(config, dict):
+            raise ValueError(f"{ADAPTER_CONFIG} must hold a JSON object, not "
+                             f"{type(config).__name__}")
         names = {f for f in cls.__dataclass_fields__}
         kwargs = {k: v for k, v in config.items() if k in names and v is not None}
         for key in ("r", "lora_alpha", "target_modules"):
             if key not in kwargs:
                 raise ValueError(f"{ADAPTER_CONFIG} has no {key!r}; a PEFT LoRA config needs "
                                  "r, lora_alpha and target_modules")
+        for key, (ok, kind) in _FIELD_TYPES.items():
+            if key in kwargs and not ok(kwargs[key]):
+                raise ValueError(f"{ADAPTER_CONFIG}: {key} must be {kind}, not {kwargs[key]!r}")
         if isinstance(kwargs["target_modules"], (list, tuple, set)):
             kwargs["target_modules"] = sorted(kwargs["target_modules"])
         return cls(**kwargs)

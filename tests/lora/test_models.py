@@ -67,6 +67,10 @@ def _bad(tmp_path, adapters, **changes) -> str:
     (dict(modules_to_save=["lm_head"]), r"modules_to_save=\['lm_head'\] is not supported"),
     (dict(bias="all"), "bias='all' is not supported.*supported: none"),
     (dict(use_dora=True), "DoRA"),
+    # fields of the wrong JSON type (they were TypeErrors deeper in)
+    (dict(r="8"), "r must be a positive integer, not '8'"),
+    (dict(target_modules=5), "target_modules must be a regex string or a list"),
+    (dict(rank_pattern={"q_proj": "4"}), "rank_pattern must be an object of positive integers"),
 ])
 def test_bad_adapter_configs_are_refused(llm, adapters, tmp_path, changes, message):
     with pytest.raises(ValueError, match=message):
@@ -85,6 +89,12 @@ def test_weights_for_unknown_modules_are_listed(llm, adapters, tmp_path):
     with pytest.raises(ValueError, match=r"cannot adapt: model\.layers\.0\.self_attn\.rotary; "
                                          "valid target modules: down_proj"):
         llm.add_lora(LoRARequest("bad", 21, folder))
+
+
+def test_a_config_that_is_no_json_object_is_refused(llm, tmp_path):
+    (tmp_path / "adapter_config.json").write_text("[1, 2]")
+    with pytest.raises(ValueError, match="must hold a JSON object, not list"):
+        llm.add_lora(LoRARequest("bad", 23, str(tmp_path)))
 
 
 def test_missing_folder_and_bad_request(llm, tmp_path):

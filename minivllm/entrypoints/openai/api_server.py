@@ -11,6 +11,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import minivllm
@@ -72,11 +73,33 @@ def _install_error_handlers(app: FastAPI) -> None:
         return JSONResponse(error_response(str(exc.detail), HTTPStatus(exc.status_code)).model_dump(),
                             status_code=exc.status_code, headers=getattr(exc, "headers", None))
 
-    @app.exception_handler(Exception)
+    @app.exception_handler(Exception)   # errors outside the routes (middleware)
     async def internal_error(_: Request, exc: Exception) -> JSONResponse:
-        logger.exception("Unhandled error in a request handler")
-        return _error_json(OpenAIError(f"Internal error: {type(exc).__name__}: {exc}",
-                                       HTTPStatus.INTERNAL_SERVER_ERROR))
+        return _internal_error_json(exc)
+
+
+def _internal_error_json(exc: Exception) -> JSONResponse:
+    logger.exception("Unhandled error in a request handler")
+    return _error_json(OpenAIError(f"Internal error: {type(exc).__name__}: {exc}",
+                                   HTTPStatus.INTERNAL_SERVER_ERROR))
+
+
+class _OpenAIRoute(APIRoute):
+    """A route that answers its own unexpected errors with the OpenAI-shaped 500. Raised on, they
+    reach Starlette's outermost handler, which re-raises after its response, and uvicorn then
+    closes the connection: a client's next request on that keep-alive connection was reset."""
+
+    def get_route_handler(self):
+        handler = super().get_route_handler()
+
+        async def run(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except (OpenAIError, RequestValidationError, StarletteHTTPException):
+                raise   # their own handlers answer them (4xx)
+            except Exception as exc:
+                return _internal_error_json(exc)
+        return run
 
 
 def build_app(async_llm: AsyncLLM, served_model_name: str | list[str] | None = None, *,
@@ -105,6 +128,7 @@ def build_app(async_llm: AsyncLLM, served_model_name: str | list[str] | None = N
 
     app = FastAPI(title="minivllm OpenAI-compatible server", version=minivllm.__version__,
                   lifespan=lifespan)
+    app.router.route_class = _OpenAIRoute
     app.state.async_llm = async_llm
     app.state.served_model_name = served_model_name
     app.state.metrics = metrics = ServerMetrics(async_llm, served_model_name)

@@ -23,7 +23,7 @@ from minivllm.entrypoints.openai.protocol import (ChatCompletionLogProb, ChatCom
 from minivllm.entrypoints.openai.serving_engine import (ChunkEncoder, OpenAIError, OpenAIServing,
                                                         clamp_logprob, engine_error, merge_streams,
                                                         run_until_disconnect, sse_error)
-from minivllm.entrypoints.openai.tool_parsers import ParsedToolCall, ToolParser
+from minivllm.entrypoints.openai.tool_parsers import ParsedToolCall, ToolParser, check_tools
 from minivllm.outputs import CompletionOutput, Logprob
 
 
@@ -170,6 +170,10 @@ class OpenAIServingChat(OpenAIServing):
         return delta, new_calls
 
     def _tool_mode(self, request: ChatCompletionRequest) -> str | None:
+        try:
+            check_tools(request.tools)
+        except ValueError as exc:
+            raise OpenAIError(str(exc), param="tools") from exc
         try:
             mode = request.tool_mode
         except ValueError as exc:

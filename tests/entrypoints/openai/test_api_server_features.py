@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import socket
 import time
 
 import httpx
@@ -97,6 +98,40 @@ def test_json_object_regex_choice_and_free_requests_in_one_batch(server, client)
     assert re.fullmatch(r"age=[0-9]{2}", results[7].choices[0].message.content)
 
 
+def _read_response(stream) -> tuple[int, bytes]:
+    """(status, body) of one HTTP/1.1 response with a Content-Length, read off a socket file."""
+    status_line = stream.readline()
+    assert status_line, "the server closed the connection"
+    headers = {}
+    while (line := stream.readline()) not in (b"\r\n", b""):
+        name, _, value = line.decode().partition(":")
+        headers[name.strip().lower()] = value.strip()
+    return int(status_line.split()[1]), stream.read(int(headers.get("content-length", 0)))
+
+
+def test_an_internal_error_is_a_500_that_keeps_the_connection(server, monkeypatch):
+    """An unexpected exception in a route answers the OpenAI-shaped 500, and the keep-alive
+    connection serves the next request: raised on to uvicorn, it closed the connection after
+    the response, and a client's next request on it was reset."""
+    from minivllm.entrypoints.openai import api_server
+
+    def broken(*_):
+        raise RuntimeError("boom")
+    monkeypatch.setattr(api_server, "check_generate_runner", broken)
+    host, port = server.url.removeprefix("http://").split(":")
+    body = json.dumps({"model": MODEL, "prompt": PROMPT, "max_tokens": 1}).encode()
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        stream = sock.makefile("rb")
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json"
+                     b"\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+        status, payload = _read_response(stream)
+        assert status == 500
+        error = json.loads(payload)["error"]
+        assert error["code"] == 500 and "RuntimeError: boom" in error["message"]
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: t\r\n\r\n")
+        assert _read_response(stream)[0] == 200
+
+
 @pytest.mark.parametrize("body, param, problem", [
     ({"structured_outputs": {"regex": "a(b"}}, "structured_outputs", "unclosed group"),
     ({"response_format": {"type": "json_schema", "json_schema": {
@@ -104,13 +139,23 @@ def test_json_object_regex_choice_and_free_requests_in_one_batch(server, client)
     ({"structured_outputs": {"json": "{not json"}}, "structured_outputs", "not valid JSON"),
     ({"structured_outputs": {"regex": "a", "choice": ["a"]}}, "structured_outputs", "exactly one"),
     ({"structured_outputs": {"no_such": 1}}, "structured_outputs", "no_such"),
+    # a JSON value of the wrong type reached the grammar library (TypeError: a 500)
+    ({"structured_outputs": {"regex": 5}}, "structured_outputs", "regex must be a string"),
+    ({"structured_outputs": {"grammar": ["x"]}}, "structured_outputs", "grammar must be a string"),
+    ({"structured_outputs": {"json": True}}, "structured_outputs", "string or an object"),
+    ({"tools": [{"type": "function", "function": {}}],
+      "tool_choice": {"type": "function", "function": {}}}, "tools", "name must be"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": 5}}]}, "tools",
+     "parameters must be"),
+    ({"tools": [{"type": "retrieval"}]}, "tools", 'tools[0] must be {"type": "function"'),
     ({"logit_bias": {"999999": 5}}, "logit_bias", "out of range"),
     ({"logit_bias": {"abc": 5}}, "logit_bias", "token ids"),
     ({"allowed_token_ids": [10**7]}, "allowed_token_ids", "out of range"),
     ({"stream_options": {"include_usage": True}}, "stream_options", "stream is true"),
 ])
 def test_bad_constraints_and_options_are_400s_naming_the_problem(server, body, param, problem):
-    for path, base in (("completions", {"prompt": PROMPT}), ("chat/completions", {"messages": MESSAGES})):
+    paths = (("completions", {"prompt": PROMPT}), ("chat/completions", {"messages": MESSAGES}))
+    for path, base in paths[1:] if "tools" in body else paths:
         r = httpx.post(f"{server.url}/v1/{path}", json={"model": MODEL, "max_tokens": 4, **base, **body})
         assert r.status_code == 400, r.text
         error = r.json()["error"]

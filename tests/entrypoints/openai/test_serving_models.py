@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 
 import httpx
 import openai
@@ -133,6 +134,14 @@ def test_bad_adapters_are_4xx_not_500(server, paths, tmp_path):
     broken = httpx.post(url, json={"lora_name": "x", "lora_path": str(tmp_path)})
     assert broken.status_code == 400, broken.text
     assert broken.json()["error"]["param"] == "lora_path"
+    # a config that reads, beside weights that do not (safetensors' own error class was a 500)
+    truncated = tmp_path / "truncated"
+    shutil.copytree(paths["a3"], truncated)
+    (truncated / "adapter_model.safetensors").write_bytes(b"garbage")
+    unreadable = httpx.post(url, json={"lora_name": "x", "lora_path": str(truncated)})
+    assert unreadable.status_code == 400, unreadable.text
+    assert "adapter_model.safetensors is not a readable weights file" in \
+        unreadable.json()["error"]["message"]
     assert httpx.post(url, json={"lora_name": "x"}).status_code == 400
     assert httpx.get(f"{server.url}/health").status_code == 200
 

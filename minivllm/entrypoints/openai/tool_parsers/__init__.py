@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from minivllm.entrypoints.openai.tool_parsers.abstract_tool_parser import (
-    ParsedToolCall, ToolParser, tool_choice_mode, tool_choice_schema)
+    ParsedToolCall, ToolParser, check_tools, tool_choice_mode, tool_choice_schema)
 from minivllm.entrypoints.openai.tool_parsers.hermes_tool_parser import Hermes2ProToolParser
 from minivllm.entrypoints.openai.tool_parsers.llama_tool_parser import Llama3JsonToolParser
 
 __all__ = ["Hermes2ProToolParser", "Llama3JsonToolParser", "ParsedToolCall", "ToolParser",
-           "get_tool_parser", "tool_choice_mode", "tool_choice_schema"]
+           "check_tools", "get_tool_parser", "tool_choice_mode", "tool_choice_schema"]
 
 _TOOL_PARSERS: dict[str, type[ToolParser]] = {
     "hermes": Hermes2ProToolParser,

@@ -35,6 +35,21 @@ def tool_call_from_json(obj: Any) -> ParsedToolCall | None:
     return ParsedToolCall(obj["name"], json.dumps(arguments, ensure_ascii=False))
 
 
+def check_tools(tools: list[Any] | None) -> None:
+    """ValueError naming the first entry of `tools` that is not OpenAI's {"type": "function",
+    "function": {"name": str, "parameters": {...}}}: the chat template, the tool_choice schema
+    and the parsers read those keys."""
+    for i, tool in enumerate(tools or ()):
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(function, dict) or tool.get("type", "function") != "function":
+            raise ValueError(f'tools[{i}] must be {{"type": "function", "function": '
+                             '{"name": ..., "parameters": {...}}}.')
+        if not isinstance(function.get("name"), str) or not function["name"]:
+            raise ValueError(f"tools[{i}].function.name must be a non-empty string.")
+        if not isinstance(function.get("parameters", {}), dict):
+            raise ValueError(f"tools[{i}].function.parameters must be a JSON schema object.")
+
+
 def tool_choice_mode(tools: list[dict[str, Any]] | None, tool_choice: Any) -> str | None:
     """None (no tool parsing), "auto", "required" or "named" (OpenAI's default: "auto" with
     tools, else "none"); raises ValueError naming the valid choices."""
@@ -76,7 +91,7 @@ def tool_choice_schema(tools: list[dict[str, Any]] | None, tool_choice: Any,
 def _find_tool(tools: list[dict[str, Any]], name: Any) -> dict[str, Any]:
     for tool in tools:
         function = tool.get("function")
-        if isinstance(function, dict) and function.get("name") == name:
+        if isinstance(function, dict) and isinstance(name, str) and function.get("name") == name:
             return function
     raise ValueError(f"tool_choice names {name!r}, which is not in `tools`.")
 
