@@ -2,7 +2,8 @@
 
 from typing import TYPE_CHECKING, Any
 
-__all__ = ["LLM", "SamplingParams", "ModelRegistry", "RequestOutput", "CompletionOutput", "EngineArgs"]
+__all__ = ["LLM", "SamplingParams", "ModelRegistry", "RequestOutput", "CompletionOutput", "EngineArgs",
+           "PromptType", "TextPrompt", "TokensPrompt"]
 
 __version__ = "0.1.0"
 
@@ -14,6 +15,9 @@ _LAZY = {
     "RequestOutput": ("minivllm.outputs", "RequestOutput"),
     "CompletionOutput": ("minivllm.outputs", "CompletionOutput"),
     "EngineArgs": ("minivllm.engine.arg_utils", "EngineArgs"),
+    "PromptType": ("minivllm.inputs", "PromptType"),
+    "TextPrompt": ("minivllm.inputs", "TextPrompt"),
+    "TokensPrompt": ("minivllm.inputs", "TokensPrompt"),
 }
 
 
@@ -28,4 +32,5 @@ def __getattr__(name: str) -> Any:
 
 if TYPE_CHECKING:
     from minivllm.entrypoints.llm import LLM
+    from minivllm.inputs import PromptType, TextPrompt, TokensPrompt
     from minivllm.sampling_params import SamplingParams

@@ -156,7 +156,7 @@ LAYERS = [
     ["model_executor", "third_party"],    # third_party: vLLM's kernel paths over minivllm's ops
     ["compilation", "config", "distributed", "v1", "forward_context", "sequence",
      "transformers_utils", "sampling_params", "pooling_params", "outputs", "logger",
-     "_custom_ops", "_aiter_ops", "plugins", "envs", "platforms", "utils",
+     "_custom_ops", "_aiter_ops", "plugins", "envs", "platforms", "utils", "inputs",
      "triton_utils", "tasks"],
 ]
 

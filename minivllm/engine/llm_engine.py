@@ -26,15 +26,13 @@ from minivllm.engine.arg_utils import EngineArgs
 from minivllm.engine.detokenizer import IncrementalDetokenizer
 from minivllm.engine.request import Request, RequestStatus
 from minivllm.engine.scheduler import Scheduler, has_prefix_lm_layers
+from minivllm.inputs import PromptType, prompt_input
 from minivllm.lora.request import LoRARequest
 from minivllm.outputs import CompletionOutput, Logprob, RequestOutput
 from minivllm.sampling_params import SamplingParams
 from minivllm.transformers_utils.tokenizer import get_tokenizer
 from minivllm.v1.core.sched.output import SchedulerOutput
 from minivllm.v1.outputs import LogprobEntry, ModelRunnerOutput
-
-# text, token ids, or a dict with 'prompt' / 'prompt_token_ids' (vLLM's TextPrompt / TokensPrompt)
-PromptType = str | list[int] | dict[str, Any]
 
 
 class Executor(Protocol):
@@ -381,20 +379,3 @@ class LLMEngine:
             prompt_logprobs=list(parent.prompt_logprobs) if parent.prompt_logprobs else None,
             outputs=outputs, finished=finished,
             num_cached_tokens=max(parent.children[0].request.num_cached_tokens, 0))
-
-
-def prompt_input(prompt: PromptType) -> str | list[int]:
-    """A prompt as vLLM takes it (text, token ids, or a TextPrompt / TokensPrompt dict) as
-    text or token ids."""
-    if isinstance(prompt, dict):
-        if "prompt_token_ids" in prompt:
-            return list(prompt["prompt_token_ids"])
-        if "prompt" in prompt:
-            return prompt["prompt"]
-        raise ValueError("A prompt dict needs 'prompt' or 'prompt_token_ids'")
-    if isinstance(prompt, str):
-        return prompt
-    if isinstance(prompt, (list, tuple)) and all(isinstance(t, int) for t in prompt):
-        return list(prompt)
-    raise ValueError(f"Unsupported prompt type {type(prompt).__name__}: give a string, a list of "
-                     "token ids, or a dict with 'prompt' / 'prompt_token_ids'")

@@ -1,16 +1,17 @@
 """The offline API: `LLM(model=...).generate(prompts, SamplingParams(...))` and `.chat(messages)`."""
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from minivllm.engine.arg_utils import EngineArgs
-from minivllm.engine.llm_engine import LLMEngine, PromptType
+from minivllm.engine.llm_engine import LLMEngine
+from minivllm.inputs import PromptType, is_token_ids
 from minivllm.lora.request import LoRARequest
 from minivllm.outputs import EmbeddingRequestOutput, PoolingRequestOutput, RequestOutput
 from minivllm.pooling_params import PoolingParams
 from minivllm.sampling_params import SamplingParams
-from minivllm.transformers_utils.chat_template import chat_token_ids
+from minivllm.transformers_utils.chat_template import chat_token_ids, normalize_messages
 
 _TQDM_MIN_REQUESTS = 8   # show a progress bar only for batches at least this long
 
@@ -48,25 +49,22 @@ class LLM:
             sampling_params = SamplingParams()
         params_list = list(sampling_params) if isinstance(sampling_params, Sequence) \
             else [sampling_params] * len(prompt_list)
+        if not all(isinstance(p, SamplingParams) for p in params_list):
+            raise ValueError("sampling_params must be a SamplingParams or a list with one per "
+                             f"prompt, got {type(sampling_params).__name__}.")
         if len(params_list) != len(prompt_list):
             raise ValueError(f"Got {len(prompt_list)} prompts but {len(params_list)} sampling params; "
                              "give one SamplingParams or one per prompt.")
         lora_list = _per_prompt_loras(lora_request, len(prompt_list))
-        ids = []
-        for prompt, params, lora in zip(prompt_list, params_list, lora_list):
-            request_id = str(next(self._counter))
-            self.llm_engine.add_request(request_id, prompt, params, lora_request=lora)
-            ids.append(request_id)
-        # A bar only for batches long enough to watch.
-        return self.llm_engine.run_until_finished(
-            ids, use_tqdm=use_tqdm and len(ids) >= _TQDM_MIN_REQUESTS)
+        return self._run(prompt_list, params_list, lora_list, use_tqdm)
 
     def chat(self, messages: list[dict[str, str]] | list[list[dict[str, str]]],
              sampling_params: SamplingParams | None = None, *, use_tqdm: bool = True,
              add_generation_prompt: bool = True, chat_template: str | None = None
              ) -> list[RequestOutput]:
         """Apply the tokenizer's chat template to each conversation, then generate."""
-        conversations = messages if messages and isinstance(messages[0], list) else [messages]
+        conversations = messages if messages and isinstance(messages[0], (list, tuple)) \
+            else [messages]
         prompts = [self.apply_chat_template(c, add_generation_prompt, chat_template)
                    for c in conversations]
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
@@ -76,8 +74,12 @@ class LLM:
                             chat_template: str | None = None) -> list[int]:
         if chat_template is None and not getattr(self.tokenizer, "chat_template", None):
             raise ValueError("This tokenizer has no chat template; pass chat_template=...")
-        return chat_token_ids(self.tokenizer, conversation, chat_template=chat_template,
-                              add_generation_prompt=add_generation_prompt)
+        conversation = normalize_messages(conversation)   # the server's OpenAI message rules
+        try:
+            return chat_token_ids(self.tokenizer, conversation, chat_template=chat_template,
+                                  add_generation_prompt=add_generation_prompt)
+        except Exception as exc:   # jinja2 errors, raise_exception() in templates, ...
+            raise ValueError(f"The chat template failed on these messages: {exc}") from exc
 
     def add_lora(self, lora_request: LoRARequest) -> bool:
         return self.llm_engine.add_lora(lora_request)
@@ -112,9 +114,22 @@ class LLM:
             raise ValueError(f"Got {len(prompt_list)} prompts but {len(pooling_params)} pooling "
                              "params; give one PoolingParams or one per prompt.")
         loras = _per_prompt_loras(lora_request, len(prompt_list))
-        request_ids = [str(next(self._counter)) for _ in prompt_list]
-        for request_id, prompt, params, lora in zip(request_ids, prompt_list, pooling_params, loras):
-            self.llm_engine.add_request(request_id, prompt, params, lora_request=lora)
+        return self._run(prompt_list, pooling_params, loras, use_tqdm)
+
+    def _run(self, prompts: list[PromptType], params: list[Any], loras: list[LoRARequest | None],
+             use_tqdm: bool) -> list[Any]:
+        """Adds one request per prompt, then steps the engine until all finish. A prompt the
+        engine refuses aborts those added before it (as vLLM does), then raises."""
+        request_ids: list[str] = []
+        try:
+            for prompt, request_params, lora in zip(prompts, params, loras):
+                request_id = str(next(self._counter))
+                self.llm_engine.add_request(request_id, prompt, request_params, lora_request=lora)
+                request_ids.append(request_id)
+        except BaseException:
+            self.llm_engine.abort_request(request_ids)
+            raise
+        # A bar only for batches long enough to watch.
         return self.llm_engine.run_until_finished(
             request_ids, use_tqdm=use_tqdm and len(request_ids) >= _TQDM_MIN_REQUESTS)
 
@@ -144,7 +159,10 @@ def _per_prompt_loras(lora_request: LoRARequest | Sequence[LoRARequest | None] |
 def _as_prompt_list(prompts: PromptType | Sequence[PromptType]) -> list[PromptType]:
     if isinstance(prompts, (str, dict)):
         return [prompts]
+    if not isinstance(prompts, Iterable):
+        raise ValueError(f"prompts must be a string, a list of token ids, a prompt dict, or a "
+                         f"list of these; got {type(prompts).__name__}.")
     prompts = list(prompts)
-    if prompts and all(isinstance(p, int) for p in prompts):   # one token-id prompt
+    if prompts and is_token_ids(prompts):   # one token-id prompt
         return [prompts]
     return prompts

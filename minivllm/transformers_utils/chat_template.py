@@ -13,7 +13,7 @@ from datetime import datetime
 from functools import lru_cache
 from typing import Any
 
-__all__ = ["chat_token_ids", "is_plain_chat", "render_chat"]
+__all__ = ["chat_token_ids", "is_plain_chat", "normalize_messages", "render_chat"]
 
 _PLAIN_MESSAGE_KEYS = frozenset({"role", "content", "name"})
 # `{% generation %}` needs transformers' AssistantTracker extension.
@@ -27,6 +27,48 @@ def chat_token_ids(tokenizer: Any, conversation: list[dict[str, Any]], **kwargs:
     if hasattr(ids, "keys"):
         ids = ids["input_ids"]
     return list(ids)
+
+
+def normalize_messages(messages: Any) -> list[dict[str, Any]]:
+    """OpenAI-style messages as templates read them: each a dict with a string `role`, its
+    `content` a string (text parts joined by newlines; None -> ""), tool-call arguments given as
+    JSON text parsed into mappings. ValueError naming the first bad message."""
+    if not isinstance(messages, (list, tuple)):
+        raise ValueError(f"messages must be a list of message dicts, got {type(messages).__name__}.")
+    return [_normalize_message(i, m) for i, m in enumerate(messages)]
+
+
+def _normalize_message(index: int, message: Any) -> dict[str, Any]:
+    if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+        raise ValueError(f"messages[{index}] needs a string `role`: give a dict with `role` and "
+                         "`content`.")
+    content = message.get("content")
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            if not isinstance(part, dict) or part.get("type") != "text" or \
+                    not isinstance(part.get("text"), str):
+                raise ValueError(f"messages[{index}]: only text content parts are supported.")
+            texts.append(part["text"])
+        content = "\n".join(texts)
+    elif content is not None and not isinstance(content, str):
+        raise ValueError(f"messages[{index}].content must be a string or a list of text parts.")
+    normalized = {**message, "content": content or ""}
+    if isinstance(message.get("tool_calls"), list):
+        # Templates read the arguments as a mapping; OpenAI sends them as JSON text.
+        normalized["tool_calls"] = [_template_tool_call(c) for c in message["tool_calls"]]
+    return normalized
+
+
+def _template_tool_call(call: Any) -> Any:
+    function = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(function, dict) or not isinstance(function.get("arguments"), str):
+        return call
+    try:
+        arguments = json.loads(function["arguments"])
+    except json.JSONDecodeError:
+        return call
+    return {**call, "function": {**function, "arguments": arguments}}
 
 
 def is_plain_chat(conversations: list, chat_template: str, template_kwargs: dict[str, Any]) -> bool:

@@ -18,7 +18,7 @@ from minivllm.entrypoints.openai.protocol import ErrorInfo, ErrorResponse
 from minivllm.lora.request import LoRARequest
 from minivllm.outputs import RequestOutput
 from minivllm.sampling_params import SamplingParams
-from minivllm.transformers_utils.chat_template import chat_token_ids
+from minivllm.transformers_utils.chat_template import chat_token_ids, normalize_messages
 from minivllm.v1.structured_output import validate_structured_outputs
 
 T = TypeVar("T")
@@ -114,7 +114,10 @@ class OpenAIServing:
         if chat_template is None and not getattr(tokenizer, "chat_template", None):
             raise OpenAIError("This model has no chat template; pass `chat_template` or use "
                               "/v1/completions.", param="chat_template")
-        conversation = [_normalize_message(i, m) for i, m in enumerate(messages)]
+        try:
+            conversation = normalize_messages(messages)
+        except ValueError as exc:
+            raise OpenAIError(str(exc), param="messages") from exc
         extra = {"tools": tools} if tools else {}
         try:
             return chat_token_ids(tokenizer, conversation, chat_template=chat_template,
@@ -244,42 +247,6 @@ async def run_until_disconnect(raw_request: Request, work: Awaitable[T]) -> T | 
         if not work_task.done():
             work_task.cancel()
     return None if disconnected else work_task.result()
-
-
-def _normalize_message(index: int, message: dict[str, Any]) -> dict[str, Any]:
-    """OpenAI messages -> template input: content parts are joined into one string."""
-    role = message.get("role")
-    if not isinstance(role, str):
-        raise OpenAIError(f"messages[{index}] needs a string `role`.", param="messages")
-    content = message.get("content")
-    if isinstance(content, list):
-        texts = []
-        for part in content:
-            if not isinstance(part, dict) or part.get("type") != "text" or \
-                    not isinstance(part.get("text"), str):
-                raise OpenAIError(f"messages[{index}]: only text content parts are supported.",
-                                  param="messages")
-            texts.append(part["text"])
-        content = "\n".join(texts)
-    elif content is not None and not isinstance(content, str):
-        raise OpenAIError(f"messages[{index}].content must be a string or a list of text parts.",
-                          param="messages")
-    normalized = {**message, "content": content or ""}
-    if isinstance(message.get("tool_calls"), list):
-        # Templates read the arguments as a mapping; OpenAI sends them as JSON text.
-        normalized["tool_calls"] = [_template_tool_call(c) for c in message["tool_calls"]]
-    return normalized
-
-
-def _template_tool_call(call: Any) -> Any:
-    function = call.get("function") if isinstance(call, dict) else None
-    if not isinstance(function, dict) or not isinstance(function.get("arguments"), str):
-        return call
-    try:
-        arguments = json.loads(function["arguments"])
-    except json.JSONDecodeError:
-        return call
-    return {**call, "function": {**function, "arguments": arguments}}
 
 
 def clamp_logprob(logprob: float) -> float:

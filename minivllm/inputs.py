@@ -1,0 +1,49 @@
+"""What the offline API takes as a prompt (vLLM's `vllm.inputs`): text, token ids, or a
+`TextPrompt` / `TokensPrompt` dict; `prompt_input` reduces any of them to text or token ids."""
+
+from __future__ import annotations
+
+import numbers
+from typing import Any, TypedDict
+
+
+class TextPrompt(TypedDict):
+    prompt: str
+
+
+class TokensPrompt(TypedDict):
+    prompt_token_ids: list[int]
+
+
+# text, token ids, or a dict with 'prompt' / 'prompt_token_ids'
+PromptType = str | list[int] | TextPrompt | TokensPrompt | dict[str, Any]
+
+
+def prompt_input(prompt: PromptType) -> str | list[int]:
+    """A prompt as vLLM takes it (text, token ids, or a TextPrompt / TokensPrompt dict) as
+    text or token ids."""
+    if isinstance(prompt, dict):
+        if "prompt_token_ids" in prompt:
+            ids = prompt["prompt_token_ids"]
+            if not is_token_ids(ids):
+                raise ValueError("A prompt dict's 'prompt_token_ids' must be a list of token ids "
+                                 f"(ints), got {type(ids).__name__}.")
+            return [int(t) for t in ids]
+        if "prompt" in prompt:
+            if not isinstance(prompt["prompt"], str):
+                raise ValueError("A prompt dict's 'prompt' must be a string, got "
+                                 f"{type(prompt['prompt']).__name__}.")
+            return prompt["prompt"]
+        raise ValueError("A prompt dict needs 'prompt' or 'prompt_token_ids'")
+    if isinstance(prompt, str):
+        return prompt
+    if is_token_ids(prompt):
+        return [int(t) for t in prompt]
+    raise ValueError(f"Unsupported prompt type {type(prompt).__name__}: give a string, a list of "
+                     "token ids, or a dict with 'prompt' / 'prompt_token_ids'")
+
+
+def is_token_ids(ids: Any) -> bool:
+    """A list or tuple of ints (numpy / torch integer scalars count; bools do not)."""
+    return isinstance(ids, (list, tuple)) and all(
+        isinstance(t, numbers.Integral) and not isinstance(t, bool) for t in ids)

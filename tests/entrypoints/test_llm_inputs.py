@@ -1,0 +1,74 @@
+"""The offline LLM's inputs: prompts as text, token ids or vLLM's TextPrompt / TokensPrompt,
+OpenAI-style chat messages (text parts), and a ValueError naming what is wrong for anything else,
+with the engine still serving afterwards."""
+
+import numpy as np
+import pytest
+
+from minivllm import LLM, SamplingParams, TextPrompt, TokensPrompt
+from tests.entrypoints.openai._helpers import write_tiny_checkpoint
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+PROMPT = "The quick brown fox"
+
+
+@pytest.fixture(scope="module")
+def llm(tmp_path_factory):
+    path = write_tiny_checkpoint(str(tmp_path_factory.mktemp("inputs_ckpt")))
+    return LLM(model=path, max_model_len=128, num_gpu_blocks_override=64)
+
+
+def _tokens(llm, prompt, params=GREEDY) -> list[int]:
+    return list(llm.generate(prompt, params, use_tqdm=False)[0].outputs[0].token_ids)
+
+
+def test_prompt_forms_agree(llm):
+    ids = llm.get_tokenizer().encode(PROMPT)
+    expected = _tokens(llm, PROMPT)
+    assert _tokens(llm, TextPrompt(prompt=PROMPT)) == expected
+    assert _tokens(llm, TokensPrompt(prompt_token_ids=ids)) == expected
+    assert _tokens(llm, ids) == expected
+    assert _tokens(llm, [np.int64(t) for t in ids]) == expected   # numpy ids count as ints
+
+
+@pytest.mark.parametrize("prompt, message", [
+    (5, "prompts must be a string, a list of token ids, a prompt dict, or a list of these; "
+        "got int"),
+    ({"prompt": 5}, "A prompt dict's 'prompt' must be a string, got int"),
+    ({"prompt_token_ids": "1 2"}, "'prompt_token_ids' must be a list of token ids (ints), got str"),
+    ({"prompt_token_ids": [1, 2.5]}, "must be a list of token ids"),
+    ({"text": "x"}, "A prompt dict needs 'prompt' or 'prompt_token_ids'"),
+    ([[1, 2], 3.5], "Unsupported prompt type float"),
+])
+def test_bad_prompts_name_the_valid_forms(llm, prompt, message):
+    with pytest.raises(ValueError) as info:
+        llm.generate(prompt, GREEDY, use_tqdm=False)
+    assert message in str(info.value)
+    assert not llm.llm_engine.has_unfinished_requests()
+
+
+def test_sampling_params_of_the_wrong_type(llm):
+    with pytest.raises(ValueError, match="sampling_params must be a SamplingParams or a list "
+                                         "with one per prompt, got dict"):
+        llm.generate(PROMPT, {"temperature": 0}, use_tqdm=False)
+
+
+def test_chat_takes_openai_text_parts_and_refuses_bad_messages(llm):
+    plain = [{"role": "user", "content": "Hello world"}]
+    parts = [{"role": "user", "content": [{"type": "text", "text": "Hello world"}]}]
+    assert llm.apply_chat_template(parts) == llm.apply_chat_template(plain)
+    params = GREEDY
+    assert [list(o.outputs[0].token_ids) for o in llm.chat([parts, plain], params, use_tqdm=False)] \
+        == [list(llm.chat(plain, params, use_tqdm=False)[0].outputs[0].token_ids)] * 2
+    for messages, message in [
+        ("Hello", "messages must be a list of message dicts, got str"),
+        ([{"content": "no role"}], "messages[0] needs a string `role`"),
+        ([{"role": "user", "content": 5}], "messages[0].content must be a string or a list"),
+        ([{"role": "user", "content": [{"type": "image_url"}]}], "only text content parts"),
+    ]:
+        with pytest.raises(ValueError) as info:
+            llm.chat(messages, params, use_tqdm=False)
+        assert message in str(info.value)
+    with pytest.raises(ValueError, match="The chat template failed on these messages: no"):
+        llm.chat(plain, params, use_tqdm=False, chat_template="{{ raise_exception('no') }}")
+    assert _tokens(llm, PROMPT) == _tokens(llm, PROMPT)   # still serving
