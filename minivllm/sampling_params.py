@@ -289,3 +289,32 @@ class SamplingParams:
         """Called by the engine on its own copy of the params, so min_tokens also masks eos."""
         if eos_token_id is not None and not self.ignore_eos:
             self._all_stop_token_ids.add(eos_token_id)
+
+
+@dataclass
+class BeamSearchParams:
+    """`LLM.beam_search`'s parameters (vLLM's names and defaults). Each step takes the top
+    2 x beam_width logprobs of every beam, so beam_width is at most MAX_LOGPROBS / 2."""
+
+    beam_width: int
+    max_tokens: int
+    ignore_eos: bool = False
+    temperature: float = 0.0
+    length_penalty: float = 1.0
+    include_stop_str_in_output: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("beam_width", "max_tokens"):
+            value = getattr(self, name)
+            if not _is_int(value) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}.")
+        if self.beam_width > MAX_LOGPROBS // 2:
+            raise ValueError(f"beam_width must be at most {MAX_LOGPROBS // 2} (each step reads "
+                             f"2 x beam_width logprobs, at most {MAX_LOGPROBS}), got "
+                             f"{self.beam_width}.")
+        for name in ("temperature", "length_penalty"):
+            value = getattr(self, name)
+            if not _is_real(value) or not math.isfinite(value):
+                raise ValueError(f"{name} must be a finite number, got {value!r}.")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be non-negative, got {self.temperature}.")

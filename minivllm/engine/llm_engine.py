@@ -265,6 +265,11 @@ class LLMEngine:
     def get_num_unfinished_requests(self) -> int:
         return len(self._parents)
 
+    def tokenize_prompt(self, prompt: PromptType) -> list[int]:
+        """The token ids a request for `prompt` starts from (text tokenised as add_request
+        does)."""
+        return self._tokenize(prompt)[1]
+
     def _tokenize(self, prompt: PromptType) -> tuple[str | None, list[int]]:
         prompt = prompt_input(prompt)
         if isinstance(prompt, str):

@@ -4,13 +4,14 @@ import itertools
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from minivllm.beam_search import BeamSearchOutput, run_beam_search
 from minivllm.engine.arg_utils import EngineArgs
 from minivllm.engine.llm_engine import LLMEngine
 from minivllm.inputs import PromptType, is_token_ids
 from minivllm.lora.request import LoRARequest
 from minivllm.outputs import EmbeddingRequestOutput, PoolingRequestOutput, RequestOutput
 from minivllm.pooling_params import PoolingParams
-from minivllm.sampling_params import SamplingParams
+from minivllm.sampling_params import BeamSearchParams, SamplingParams
 from minivllm.transformers_utils.chat_template import chat_token_ids, normalize_messages
 
 _TQDM_MIN_REQUESTS = 8   # show a progress bar only for batches at least this long
@@ -57,6 +58,33 @@ class LLM:
                              "give one SamplingParams or one per prompt.")
         lora_list = _per_prompt_loras(lora_request, len(prompt_list))
         return self._run(prompt_list, params_list, lora_list, use_tqdm)
+
+    def beam_search(self, prompts: PromptType | Sequence[PromptType], params: BeamSearchParams,
+                    lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
+                    use_tqdm: bool = False, concurrency_limit: int | None = None
+                    ) -> list[BeamSearchOutput]:
+        """vLLM's beam search (`minivllm.beam_search`): per prompt the best `beam_width`
+        sequences, best first (`.sequences[i].tokens` include the prompt, `.text` is all of
+        them decoded, `.cum_logprob`). `concurrency_limit`: prompts searched at once (all)."""
+        if not isinstance(params, BeamSearchParams):
+            raise ValueError(f"params must be a BeamSearchParams, got {type(params).__name__}.")
+        if concurrency_limit is not None and concurrency_limit < 1:
+            raise ValueError(f"concurrency_limit must be >= 1 or None, got {concurrency_limit}.")
+        prompt_list = _as_prompt_list(prompts)
+        ids = [self.llm_engine.tokenize_prompt(p) for p in prompt_list]
+        loras = _per_prompt_loras(lora_request, len(ids))
+
+        def step(tokens: list[list[int]], step_params: SamplingParams,
+                 step_loras: list[Any]) -> list[RequestOutput]:
+            return self._run(tokens, [step_params] * len(tokens), step_loras, use_tqdm)
+
+        def decode(tokens: list[int]) -> str:
+            return self.tokenizer.decode(tokens) if self.tokenizer is not None else ""
+
+        chunk = concurrency_limit or max(len(ids), 1)
+        return [out for i in range(0, len(ids), chunk) for out in run_beam_search(
+            step, ids[i:i + chunk], params, self.llm_engine.eos_token_id, decode,
+            loras[i:i + chunk])]
 
     def chat(self, messages: list[dict[str, str]] | list[list[dict[str, str]]],
              sampling_params: SamplingParams | None = None, *, use_tqdm: bool = True,
