@@ -24,6 +24,18 @@ def _str(name: str, default: str | None = None) -> Callable[[], str | None]:
     return lambda: os.environ.get(name, default)
 
 
+def _gib(name: str) -> float:
+    """A non-negative number of GiB (unset: 0); ValueError naming the variable otherwise."""
+    text = os.environ.get(name, "0").strip() or "0"
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0 or value == float("inf"):
+        raise ValueError(f"{name} must be a non-negative number of GiB, got {text!r}.")
+    return value
+
+
 environment_variables: dict[str, Callable[[], Any]] = {
     # "a,b,...": layers per pipeline stage (distributed/utils.py get_pp_indices)
     "VLLM_PP_LAYER_PARTITION": _str("VLLM_PP_LAYER_PARTITION"),
@@ -31,6 +43,8 @@ environment_variables: dict[str, Callable[[], Any]] = {
     "VLLM_ALLOW_RUNTIME_LORA_UPDATING": _flag("VLLM_ALLOW_RUNTIME_LORA_UPDATING", False),
     # the server's API key when --api-key is not given
     "VLLM_API_KEY": _str("VLLM_API_KEY"),
+    # KV-cache GiB per rank on CPU when --kv-cache-memory-bytes is not given; 0: the default
+    "VLLM_CPU_KVCACHE_SPACE": lambda: _gib("VLLM_CPU_KVCACHE_SPACE"),
 }
 
 # name -> (the only value minivllm has, why)

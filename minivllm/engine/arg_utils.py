@@ -74,7 +74,8 @@ class EngineArgs:
     num_gpu_blocks_override: int | None = _arg(None, "fix the number of KV blocks "
                                                "(default: from --kv-cache-memory-bytes)")
     kv_cache_memory_bytes: int | None = _arg(None, "KV-cache budget per rank in bytes "
-                                             "(default: 2 GiB on CPU)")
+                                             "(default: VLLM_CPU_KVCACHE_SPACE GiB on CPU "
+                                             "if set, else 1 GiB)")
     tensor_parallel_size: int = _arg(1, "tensor-parallel ranks", aliases=("-tp",))
     pipeline_parallel_size: int = _arg(1, "pipeline stages", aliases=("-pp",))
     enable_expert_parallel: bool = _arg(False, "MoE layers: split the experts over the tensor-"

@@ -2,6 +2,7 @@
 
 import torch
 
+from minivllm import envs
 from minivllm.config import CompilationMode, VllmConfig
 from minivllm.forward_context import BatchDescriptor, set_forward_context
 from minivllm.logger import init_logger
@@ -24,6 +25,13 @@ from minivllm.worker.state_slots import StateSlots
 
 logger = init_logger(__name__)
 _DEFAULT_KV_BYTES = 1 << 30   # 1 GiB per rank when neither a byte budget nor a block count is set
+
+
+def _default_kv_bytes(device: torch.device) -> int:
+    """The KV budget without --kv-cache-memory-bytes: on CPU vLLM's VLLM_CPU_KVCACHE_SPACE (GiB)
+    where set and not 0, else `_DEFAULT_KV_BYTES`."""
+    gib = envs.VLLM_CPU_KVCACHE_SPACE if device.type == "cpu" else 0
+    return int(gib * (1 << 30)) or _DEFAULT_KV_BYTES
 
 
 class ModelRunner:
@@ -102,7 +110,7 @@ class ModelRunner:
             sched = self.vllm_config.scheduler_config
             max_len = self.vllm_config.model_config.max_model_len
             return sched.max_num_seqs * -(-max_len // self.block_size)
-        budget = cache_config.kv_cache_memory_bytes or _DEFAULT_KV_BYTES
+        budget = cache_config.kv_cache_memory_bytes or _default_kv_bytes(self.device)
         return max(1, budget // per_block)
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
