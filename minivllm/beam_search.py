@@ -66,41 +66,66 @@ def create_sort_beams_key_function(eos_token_id: int | None,
 GenerateFn = Callable[[list[list[int]], SamplingParams, list[Any]], list[RequestOutput]]
 
 
+class BeamSearch:
+    """The search's state for a batch of prompts, driven by a loop that runs each step's
+    requests on an engine (`run_beam_search` here, `engine/beam_search_stream.py` in the
+    server): `next_beams()` -> one request per beam with `step_params` -> `advance(outputs)`."""
+
+    def __init__(self, prompts: Sequence[list[int]], params: BeamSearchParams,
+                 eos_token_id: int | None, lora_requests: Sequence[Any]) -> None:
+        self.params, self.eos_token_id, self.steps = params, eos_token_id, 0
+        self.step_params = SamplingParams(max_tokens=1, logprobs=2 * params.beam_width,
+                                          temperature=params.temperature,
+                                          ignore_eos=params.ignore_eos, detokenize=False)
+        self.key = create_sort_beams_key_function(eos_token_id, params.length_penalty)
+        self.instances = [BeamSearchInstance([BeamSearchSequence(list(p), lora_request=lora)])
+                          for p, lora in zip(prompts, lora_requests)]
+        self._live: list[tuple[BeamSearchInstance, BeamSearchSequence]] = []
+
+    def next_beams(self) -> list[BeamSearchSequence]:
+        """The beams to extend by one token now; none once the search is over."""
+        done = self.steps >= self.params.max_tokens
+        self._live = [] if done else [(i, b) for i in self.instances for b in i.beams]
+        return [beam for _, beam in self._live]
+
+    def advance(self, outputs: Sequence[RequestOutput]) -> None:
+        """Takes the step's outputs (one per `next_beams()` beam, in order)."""
+        grown: dict[int, list[BeamSearchSequence]] = {id(inst): [] for inst in self.instances}
+        for (inst, beam), output in zip(self._live, outputs, strict=True):
+            top = output.outputs[0].logprobs[0]   # {token id: Logprob} of this beam's step
+            for token, logprob in top.items():
+                child = BeamSearchSequence(beam.tokens + [token], beam.logprobs + [top],
+                                           beam.lora_request, beam.cum_logprob + logprob.logprob)
+                if token == self.eos_token_id and not self.params.ignore_eos:
+                    child.finish_reason = "stop"
+                    inst.completed.append(child)
+                else:
+                    grown[id(inst)].append(child)
+        width = self.params.beam_width
+        for inst in self.instances:
+            inst.beams = sorted(grown[id(inst)], key=self.key, reverse=True)[:width]
+        self.steps += 1
+
+    def results(self, decode: Callable[[list[int]], str]) -> list[BeamSearchOutput]:
+        """Per prompt the best beam_width of its complete and live beams, text decoded."""
+        outputs = []
+        for inst in self.instances:
+            best = sorted(inst.completed + inst.beams, key=self.key,
+                          reverse=True)[:self.params.beam_width]
+            for beam in best:
+                beam.text = decode(beam.tokens)
+                beam.finish_reason = beam.finish_reason or "length"
+            outputs.append(BeamSearchOutput(best))
+        return outputs
+
+
 def run_beam_search(generate: GenerateFn, prompts: Sequence[list[int]],
                     params: BeamSearchParams, eos_token_id: int | None,
                     decode: Callable[[list[int]], str],
                     lora_requests: Sequence[Any]) -> list[BeamSearchOutput]:
     """The search above for every prompt (token ids) at once: one engine round per step."""
-    width = params.beam_width
-    step_params = SamplingParams(max_tokens=1, logprobs=2 * width, temperature=params.temperature,
-                                 ignore_eos=params.ignore_eos, detokenize=False)
-    key = create_sort_beams_key_function(eos_token_id, params.length_penalty)
-    instances = [BeamSearchInstance([BeamSearchSequence(list(p), lora_request=lora)])
-                 for p, lora in zip(prompts, lora_requests)]
-    for _ in range(params.max_tokens):
-        live = [(inst, beam) for inst in instances for beam in inst.beams]
-        if not live:
-            break
-        outputs = generate([beam.tokens for _, beam in live], step_params,
-                           [beam.lora_request for _, beam in live])
-        grown: dict[int, list[BeamSearchSequence]] = {id(inst): [] for inst in instances}
-        for (inst, beam), output in zip(live, outputs):
-            top = output.outputs[0].logprobs[0]   # {token id: Logprob} of this beam's step
-            for token, logprob in top.items():
-                child = BeamSearchSequence(beam.tokens + [token], beam.logprobs + [top],
-                                           beam.lora_request, beam.cum_logprob + logprob.logprob)
-                if token == eos_token_id and not params.ignore_eos:
-                    child.finish_reason = "stop"
-                    inst.completed.append(child)
-                else:
-                    grown[id(inst)].append(child)
-        for inst in instances:
-            inst.beams = sorted(grown[id(inst)], key=key, reverse=True)[:width]
-    results = []
-    for inst in instances:
-        best = sorted(inst.completed + inst.beams, key=key, reverse=True)[:width]
-        for beam in best:
-            beam.text = decode(beam.tokens)
-            beam.finish_reason = beam.finish_reason or "length"
-        results.append(BeamSearchOutput(best))
-    return results
+    search = BeamSearch(prompts, params, eos_token_id, lora_requests)
+    while beams := search.next_beams():
+        search.advance(generate([b.tokens for b in beams], search.step_params,
+                                [b.lora_request for b in beams]))
+    return search.results(decode)

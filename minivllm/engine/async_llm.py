@@ -122,6 +122,7 @@ class AsyncLLM:
         # NOTE: a private copy for the handlers: HF fast tokenizers must not be used from two
         # threads at once, and the loop thread detokenizes with the engine's.
         self.tokenizer = copy.deepcopy(engine.tokenizer) if engine.tokenizer is not None else None
+        self.eos_token_id: int | None = getattr(engine, "eos_token_id", None)   # beam search
         self.stat_loggers: list[StatLogger] = []
         self.stats = EngineStats()
         self.dead_error: BaseException | None = None

@@ -135,6 +135,8 @@ class _SamplingRequest(OpenAIBaseModel):
     structured_outputs: dict[str, Any] | None = None   # vLLM's StructuredOutputsParams fields
     allowed_token_ids: list[int] | None = None
     bad_words: list[str] | None = None
+    use_beam_search: bool = False   # n = the beam width (engine/beam_search_stream.py)
+    length_penalty: float = 1.0
 
     def _sampling_params(self, max_tokens: int, logprobs: int | None,
                          prompt_logprobs: int | None = None) -> SamplingParams:

@@ -51,9 +51,13 @@ class OpenAIServingChat(OpenAIServing):
         self.check_token_ids(prompt_ids, param="messages")
         param = "max_completion_tokens" if request.max_completion_tokens is not None else "max_tokens"
         max_tokens = self.resolve_max_tokens(len(prompt_ids), request.requested_max_tokens, param)
-        params = self.sampling_params(request, max_tokens, {"max_tokens": param})
         request_id = f"chatcmpl-{random_uuid()}"
-        [stream] = self.add_requests([(request_id, prompt_ids, params)], lora_request)
+        if request.use_beam_search:
+            [stream] = self.beam_search_streams(request, [prompt_ids], [max_tokens], request_id,
+                                                lora_request)
+        else:
+            params = self.sampling_params(request, max_tokens, {"max_tokens": param})
+            [stream] = self.add_requests([(request_id, prompt_ids, params)], lora_request)
         created = int(time.time())
         if request.stream:
             return StreamingResponse(self._stream(request, request_id, created, len(prompt_ids), stream),

@@ -58,13 +58,16 @@ class OpenAIServingCompletion(OpenAIServing):
         lora_request = self.check_model(request.model)
         job = _Job(request, f"cmpl-{random_uuid()}", int(time.time()), self._prompts(request.prompt),
                    echo_only=request.echo and request.max_tokens == 0)
-        engine_requests = []
-        for i, prompt in enumerate(job.prompts):
-            max_tokens = self.resolve_max_tokens(len(prompt.token_ids), request.max_tokens)
-            max_tokens = 1 if job.echo_only else max_tokens
-            params = self.sampling_params(request, max_tokens)
-            engine_requests.append((f"{job.request_id}-{i}", prompt.token_ids, params))
-        job.streams = self.add_requests(engine_requests, lora_request)
+        max_tokens = [1 if job.echo_only else self.resolve_max_tokens(len(p.token_ids),
+                                                                      request.max_tokens)
+                      for p in job.prompts]
+        if request.use_beam_search:
+            job.streams = self.beam_search_streams(request, [p.token_ids for p in job.prompts],
+                                                   max_tokens, job.request_id, lora_request)
+        else:
+            job.streams = self.add_requests(
+                [(f"{job.request_id}-{i}", p.token_ids, self.sampling_params(request, m))
+                 for i, (p, m) in enumerate(zip(job.prompts, max_tokens))], lora_request)
         if request.stream:
             return StreamingResponse(self._stream(job), media_type="text/event-stream")
         try:

@@ -14,10 +14,11 @@ from fastapi import Request
 
 from minivllm.engine.async_llm import (AsyncLLM, EngineDeadError, QueueFullError,
                                                       RequestStream)
+from minivllm.engine.beam_search_stream import BeamSearchStream
 from minivllm.entrypoints.openai.protocol import ErrorInfo, ErrorResponse
 from minivllm.lora.request import LoRARequest
 from minivllm.outputs import RequestOutput
-from minivllm.sampling_params import SamplingParams
+from minivllm.sampling_params import MAX_LOGPROBS, BeamSearchParams, SamplingParams
 from minivllm.transformers_utils.chat_template import chat_token_ids, normalize_messages
 from minivllm.v1.structured_output import validate_structured_outputs
 
@@ -65,6 +66,15 @@ def sse_error(exc: BaseException) -> str:
     """An error inside an already-started stream: one event with the error object."""
     return f"data: {engine_error(exc).to_response().model_dump_json()}\n\n"
 
+
+# Request fields that change what sampling does but that beam search does not apply, with their
+# defaults: given with use_beam_search, a 400 names them.
+_NOT_WITH_BEAM_SEARCH: dict[str, Any] = {
+    "logprobs": None, "top_logprobs": None, "echo": False, "stop": None, "stop_token_ids": None,
+    "min_tokens": 0, "logit_bias": None, "allowed_token_ids": None, "bad_words": None,
+    "structured_outputs": None, "response_format": None, "tools": None, "top_p": None,
+    "top_k": None, "min_p": None, "presence_penalty": 0.0, "frequency_penalty": 0.0,
+    "repetition_penalty": None}
 
 class OpenAIServing:
     def __init__(self, async_llm: AsyncLLM, served_model_name: str) -> None:
@@ -167,6 +177,38 @@ class OpenAIServing:
                 raise OpenAIError(str(exc), param="structured_outputs" if request.structured_outputs
                                   else "response_format") from exc
         return params
+
+    def beam_search_streams(self, request: Any, prompts: list[list[int]], max_tokens: list[int],
+                            request_id: str, lora_request: LoRARequest | None
+                            ) -> list[BeamSearchStream]:
+        """vLLM's `use_beam_search`: per prompt the best n beams (n the beam width) as its n
+        choices. Options the search does not apply are refused (vLLM ignores them)."""
+        for name, default in _NOT_WITH_BEAM_SEARCH.items():
+            value = getattr(request, name, default)
+            if value not in (default, None, False) and getattr(value, "type", None) != "text":
+                raise OpenAIError(f"{name} is not supported with use_beam_search.", param=name)
+        if request.n > MAX_LOGPROBS // 2:
+            raise OpenAIError(f"n (the beam width with use_beam_search) must be at most "
+                              f"{MAX_LOGPROBS // 2}, got {request.n}.", param="n")
+        try:
+            params = [BeamSearchParams(
+                beam_width=request.n, max_tokens=m, ignore_eos=request.ignore_eos,
+                temperature=request.temperature or 0.0, length_penalty=request.length_penalty,
+                include_stop_str_in_output=request.include_stop_str_in_output)
+                for m in max_tokens]
+        except ValueError as exc:
+            raise OpenAIError(str(exc), param=str(exc).split(" ", 1)[0]) from exc
+        if request.n * len(prompts) > self.async_llm.max_num_queued_requests:
+            raise OpenAIError(f"This request searches {request.n * len(prompts)} beams at once "
+                              "(prompts x n), more than the server queues (--max-num-queued-"
+                              f"requests={self.async_llm.max_num_queued_requests}).", param="n")
+        skip = request.skip_special_tokens
+
+        def decode(tokens: list[int]) -> str:
+            tokenizer = self.async_llm.tokenizer
+            return tokenizer.decode(tokens, skip_special_tokens=skip) if tokenizer else ""
+        return [BeamSearchStream(self.async_llm, f"{request_id}-{i}", ids, p, lora_request, decode)
+                for i, (ids, p) in enumerate(zip(prompts, params))]
 
     def add_requests(self, requests: list[tuple[str, list[int], SamplingParams]],
                      lora_request: LoRARequest | None = None) -> list[RequestStream]:
