@@ -12,7 +12,8 @@ from minivllm.lora.request import LoRARequest
 from minivllm.outputs import EmbeddingRequestOutput, PoolingRequestOutput, RequestOutput
 from minivllm.pooling_params import PoolingParams
 from minivllm.sampling_params import BeamSearchParams, SamplingParams
-from minivllm.transformers_utils.chat_template import chat_token_ids, normalize_messages
+from minivllm.transformers_utils.chat_template import (chat_template_arguments, chat_token_ids,
+                                                      normalize_messages)
 
 _TQDM_MIN_REQUESTS = 8   # show a progress bar only for batches at least this long
 
@@ -86,26 +87,37 @@ class LLM:
             step, ids[i:i + chunk], params, self.llm_engine.eos_token_id, decode,
             loras[i:i + chunk])]
 
-    def chat(self, messages: list[dict[str, str]] | list[list[dict[str, str]]],
-             sampling_params: SamplingParams | None = None, *, use_tqdm: bool = True,
-             add_generation_prompt: bool = True, chat_template: str | None = None
-             ) -> list[RequestOutput]:
-        """Apply the tokenizer's chat template to each conversation, then generate."""
+    def chat(self, messages: list[dict[str, Any]] | list[list[dict[str, Any]]],
+             sampling_params: SamplingParams | Sequence[SamplingParams] | None = None, *,
+             use_tqdm: bool = True,
+             lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
+             chat_template: str | None = None, add_generation_prompt: bool = True,
+             continue_final_message: bool = False, tools: list[dict[str, Any]] | None = None,
+             chat_template_kwargs: dict[str, Any] | None = None) -> list[RequestOutput]:
+        """Apply the tokenizer's chat template to each conversation, then generate (vLLM's
+        options: `continue_final_message` continues the last assistant message, `tools` go to
+        the template, `chat_template_kwargs` are extra template variables such as Qwen3's
+        `enable_thinking`)."""
         conversations = messages if messages and isinstance(messages[0], (list, tuple)) \
             else [messages]
-        prompts = [self.apply_chat_template(c, add_generation_prompt, chat_template)
-                   for c in conversations]
-        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+        prompts = [self.apply_chat_template(
+            c, add_generation_prompt, chat_template, continue_final_message=continue_final_message,
+            tools=tools, chat_template_kwargs=chat_template_kwargs) for c in conversations]
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm,
+                             lora_request=lora_request)
 
-    def apply_chat_template(self, conversation: list[dict[str, str]],
+    def apply_chat_template(self, conversation: list[dict[str, Any]],
                             add_generation_prompt: bool = True,
-                            chat_template: str | None = None) -> list[int]:
+                            chat_template: str | None = None, **options: Any) -> list[int]:
+        """The conversation's prompt token ids; `options`: continue_final_message, tools,
+        chat_template_kwargs (as `chat`)."""
         if chat_template is None and not getattr(self.tokenizer, "chat_template", None):
             raise ValueError("This tokenizer has no chat template; pass chat_template=...")
         conversation = normalize_messages(conversation)   # the server's OpenAI message rules
+        kwargs = chat_template_arguments(add_generation_prompt, **options)
         try:
             return chat_token_ids(self.tokenizer, conversation, chat_template=chat_template,
-                                  add_generation_prompt=add_generation_prompt)
+                                  **kwargs)
         except Exception as exc:   # jinja2 errors, raise_exception() in templates, ...
             raise ValueError(f"The chat template failed on these messages: {exc}") from exc
 

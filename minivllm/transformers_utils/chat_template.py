@@ -13,7 +13,8 @@ from datetime import datetime
 from functools import lru_cache
 from typing import Any
 
-__all__ = ["chat_token_ids", "is_plain_chat", "normalize_messages", "render_chat"]
+__all__ = ["chat_template_arguments", "chat_token_ids", "is_plain_chat", "normalize_messages",
+           "render_chat"]
 
 _PLAIN_MESSAGE_KEYS = frozenset({"role", "content", "name"})
 # `{% generation %}` needs transformers' AssistantTracker extension.
@@ -27,6 +28,39 @@ def chat_token_ids(tokenizer: Any, conversation: list[dict[str, Any]], **kwargs:
     if hasattr(ids, "keys"):
         ids = ids["input_ids"]
     return list(ids)
+
+
+# apply_chat_template's own arguments: chat_template_kwargs may not set them (their fields do).
+_RESERVED_TEMPLATE_KWARGS = frozenset({
+    "conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt",
+    "continue_final_message", "tokenize", "return_dict", "return_tensors", "padding",
+    "truncation", "max_length", "tokenizer_kwargs", "return_assistant_tokens_mask"})
+
+
+def chat_template_arguments(add_generation_prompt: bool = True,
+                            continue_final_message: bool = False,
+                            tools: list[dict[str, Any]] | None = None,
+                            chat_template_kwargs: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The keyword arguments of one conversation's `apply_chat_template` from vLLM's chat
+    options (`chat_template_kwargs`: extra template variables, e.g. Qwen3's enable_thinking).
+    ValueError naming the option at fault."""
+    if add_generation_prompt and continue_final_message:
+        raise ValueError("continue_final_message and add_generation_prompt cannot both be true: "
+                         "a continued final message gets no new turn.")
+    if chat_template_kwargs is not None and not isinstance(chat_template_kwargs, dict):
+        raise ValueError("chat_template_kwargs must be a dict of template variables, got "
+                         f"{type(chat_template_kwargs).__name__}.")
+    extra = dict(chat_template_kwargs or {})
+    clash = sorted(_RESERVED_TEMPLATE_KWARGS & extra.keys())
+    if clash:
+        raise ValueError(f"chat_template_kwargs may not set {', '.join(clash)}: give them as "
+                         "their own arguments.")
+    kwargs = {**extra, "add_generation_prompt": add_generation_prompt}
+    if continue_final_message:
+        kwargs["continue_final_message"] = True
+    if tools:
+        kwargs["tools"] = tools
+    return kwargs
 
 
 def normalize_messages(messages: Any) -> list[dict[str, Any]]:

@@ -72,3 +72,33 @@ def test_chat_takes_openai_text_parts_and_refuses_bad_messages(llm):
     with pytest.raises(ValueError, match="The chat template failed on these messages: no"):
         llm.chat(plain, params, use_tqdm=False, chat_template="{{ raise_exception('no') }}")
     assert _tokens(llm, PROMPT) == _tokens(llm, PROMPT)   # still serving
+
+
+THINK_TEMPLATE = ("{% if enable_thinking is defined and not enable_thinking %}/no_think {% endif %}"
+                  "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}")
+
+
+def test_chat_template_kwargs_continue_final_message_and_lora_argument(llm):
+    tokenizer = llm.get_tokenizer()
+    user = [{"role": "user", "content": "Hello world"}]
+    text = tokenizer.decode(llm.apply_chat_template(
+        user, chat_template=THINK_TEMPLATE, chat_template_kwargs={"enable_thinking": False}))
+    assert text.startswith("/no_think user: Hello world")
+    assert "/no_think" not in tokenizer.decode(llm.apply_chat_template(
+        user, chat_template=THINK_TEMPLATE))
+    # the last message continued: the template's text after its content is cut (transformers)
+    partial = user + [{"role": "assistant", "content": "The quick"}]
+    ids = llm.apply_chat_template(partial, add_generation_prompt=False,
+                                  continue_final_message=True)
+    assert tokenizer.decode(ids).endswith("assistant: The quick")
+    out = llm.chat(partial, GREEDY, add_generation_prompt=False, continue_final_message=True,
+                   lora_request=None, use_tqdm=False)[0]
+    assert out.prompt_token_ids == ids
+    for kwargs, message in [
+        (dict(continue_final_message=True), "cannot both be true"),
+        (dict(chat_template_kwargs={"add_generation_prompt": False}),
+         "chat_template_kwargs may not set add_generation_prompt"),
+        (dict(chat_template_kwargs="x"), "chat_template_kwargs must be a dict"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            llm.chat(partial, GREEDY, use_tqdm=False, **kwargs)

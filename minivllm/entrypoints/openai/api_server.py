@@ -212,8 +212,10 @@ def _add_tokenizer_routes(app: FastAPI, base: OpenAIServing, max_model_len: int)
         if (request.prompt is None) == (request.messages is None):
             raise OpenAIError("Give exactly one of `prompt` and `messages`.", param="prompt")
         if request.messages is not None:
-            ids = base.render_chat(request.messages, request.add_generation_prompt,
-                                   request.chat_template)
+            ids = base.render_chat(request.messages, request.chat_template,
+                                   add_generation_prompt=request.add_generation_prompt,
+                                   continue_final_message=request.continue_final_message,
+                                   chat_template_kwargs=request.chat_template_kwargs)
         else:
             ids = list(base.tokenizer.encode(request.prompt,
                                              add_special_tokens=request.add_special_tokens))

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from minivllm.entrypoints.openai.tool_parsers import tool_choice_mode, tool_choice_schema
 from minivllm.sampling_params import SamplingParams, StructuredOutputsParams
+from minivllm.utils.unicode_utils import lone_surrogate_path
 
 # Top-k logprobs come from torch.topk: a bound keeps k cheap and below any vocabulary (vLLM: 20).
 MAX_LOGPROBS = 20
@@ -29,32 +30,11 @@ class OpenAIBaseModel(BaseModel):
     def _refuse_lone_surrogates(cls, data: Any) -> Any:
         # NOTE: JSON's "\ud800" escape decodes to a lone surrogate, which no tokenizer and no
         # UTF-8 response can carry; refusing it here makes it a 400 in every field.
-        where = _lone_surrogate_path(data, "")
+        where = lone_surrogate_path(data)
         if where is not None:
             raise ValueError(f"{where or 'the body'} is not valid Unicode text: it contains a "
                              "lone surrogate (an unpaired \\ud800-\\udfff escape).")
         return data
-
-
-def _lone_surrogate_path(value: Any, path: str) -> str | None:
-    """The path of the first string (key or value) that is not encodable as UTF-8, or None."""
-    if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            return path
-        return None
-    nested = (str, list, dict)   # ints and floats (token-id prompts) are skipped cheaply
-    if isinstance(value, dict):
-        items = [(path, k) for k in value if isinstance(k, str)]   # keys first, then values
-        items += [(f"{path}.{k}" if path else str(k), v) for k, v in value.items()
-                  if isinstance(v, nested)]
-    elif isinstance(value, list):
-        items = [(f"{path}[{i}]", v) for i, v in enumerate(value) if isinstance(v, nested)]
-    else:
-        return None
-    return next((found for p, v in items if (found := _lone_surrogate_path(v, p)) is not None),
-                None)
 
 
 class ErrorInfo(OpenAIBaseModel):
@@ -252,6 +232,8 @@ class ChatCompletionRequest(_SamplingRequest):
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
     add_generation_prompt: bool = True
+    continue_final_message: bool = False   # the last (assistant) message is continued
+    chat_template_kwargs: dict[str, Any] | None = None   # extra template variables
     chat_template: str | None = None
     tools: list[dict[str, Any]] | None = None
     # "none", "auto", "required" or {"type": "function", "function": {"name": ...}}
@@ -382,6 +364,8 @@ class TokenizeRequest(OpenAIBaseModel):
     messages: list[dict[str, Any]] | None = None
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
     chat_template: str | None = None
     return_token_strs: bool = False
 

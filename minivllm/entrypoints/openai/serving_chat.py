@@ -46,8 +46,11 @@ class OpenAIServingChat(OpenAIServing):
                                      raw_request: Request) -> Response:
         lora_request = self.check_model(request.model)
         mode = self._tool_mode(request)
-        prompt_ids = self.render_chat(request.messages, request.add_generation_prompt,
-                                      request.chat_template, request.tools)
+        prompt_ids = self.render_chat(
+            request.messages, request.chat_template, tools=request.tools,
+            add_generation_prompt=request.add_generation_prompt,
+            continue_final_message=request.continue_final_message,
+            chat_template_kwargs=request.chat_template_kwargs)
         self.check_token_ids(prompt_ids, param="messages")
         param = "max_completion_tokens" if request.max_completion_tokens is not None else "max_tokens"
         max_tokens = self.resolve_max_tokens(len(prompt_ids), request.requested_max_tokens, param)

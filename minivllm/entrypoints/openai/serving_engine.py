@@ -19,7 +19,8 @@ from minivllm.entrypoints.openai.protocol import ErrorInfo, ErrorResponse
 from minivllm.lora.request import LoRARequest
 from minivllm.outputs import RequestOutput
 from minivllm.sampling_params import MAX_LOGPROBS, BeamSearchParams, SamplingParams
-from minivllm.transformers_utils.chat_template import chat_token_ids, normalize_messages
+from minivllm.transformers_utils.chat_template import (chat_template_arguments, chat_token_ids,
+                                                      normalize_messages)
 from minivllm.v1.structured_output import validate_structured_outputs
 
 T = TypeVar("T")
@@ -115,10 +116,11 @@ class OpenAIServing:
             raise OpenAIError(f"Token id {bad[0]} is out of range: ids must be in [0, "
                               f"{vocab_size}).", param=param)
 
-    def render_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
-                    chat_template: str | None = None,
-                    tools: list[dict[str, Any]] | None = None) -> list[int]:
-        """Token ids of a conversation through the model's (or the given) chat template."""
+    def render_chat(self, messages: list[dict[str, Any]], chat_template: str | None = None,
+                    **options: Any) -> list[int]:
+        """Token ids of a conversation through the model's (or the given) chat template;
+        `options`: `chat_template_arguments`' (add_generation_prompt, continue_final_message,
+        tools, chat_template_kwargs)."""
         tokenizer = self.tokenizer
         chat_template = chat_template or self.chat_template
         if chat_template is None and not getattr(tokenizer, "chat_template", None):
@@ -128,10 +130,12 @@ class OpenAIServing:
             conversation = normalize_messages(messages)
         except ValueError as exc:
             raise OpenAIError(str(exc), param="messages") from exc
-        extra = {"tools": tools} if tools else {}
         try:
-            return chat_token_ids(tokenizer, conversation, chat_template=chat_template,
-                                  add_generation_prompt=add_generation_prompt, **extra)
+            kwargs = chat_template_arguments(**options)
+        except ValueError as exc:
+            raise OpenAIError(str(exc), param=str(exc).split(" ", 1)[0]) from exc
+        try:
+            return chat_token_ids(tokenizer, conversation, chat_template=chat_template, **kwargs)
         except Exception as exc:   # jinja2 errors, raise_exception() in templates, ...
             raise OpenAIError(f"The chat template failed on these messages: {exc}",
                               param="messages") from exc

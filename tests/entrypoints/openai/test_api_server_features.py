@@ -259,3 +259,32 @@ def test_client_disconnect_counts_as_abort(server, client):
     while _aborted(server.url) < before + 1 and time.monotonic() < deadline:
         time.sleep(0.05)
     assert _aborted(server.url) == before + 1
+
+
+def test_chat_template_kwargs_and_continue_final_message(server, client):
+    """vLLM's chat options on /v1/chat/completions and /tokenize: extra template variables
+    (Qwen3's enable_thinking, here a template that reads it) and a continued assistant turn."""
+    template = ("{% if enable_thinking is defined and not enable_thinking %}/no_think {% endif %}"
+                "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}")
+    body = {"model": MODEL, "messages": MESSAGES, "chat_template": template,
+            "add_generation_prompt": False, "return_token_strs": False}
+    plain = httpx.post(f"{server.url}/tokenize", json=body).json()["tokens"]
+    thinking_off = httpx.post(f"{server.url}/tokenize", json={
+        **body, "chat_template_kwargs": {"enable_thinking": False}}).json()["tokens"]
+    detok = httpx.post(f"{server.url}/detokenize", json={"model": MODEL, "tokens": thinking_off})
+    assert detok.json()["prompt"].startswith("/no_think user:") and thinking_off != plain
+    partial = MESSAGES + [{"role": "assistant", "content": "Name: Ann, age:"}]
+    continued = client.chat.completions.create(
+        model=MODEL, messages=partial, max_tokens=4, temperature=0,
+        extra_body={"add_generation_prompt": False, "continue_final_message": True})
+    prompt_ids = httpx.post(f"{server.url}/tokenize", json={
+        "model": MODEL, "messages": partial, "add_generation_prompt": False,
+        "continue_final_message": True}).json()["tokens"]
+    assert continued.usage.prompt_tokens == len(prompt_ids)
+    prompt = httpx.post(f"{server.url}/detokenize", json={"model": MODEL, "tokens": prompt_ids})
+    assert prompt.json()["prompt"].endswith("Name: Ann, age:")
+    for extra, param in [({"continue_final_message": True}, "continue_final_message"),
+                         ({"chat_template_kwargs": {"tools": []}}, "chat_template_kwargs")]:
+        r = httpx.post(f"{server.url}/v1/chat/completions",
+                       json={"model": MODEL, "messages": partial, "max_tokens": 2, **extra})
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
