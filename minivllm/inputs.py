@@ -47,3 +47,11 @@ def is_token_ids(ids: Any) -> bool:
     """A list or tuple of ints (numpy / torch integer scalars count; bools do not)."""
     return isinstance(ids, (list, tuple)) and all(
         isinstance(t, numbers.Integral) and not isinstance(t, bool) for t in ids)
+
+
+def truncate_prompt(prompt_token_ids: list[int], k: int | None, max_model_len: int) -> list[int]:
+    """vLLM's left truncation (`truncate_prompt_tokens`): the last k tokens; -1: the last
+    max_model_len; None: all."""
+    if k is None:
+        return prompt_token_ids
+    return prompt_token_ids[-(max_model_len if k == -1 else k):]

@@ -81,7 +81,7 @@ def _is_int_list(v: Any) -> bool:
 # from torch's manual_seed mid-step) or silently (stop_token_ids=["a"]).
 _TYPE_RULES = (
     (("n", "top_k", "min_tokens", "best_of", "seed", "max_tokens", "logprobs",
-      "prompt_logprobs"), _is_int, "an integer"),
+      "prompt_logprobs", "truncate_prompt_tokens"), _is_int, "an integer"),
     (("presence_penalty", "frequency_penalty", "repetition_penalty", "temperature", "top_p",
       "min_p"), _is_real, "a number"),
     (("ignore_eos", "skip_special_tokens", "spaces_between_special_tokens",
@@ -94,7 +94,8 @@ _TYPE_RULES = (
      "a dict of token id -> bias"),
 )
 _OPTIONAL = frozenset({"best_of", "seed", "max_tokens", "logprobs", "prompt_logprobs", "stop",
-                       "stop_token_ids", "allowed_token_ids", "bad_words", "logit_bias"})
+                       "stop_token_ids", "allowed_token_ids", "bad_words", "logit_bias",
+                       "truncate_prompt_tokens"})
 
 
 class SamplingType(enum.IntEnum):
@@ -133,6 +134,8 @@ class SamplingParams:
     allowed_token_ids: list[int] | None = None   # sample only among these (vLLM's extra)
     bad_words: list[str] | None = None   # never generated (vLLM's extra; see update_from_tokenizer)
     structured_outputs: StructuredOutputsParams | None = None
+    # keep only the prompt's last k tokens (-1: the last max_model_len), as vLLM
+    truncate_prompt_tokens: int | None = None
     # stop_token_ids plus the model's eos (unless ignore_eos): what min_tokens masks.
     _all_stop_token_ids: set[int] = field(default_factory=set, init=False, repr=False, compare=False)
     # bad_words as token-id sequences (update_from_tokenizer)
@@ -224,6 +227,10 @@ class SamplingParams:
             value = getattr(self, name)
             if value is not None and value < 0:
                 raise ValueError(f"{name} must be non-negative or None, got {value}.")
+        if self.truncate_prompt_tokens is not None and not (
+                self.truncate_prompt_tokens == -1 or self.truncate_prompt_tokens >= 1):
+            raise ValueError("truncate_prompt_tokens must be -1 (the last max_model_len tokens) "
+                             f"or at least 1, got {self.truncate_prompt_tokens}.")
         if any(not s for s in self.stop):
             raise ValueError("stop cannot contain an empty string.")
         if self.stop and not self.detokenize:

@@ -26,7 +26,7 @@ from minivllm.engine.arg_utils import EngineArgs
 from minivllm.engine.detokenizer import IncrementalDetokenizer
 from minivllm.engine.request import Request, RequestStatus
 from minivllm.engine.scheduler import Scheduler, has_prefix_lm_layers
-from minivllm.inputs import PromptType, prompt_input
+from minivllm.inputs import PromptType, prompt_input, truncate_prompt
 from minivllm.lora.request import LoRARequest
 from minivllm.outputs import CompletionOutput, Logprob, RequestOutput
 from minivllm.sampling_params import SamplingParams
@@ -124,8 +124,8 @@ class LLMEngine:
         pooling_params = pooling.check_params(params, self.vllm_config.model_config)
         params = pooling.prompt_only_params() if pooling_params is not None else params
         prompt_text, prompt_token_ids = self._tokenize(prompt)
-        if pooling_params is not None:
-            prompt_token_ids = pooling.truncate_prompt(prompt_token_ids, pooling_params)
+        prompt_token_ids = truncate_prompt(
+            prompt_token_ids, (pooling_params or params).truncate_prompt_tokens, self.max_model_len)
         if not prompt_token_ids:
             raise ValueError("The prompt is empty; give at least one token.")
         if self.vocab_size is not None and not all(0 <= t < self.vocab_size for t in prompt_token_ids):

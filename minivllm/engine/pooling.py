@@ -41,12 +41,6 @@ def prompt_only_params() -> SamplingParams:
     return SamplingParams(max_tokens=1, temperature=0.0, detokenize=False)
 
 
-def truncate_prompt(prompt_token_ids: list[int], params: PoolingParams) -> list[int]:
-    """vLLM's left truncation: the last `truncate_prompt_tokens` tokens."""
-    k = params.truncate_prompt_tokens
-    return prompt_token_ids[-k:] if k is not None else prompt_token_ids
-
-
 def record_pooled(children: dict[str, Any], runner_output: ModelRunnerOutput) -> None:
     """Keeps each pooled request's vector on its parent (the engine's `_ParentState`)."""
     for req_id, pooled in zip(runner_output.req_ids, runner_output.pooler_output or ()):

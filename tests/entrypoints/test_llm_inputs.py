@@ -102,3 +102,17 @@ def test_chat_template_kwargs_continue_final_message_and_lora_argument(llm):
     ]:
         with pytest.raises(ValueError, match=message):
             llm.chat(partial, GREEDY, use_tqdm=False, **kwargs)
+
+
+def test_truncate_prompt_tokens_keeps_the_last_tokens(llm):
+    ids = llm.get_tokenizer().encode(PROMPT * 40)[:150]        # longer than max_model_len=128
+    with pytest.raises(ValueError, match="more than max_model_len=128"):
+        llm.generate(TokensPrompt(prompt_token_ids=ids), GREEDY, use_tqdm=False)
+    kept = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True, truncate_prompt_tokens=20)
+    out = llm.generate(TokensPrompt(prompt_token_ids=ids), kept, use_tqdm=False)[0]
+    assert out.prompt_token_ids == ids[-20:]
+    assert list(out.outputs[0].token_ids) == _tokens(llm, ids[-20:])
+    whole = SamplingParams(temperature=0.0, max_tokens=4, truncate_prompt_tokens=-1)
+    assert llm.generate(ids, whole, use_tqdm=False)[0].prompt_token_ids == ids[-128:]
+    with pytest.raises(ValueError, match="truncate_prompt_tokens must be -1"):
+        SamplingParams(truncate_prompt_tokens=0)

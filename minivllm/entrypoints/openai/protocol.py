@@ -115,6 +115,7 @@ class _SamplingRequest(OpenAIBaseModel):
     structured_outputs: dict[str, Any] | None = None   # vLLM's StructuredOutputsParams fields
     allowed_token_ids: list[int] | None = None
     bad_words: list[str] | None = None
+    truncate_prompt_tokens: int | None = None   # the prompt's last k tokens (-1: max_model_len)
     use_beam_search: bool = False   # n = the beam width (engine/beam_search_stream.py)
     length_penalty: float = 1.0
 
@@ -134,7 +135,8 @@ class _SamplingRequest(OpenAIBaseModel):
             include_stop_str_in_output=self.include_stop_str_in_output,
             skip_special_tokens=self.skip_special_tokens, logit_bias=self._logit_bias(),
             allowed_token_ids=self.allowed_token_ids, bad_words=self.bad_words,
-            structured_outputs=self._structured_outputs())
+            structured_outputs=self._structured_outputs(),
+            truncate_prompt_tokens=self.truncate_prompt_tokens)
 
     def _logit_bias(self) -> dict[int, float] | None:
         bias = self.logit_bias or {}

@@ -51,6 +51,7 @@ class OpenAIServingChat(OpenAIServing):
             add_generation_prompt=request.add_generation_prompt,
             continue_final_message=request.continue_final_message,
             chat_template_kwargs=request.chat_template_kwargs)
+        prompt_ids = self.truncate_prompt(prompt_ids, request)
         self.check_token_ids(prompt_ids, param="messages")
         param = "max_completion_tokens" if request.max_completion_tokens is not None else "max_tokens"
         max_tokens = self.resolve_max_tokens(len(prompt_ids), request.requested_max_tokens, param)

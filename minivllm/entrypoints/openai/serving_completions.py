@@ -56,7 +56,7 @@ class OpenAIServingCompletion(OpenAIServing):
 
     async def create_completion(self, request: CompletionRequest, raw_request: Request) -> Response:
         lora_request = self.check_model(request.model)
-        job = _Job(request, f"cmpl-{random_uuid()}", int(time.time()), self._prompts(request.prompt),
+        job = _Job(request, f"cmpl-{random_uuid()}", int(time.time()), self._prompts(request),
                    echo_only=request.echo and request.max_tokens == 0)
         max_tokens = [1 if job.echo_only else self.resolve_max_tokens(len(p.token_ids),
                                                                       request.max_tokens)
@@ -80,21 +80,24 @@ class OpenAIServingCompletion(OpenAIServing):
             finals = [_without_completion(f) for f in finals]
         return JSONResponse(self._response(job, finals).model_dump(mode="json"))
 
-    def _prompts(self, prompt: str | list[str] | list[int] | list[list[int]]) -> list[_Prompt]:
+    def _prompts(self, request: CompletionRequest) -> list[_Prompt]:
+        """Each prompt's text and ids (truncated as `truncate_prompt_tokens` asks: the text
+        is then the kept tokens')."""
+        prompt = request.prompt
         items = [prompt] if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)) \
             else list(prompt)
         if not items:
             raise OpenAIError("The prompt is empty.", param="prompt")
         prompts = []
         for item in items:
-            if isinstance(item, str):
-                ids = list(self.tokenizer.encode(item))
-                self.check_token_ids(ids)
+            ids = list(self.tokenizer.encode(item)) if isinstance(item, str) else list(item)
+            kept = self.truncate_prompt(ids, request)
+            self.check_token_ids(kept)
+            if isinstance(item, str) and len(kept) == len(ids):
                 prompts.append(_Prompt(item, ids))
             else:
-                self.check_token_ids(item)
-                text = self.async_llm.tokenizer.decode(item) if self.async_llm.tokenizer else ""
-                prompts.append(_Prompt(text, list(item)))
+                text = self.async_llm.tokenizer.decode(kept) if self.async_llm.tokenizer else ""
+                prompts.append(_Prompt(text, kept))
         return prompts
 
     @staticmethod

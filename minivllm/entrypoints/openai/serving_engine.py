@@ -16,6 +16,7 @@ from minivllm.engine.async_llm import (AsyncLLM, EngineDeadError, QueueFullError
                                                       RequestStream)
 from minivllm.engine.beam_search_stream import BeamSearchStream
 from minivllm.entrypoints.openai.protocol import ErrorInfo, ErrorResponse
+from minivllm.inputs import truncate_prompt
 from minivllm.lora.request import LoRARequest
 from minivllm.outputs import RequestOutput
 from minivllm.sampling_params import MAX_LOGPROBS, BeamSearchParams, SamplingParams
@@ -115,6 +116,14 @@ class OpenAIServing:
         if bad:
             raise OpenAIError(f"Token id {bad[0]} is out of range: ids must be in [0, "
                               f"{vocab_size}).", param=param)
+
+    def truncate_prompt(self, token_ids: list[int], request: Any) -> list[int]:
+        """The request's `truncate_prompt_tokens` applied (before the length checks)."""
+        k = request.truncate_prompt_tokens
+        if k is not None and k != -1 and k < 1:
+            raise OpenAIError("truncate_prompt_tokens must be -1 (the last max_model_len tokens) "
+                              f"or at least 1, got {k}.", param="truncate_prompt_tokens")
+        return truncate_prompt(token_ids, k, self.max_model_len)
 
     def render_chat(self, messages: list[dict[str, Any]], chat_template: str | None = None,
                     **options: Any) -> list[int]:

@@ -269,6 +269,8 @@ def test_disconnects_abort_and_free_blocks(server):
     ("/v1/completions", {"model": MODEL}, 400, "prompt"),
     ("/v1/completions", {"model": MODEL, "prompt": [5] * 600}, 400, "prompt"),
     ("/v1/completions", {"model": MODEL, "prompt": [5] * 500, "max_tokens": 20}, 400, "max_tokens"),
+    ("/v1/completions", {"model": MODEL, "prompt": "x", "truncate_prompt_tokens": 0}, 400,
+     "truncate_prompt_tokens"),
     ("/v1/chat/completions", {"model": MODEL, "messages": []}, 400, "messages"),
     ("/v1/chat/completions", {"model": MODEL, "messages": [{"content": "no role"}]}, 400, "messages"),
     ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": [
@@ -285,6 +287,18 @@ def test_invalid_inputs_give_openai_errors(server, path, body, status, param):
     assert error["code"] == status and error["message"] and error["type"]
     assert error["param"] == param
     assert httpx.get(f"{server.url}/health").status_code == 200
+
+
+def test_truncate_prompt_tokens_keeps_the_prompts_last_tokens(client):
+    """A prompt past max_model_len (512) runs on its last k tokens: the same completion."""
+    long = [5, 6, 7] * 200
+    kept = client.completions.create(model=MODEL, prompt=long, max_tokens=6, temperature=0,
+                                     extra_body={"truncate_prompt_tokens": 30})
+    tail = client.completions.create(model=MODEL, prompt=long[-30:], max_tokens=6, temperature=0)
+    assert kept.usage.prompt_tokens == 30 and kept.choices[0].text == tail.choices[0].text
+    chat = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=2,
+                                          extra_body={"truncate_prompt_tokens": 5})
+    assert chat.usage.prompt_tokens == 5
 
 
 def test_error_messages_and_malformed_json(server, client):
