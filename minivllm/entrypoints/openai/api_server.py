@@ -23,8 +23,8 @@ from minivllm.entrypoints.openai.metrics import CONTENT_TYPE, ServerMetrics
 from minivllm.entrypoints.openai.protocol import (ChatCompletionRequest, CompletionRequest,
                                                   DetokenizeRequest, DetokenizeResponse,
                                                   TokenizeRequest, TokenizeResponse)
-from minivllm.entrypoints.openai.server_options import (APIKeyMiddleware, load_chat_template,
-                                                        resolve_api_keys)
+from minivllm.entrypoints.openai.server_options import (APIKeyMiddleware, bind_listen_socket,
+                                                        load_chat_template, resolve_api_keys)
 from minivllm.entrypoints.openai.serving_chat import OpenAIServingChat
 from minivllm.entrypoints.openai.serving_completions import OpenAIServingCompletion
 from minivllm.entrypoints.openai.serving_embedding import (EmbeddingRequest, OpenAIServingEmbedding,
@@ -241,22 +241,30 @@ def run_server(args: argparse.Namespace) -> int:
                          "adapters' rank)")
     chat_template = load_chat_template(args.chat_template)   # a bad value fails before loading
     resolve_api_keys(args.api_key, envs.VLLM_API_KEY)
-    async_llm = AsyncLLM.from_engine_args(engine_args, stall_timeout_s=args.health_stall_timeout)
+    sock = bind_listen_socket(args.host, args.port)           # so does a port in use
+    try:
+        async_llm = AsyncLLM.from_engine_args(engine_args, stall_timeout_s=args.health_stall_timeout)
+    except BaseException:
+        sock.close()
+        raise
     try:
         app = build_app(async_llm, args.served_model_name, enable_auto_tool_choice=args.enable_auto_tool_choice,
                         tool_call_parser=args.tool_call_parser, lora_modules=args.lora_modules,
                         api_keys=args.api_key, chat_template=chat_template)
     except BaseException:
         async_llm.shutdown()
+        sock.close()
         raise
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.uvicorn_log_level,
                             access_log=not args.disable_uvicorn_access_log,
                             timeout_graceful_shutdown=5)
     server = uvicorn.Server(config)
-    print(f"Serving {app.state.served_model_name} on http://{args.host}:{args.port} "
+    port = sock.getsockname()[1]
+    print(f"Serving {app.state.served_model_name} on http://{args.host}:{port} "
           "(OpenAI API under /v1)", flush=True)
     try:
-        server.run()
+        server.run(sockets=[sock])
     finally:
         async_llm.shutdown()
+        sock.close()
     return 0

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hmac
 import json
 import os
+import socket
 from collections.abc import Awaitable, Callable
 from http import HTTPStatus
 from typing import Any
@@ -66,3 +67,22 @@ def load_chat_template(value: str | None) -> str | None:
         return value
     raise ValueError(f"--chat-template {value!r} is neither a file nor a Jinja template "
                      "(one with '{{ ... }}' or '{% ... %}').")
+
+
+def bind_listen_socket(host: str, port: int) -> socket.socket:
+    """The server's socket, bound before the model loads (as vLLM binds early): a port in use
+    is a ValueError at once, not after a minute of loading; port 0 takes a free one."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+        sock = socket.socket(family, kind, proto)
+    except OSError as exc:
+        raise ValueError(f"Cannot listen on --host {host!r}: {exc}") from None
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        raise ValueError(f"Cannot listen on {host}:{port}: {exc.strerror or exc}; pick another "
+                         "--port (or stop the process that holds it).") from None
+    return sock

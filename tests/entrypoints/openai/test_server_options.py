@@ -85,3 +85,24 @@ def test_serve_parses_the_vllm_flags():
                                       "--disable-uvicorn-access-log"])
     assert args.api_key == ["a", "b"] and args.chat_template == "t.jinja"
     assert args.disable_uvicorn_access_log
+
+
+def test_a_port_in_use_fails_before_the_model_loads(checkpoint, monkeypatch):
+    """`serve` binds its port first (as vLLM does): a port in use is a ValueError naming it,
+    without building the engine."""
+    import socket
+
+    from minivllm.engine.async_llm import AsyncLLM
+    from minivllm.entrypoints.openai.api_server import run_server
+
+    def no_engine(*_, **__):
+        raise AssertionError("the engine was built before the port was checked")
+    monkeypatch.setattr(AsyncLLM, "from_engine_args", no_engine)
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        args = build_parser().parse_args(["serve", "--model", checkpoint, "--port", str(port)])
+        with pytest.raises(ValueError, match=f"Cannot listen on 127.0.0.1:{port}: .*pick another "
+                                             "--port"):
+            run_server(args)
