@@ -125,3 +125,23 @@ def test_out_writes_into_a_column_slice(rows):
     assert (full[:, :16] == 7).all() and (full[:, 64:] == 7).all()
     with pytest.raises(ValueError, match="out must be a"):
         gl.gguf_linear(x, w, T.Q8_0, None, out=full[:, :47])
+
+
+def test_x8_layout_choice_on_amx_cpus(monkeypatch):
+    """MINIVLLM_GGUF_X8: auto keeps AMX CPUs on the file layout (their strips); 1 gives them the
+    x8 layout, whose decode steps of any size then take the int8 kernels, as without AMX."""
+    monkeypatch.delenv("MINIVLLM_GGUF_X8", raising=False)
+    assert gl._x8_wanted(amx=False) and not gl._x8_wanted(amx=True)
+    monkeypatch.setenv("MINIVLLM_GGUF_X8", "1")
+    assert gl._x8_wanted(amx=True)
+    monkeypatch.setenv("MINIVLLM_GGUF_X8", "0")
+    assert not gl._x8_wanted(amx=False)
+    monkeypatch.setenv("MINIVLLM_GGUF_X8", "yes")
+    with pytest.raises(ValueError, match="MINIVLLM_GGUF_X8 must be auto, 0 or 1, got 'yes'"):
+        gl._x8_wanted(amx=False)
+    for name, value in (("resolved", True), ("amx", True), ("int8_decode", True)):
+        monkeypatch.setattr(gl._Native, name, value)
+    monkeypatch.setattr(gl._Native, "x8", False)
+    assert gl.gguf_int8_max_rows(independent_rows=True) == gl.GGUF_DOT_MAX_ROWS
+    monkeypatch.setattr(gl._Native, "x8", True)
+    assert gl.gguf_int8_max_rows(independent_rows=True) == gl.GGUF_TILE_MAX_ROWS
