@@ -73,6 +73,12 @@ class LLM:
             raise ValueError(f"concurrency_limit must be >= 1 or None, got {concurrency_limit}.")
         prompt_list = _as_prompt_list(prompts)
         ids = [self.llm_engine.tokenize_prompt(p) for p in prompt_list]
+        limit = self.llm_engine.max_model_len
+        for i, prompt_ids in enumerate(ids):   # the last step's requests hold n + max_tokens - 1
+            if len(prompt_ids) + params.max_tokens - 1 > limit:
+                raise ValueError(f"Prompt {i} has {len(prompt_ids)} tokens: with max_tokens="
+                                 f"{params.max_tokens} its beams would pass max_model_len="
+                                 f"{limit}.")
         loras = _per_prompt_loras(lora_request, len(ids))
 
         def step(tokens: list[list[int]], step_params: SamplingParams,

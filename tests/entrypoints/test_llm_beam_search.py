@@ -99,6 +99,9 @@ def test_concurrency_limit_and_errors(llm):
         BeamSearchParams(beam_width=11, max_tokens=4)
     with pytest.raises(ValueError, match="max_tokens must be an integer >= 1"):
         BeamSearchParams(beam_width=2, max_tokens=0)
+    with pytest.raises(ValueError, match="Prompt 1 has 5 tokens: with max_tokens=125 its beams "
+                                         "would pass max_model_len=128"):
+        llm.beam_search([PROMPTS[0], [7] * 5], BeamSearchParams(beam_width=2, max_tokens=125))
     with pytest.raises(ValueError, match="params must be a BeamSearchParams"):
         llm.beam_search(PROMPTS, SamplingParams())
     assert not llm.llm_engine.has_unfinished_requests()
