@@ -116,12 +116,20 @@ class _SamplingRequest(OpenAIBaseModel):
     allowed_token_ids: list[int] | None = None
     bad_words: list[str] | None = None
     truncate_prompt_tokens: int | None = None   # the prompt's last k tokens (-1: max_model_len)
+    prompt_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)   # not streamed
     use_beam_search: bool = False   # n = the beam width (engine/beam_search_stream.py)
     length_penalty: float = 1.0
 
     def _sampling_params(self, max_tokens: int, logprobs: int | None,
                          prompt_logprobs: int | None = None) -> SamplingParams:
         """Raises ValueError (from SamplingParams) naming the bad field."""
+        if self.prompt_logprobs is not None:
+            if self.stream:
+                raise ValueError("prompt_logprobs is not available when stream is true.")
+            if prompt_logprobs is not None:
+                raise ValueError("prompt_logprobs cannot be combined with echo and logprobs, "
+                                 "which return the prompt's logprobs already.")
+            prompt_logprobs = self.prompt_logprobs
         return SamplingParams(
             n=self.n, max_tokens=max_tokens, min_tokens=self.min_tokens,
             temperature=1.0 if self.temperature is None else self.temperature,
@@ -199,10 +207,21 @@ class CompletionLogProbs(OpenAIBaseModel):
     top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
 
 
+class PromptLogprob(OpenAIBaseModel):
+    """vLLM's `prompt_logprobs` entry (per prompt position: token id -> this; None first)."""
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+PromptLogprobs = list[dict[int, PromptLogprob] | None]
+
+
 class CompletionResponseChoice(OpenAIBaseModel):
     index: int
     text: str
     logprobs: CompletionLogProbs | None = None
+    prompt_logprobs: PromptLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
 
@@ -337,6 +356,7 @@ class ChatCompletionResponse(OpenAIBaseModel):
     model: str
     choices: list[ChatCompletionResponseChoice]
     usage: UsageInfo
+    prompt_logprobs: PromptLogprobs | None = None
 
 
 class ChatCompletionStreamChoice(OpenAIBaseModel):

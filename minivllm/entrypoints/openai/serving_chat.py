@@ -22,6 +22,7 @@ from minivllm.entrypoints.openai.protocol import (ChatCompletionLogProb, ChatCom
                                                   ToolCall, UsageInfo, random_uuid)
 from minivllm.entrypoints.openai.serving_engine import (ChunkEncoder, OpenAIError, OpenAIServing,
                                                         clamp_logprob, engine_error, merge_streams,
+                                                        prompt_logprobs_entries,
                                                         run_until_disconnect, sse_error)
 from minivllm.entrypoints.openai.tool_parsers import ParsedToolCall, ToolParser, check_tools
 from minivllm.outputs import CompletionOutput, Logprob
@@ -86,9 +87,11 @@ class OpenAIServingChat(OpenAIServing):
         num_completion = sum(len(out.token_ids) for out in final.outputs)
         usage = UsageInfo(prompt_tokens=len(prompt_ids), completion_tokens=num_completion,
                           total_tokens=len(prompt_ids) + num_completion)
+        prompt_logprobs = None if request.prompt_logprobs is None else \
+            prompt_logprobs_entries(final, self.decode_tokens)
         response = ChatCompletionResponse(id=request_id, created=created,
                                           model=self.model_name(request.model), choices=choices,
-                                          usage=usage)
+                                          usage=usage, prompt_logprobs=prompt_logprobs)
         return JSONResponse(response.model_dump(mode="json"))
 
     @staticmethod

@@ -18,6 +18,7 @@ from minivllm.entrypoints.openai.protocol import (CompletionLogProbs, Completion
                                                   UsageInfo, random_uuid)
 from minivllm.entrypoints.openai.serving_engine import (ChunkEncoder, OpenAIError, OpenAIServing,
                                                         clamp_logprob, engine_error, merge_streams,
+                                                        prompt_logprobs_entries,
                                                         run_until_disconnect, sse_error)
 from minivllm.outputs import CompletionOutput, Logprob, RequestOutput
 
@@ -114,6 +115,8 @@ class OpenAIServingCompletion(OpenAIServing):
         num_prompt_tokens = num_completion_tokens = 0
         for i, (prompt, final) in enumerate(zip(job.prompts, finals)):
             num_prompt_tokens += len(prompt.token_ids)
+            prompt_logprobs = None if request.prompt_logprobs is None else \
+                prompt_logprobs_entries(final, self.decode_tokens)
             for out in final.outputs:
                 num_completion_tokens += len(out.token_ids)
                 text, logprobs = out.text, None
@@ -124,7 +127,8 @@ class OpenAIServingCompletion(OpenAIServing):
                     logprobs = self._logprobs(ids, steps, 0)
                 choices.append(CompletionResponseChoice(
                     index=i * request.n + out.index, text=text, logprobs=logprobs,
-                    finish_reason=out.finish_reason, stop_reason=out.stop_reason))
+                    finish_reason=out.finish_reason, stop_reason=out.stop_reason,
+                    prompt_logprobs=prompt_logprobs))
         return CompletionResponse(
             id=job.request_id, created=job.created, model=self.model_name(request.model),
             choices=choices,

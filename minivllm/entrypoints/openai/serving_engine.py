@@ -15,7 +15,8 @@ from fastapi import Request
 from minivllm.engine.async_llm import (AsyncLLM, EngineDeadError, QueueFullError,
                                                       RequestStream)
 from minivllm.engine.beam_search_stream import BeamSearchStream
-from minivllm.entrypoints.openai.protocol import ErrorInfo, ErrorResponse
+from minivllm.entrypoints.openai.protocol import (ErrorInfo, ErrorResponse, PromptLogprob,
+                                                  PromptLogprobs)
 from minivllm.inputs import truncate_prompt
 from minivllm.lora.request import LoRARequest
 from minivllm.outputs import RequestOutput
@@ -76,7 +77,7 @@ _NOT_WITH_BEAM_SEARCH: dict[str, Any] = {
     "min_tokens": 0, "logit_bias": None, "allowed_token_ids": None, "bad_words": None,
     "structured_outputs": None, "response_format": None, "tools": None, "top_p": None,
     "top_k": None, "min_p": None, "presence_penalty": 0.0, "frequency_penalty": 0.0,
-    "repetition_penalty": None}
+    "repetition_penalty": None, "prompt_logprobs": None}
 
 class OpenAIServing:
     def __init__(self, async_llm: AsyncLLM, served_model_name: str) -> None:
@@ -216,12 +217,15 @@ class OpenAIServing:
                               "(prompts x n), more than the server queues (--max-num-queued-"
                               f"requests={self.async_llm.max_num_queued_requests}).", param="n")
         skip = request.skip_special_tokens
-
-        def decode(tokens: list[int]) -> str:
-            tokenizer = self.async_llm.tokenizer
-            return tokenizer.decode(tokens, skip_special_tokens=skip) if tokenizer else ""
-        return [BeamSearchStream(self.async_llm, f"{request_id}-{i}", ids, p, lora_request, decode)
+        return [BeamSearchStream(self.async_llm, f"{request_id}-{i}", ids, p, lora_request,
+                                 lambda tokens: self.decode_tokens(tokens, skip))
                 for i, (ids, p) in enumerate(zip(prompts, params))]
+
+    def decode_tokens(self, tokens: list[int], skip_special_tokens: bool = False) -> str:
+        """Text of token ids ("" without a tokenizer)."""
+        tokenizer = self.async_llm.tokenizer
+        return tokenizer.decode(tokens, skip_special_tokens=skip_special_tokens) \
+            if tokenizer is not None else ""
 
     def add_requests(self, requests: list[tuple[str, list[int], SamplingParams]],
                      lora_request: LoRARequest | None = None) -> list[RequestStream]:
@@ -306,6 +310,18 @@ async def run_until_disconnect(raw_request: Request, work: Awaitable[T]) -> T | 
 
 def clamp_logprob(logprob: float) -> float:
     return max(logprob, MIN_LOGPROB)
+
+
+def prompt_logprobs_entries(final: RequestOutput, decode: Any) -> PromptLogprobs | None:
+    """vLLM's `prompt_logprobs` of a request: per prompt position (None first) its token and
+    the top-k, each {logprob, rank, decoded_token}."""
+    if final.prompt_logprobs is None:
+        return None
+    return [None if step is None else {
+        token_id: PromptLogprob(logprob=clamp_logprob(entry.logprob), rank=entry.rank,
+                                decoded_token=entry.decoded_token if entry.decoded_token
+                                is not None else decode([token_id]))
+        for token_id, entry in step.items()} for step in final.prompt_logprobs]
 
 
 def sse(payload: dict[str, Any] | str) -> str:

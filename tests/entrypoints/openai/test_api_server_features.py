@@ -288,3 +288,31 @@ def test_chat_template_kwargs_and_continue_final_message(server, client):
         r = httpx.post(f"{server.url}/v1/chat/completions",
                        json={"model": MODEL, "messages": partial, "max_tokens": 2, **extra})
         assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+
+
+def test_prompt_logprobs_agree_with_echoed_logprobs(server):
+    """vLLM's `prompt_logprobs`: per prompt position (None first) the prompt token's logprob and
+    rank and the top-k, the same numbers echo + logprobs gives for the prompt."""
+    url, k = f"{server.url}/v1/completions", 2
+    base = {"model": MODEL, "prompt": PROMPT, "max_tokens": 1, "temperature": 0}
+    r = httpx.post(url, json={**base, "prompt_logprobs": k}).json()
+    entries = r["choices"][0]["prompt_logprobs"]
+    echo = httpx.post(url, json={**base, "echo": True, "logprobs": k}).json()
+    echoed = echo["choices"][0]["logprobs"]
+    num_prompt = r["usage"]["prompt_tokens"]
+    assert len(entries) == num_prompt and entries[0] is None
+    ids = httpx.post(f"{server.url}/tokenize", json={"model": MODEL, "prompt": PROMPT}).json()
+    for position in range(1, num_prompt):
+        step, token = entries[position], str(ids["tokens"][position])
+        assert step[token]["logprob"] == pytest.approx(echoed["token_logprobs"][position], abs=1e-4)
+        # both: the top k and the prompt token itself
+        assert {e["decoded_token"] for e in step.values()} == \
+            echoed["top_logprobs"][position].keys()
+        assert sorted(e["rank"] for e in step.values())[:k] == list(range(1, k + 1))
+    chat = httpx.post(f"{server.url}/v1/chat/completions", json={
+        "model": MODEL, "messages": MESSAGES, "max_tokens": 1, "prompt_logprobs": 0}).json()
+    assert len(chat["prompt_logprobs"]) == chat["usage"]["prompt_tokens"]
+    assert all(len(step) == 1 for step in chat["prompt_logprobs"][1:])   # k=0: the token alone
+    for extra in ({"stream": True}, {"echo": True, "logprobs": 1}):
+        bad = httpx.post(url, json={**base, "prompt_logprobs": 1, **extra})
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "prompt_logprobs"
