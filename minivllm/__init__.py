@@ -2,8 +2,8 @@
 
 from typing import TYPE_CHECKING, Any
 
-__all__ = ["LLM", "SamplingParams", "ModelRegistry", "RequestOutput", "CompletionOutput", "EngineArgs",
-           "PromptType", "TextPrompt", "TokensPrompt"]
+__all__ = ["LLM", "SamplingParams", "ModelRegistry", "RequestOutput", "CompletionOutput",
+           "EngineArgs", "PromptType", "TextPrompt", "TokensPrompt"]
 
 __version__ = "0.1.0"
 

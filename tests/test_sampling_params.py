@@ -90,7 +90,8 @@ def test_non_finite_and_out_of_range_values_name_the_field(kwargs, field):
     (dict(logit_bias={1: "x"}), "logit_bias must be a dict of token id -> bias"),
     (dict(logit_bias={"a": 1}), "logit_bias keys must be token ids"),
     (dict(ignore_eos="yes"), "ignore_eos must be a boolean"),
-    (dict(structured_outputs={"regex": "a"}), "structured_outputs must be a StructuredOutputsParams"),
+    (dict(structured_outputs={"regex": "a"}),
+     "structured_outputs must be a StructuredOutputsParams"),
 ])
 def test_wrong_types_name_the_field(kwargs, message):
     with pytest.raises(ValueError, match=re.escape(message)):

@@ -11,7 +11,8 @@ class CacheConfig:
     cache_dtype: str = "auto"                # "auto" = the model dtype
     enable_prefix_caching: bool = True       # hash-chained reuse of full blocks (vLLM v1 default)
     num_gpu_blocks_override: int | None = None   # fix the number of blocks (tests force preemption)
-    kv_cache_memory_bytes: int | None = None     # KV budget per rank; None: VLLM_CPU_KVCACHE_SPACE GiB on CPU if set, else 1 GiB
+    # KV budget per rank; None: VLLM_CPU_KVCACHE_SPACE GiB on CPU if set, else 1 GiB
+    kv_cache_memory_bytes: int | None = None
     sliding_window: int | None = None        # model-wide window, if the config asks for one
     # Recurrent-state layers (Mamba, short conv): their conv state, and Mamba's SSM state.
     mamba_cache_dtype: str = "auto"          # "auto" = the model dtype

@@ -24,7 +24,8 @@ class BeamSearchStream:
                  params: BeamSearchParams, lora_request: Any,
                  decode: Callable[[list[int]], str]) -> None:
         self.async_llm, self.request_id, self.params = async_llm, request_id, params
-        self.prompt_token_ids, self.lora_request, self.decode = prompt_token_ids, lora_request, decode
+        self.prompt_token_ids, self.lora_request = prompt_token_ids, lora_request
+        self.decode = decode
         self.finished = False
 
     async def outputs(self) -> AsyncIterator[RequestOutput]:

@@ -68,7 +68,8 @@ def normalize_messages(messages: Any) -> list[dict[str, Any]]:
     `content` a string (text parts joined by newlines; None -> ""), tool-call arguments given as
     JSON text parsed into mappings. ValueError naming the first bad message."""
     if not isinstance(messages, (list, tuple)):
-        raise ValueError(f"messages must be a list of message dicts, got {type(messages).__name__}.")
+        raise ValueError("messages must be a list of message dicts, got "
+                         f"{type(messages).__name__}.")
     return [_normalize_message(i, m) for i, m in enumerate(messages)]
 
 

@@ -58,8 +58,9 @@ def test_chat_takes_openai_text_parts_and_refuses_bad_messages(llm):
     parts = [{"role": "user", "content": [{"type": "text", "text": "Hello world"}]}]
     assert llm.apply_chat_template(parts) == llm.apply_chat_template(plain)
     params = GREEDY
-    assert [list(o.outputs[0].token_ids) for o in llm.chat([parts, plain], params, use_tqdm=False)] \
-        == [list(llm.chat(plain, params, use_tqdm=False)[0].outputs[0].token_ids)] * 2
+    both = llm.chat([parts, plain], params, use_tqdm=False)
+    alone = llm.chat(plain, params, use_tqdm=False)[0]
+    assert [list(o.outputs[0].token_ids) for o in both] == [list(alone.outputs[0].token_ids)] * 2
     for messages, message in [
         ("Hello", "messages must be a list of message dicts, got str"),
         ([{"content": "no role"}], "messages[0] needs a string `role`"),

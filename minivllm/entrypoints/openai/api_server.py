@@ -243,7 +243,8 @@ def run_server(args: argparse.Namespace) -> int:
     resolve_api_keys(args.api_key, envs.VLLM_API_KEY)
     sock = bind_listen_socket(args.host, args.port)           # so does a port in use
     try:
-        async_llm = AsyncLLM.from_engine_args(engine_args, stall_timeout_s=args.health_stall_timeout)
+        async_llm = AsyncLLM.from_engine_args(engine_args,
+                                              stall_timeout_s=args.health_stall_timeout)
     except BaseException:
         sock.close()
         raise

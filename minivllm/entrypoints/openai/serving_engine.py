@@ -79,6 +79,7 @@ _NOT_WITH_BEAM_SEARCH: dict[str, Any] = {
     "top_k": None, "min_p": None, "presence_penalty": 0.0, "frequency_penalty": 0.0,
     "repetition_penalty": None, "prompt_logprobs": None}
 
+
 class OpenAIServing:
     def __init__(self, async_llm: AsyncLLM, served_model_name: str) -> None:
         self.async_llm = async_llm
