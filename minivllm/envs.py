@@ -36,6 +36,15 @@ def _gib(name: str) -> float:
     return value
 
 
+def _choice(name: str, choices: tuple[str, ...]) -> str:
+    """One of `choices` (unset: the first); ValueError naming them otherwise."""
+    value = os.environ.get(name, choices[0]).strip().lower() or choices[0]
+    if value not in choices:
+        raise ValueError(f"{name} must be {', '.join(choices[:-1])} or {choices[-1]}, got "
+                         f"{value!r}.")
+    return value
+
+
 environment_variables: dict[str, Callable[[], Any]] = {
     # "a,b,...": layers per pipeline stage (distributed/utils.py get_pp_indices)
     "VLLM_PP_LAYER_PARTITION": _str("VLLM_PP_LAYER_PARTITION"),
@@ -45,6 +54,8 @@ environment_variables: dict[str, Callable[[], Any]] = {
     "VLLM_API_KEY": _str("VLLM_API_KEY"),
     # KV-cache GiB per rank on CPU when --kv-cache-memory-bytes is not given; 0: the default
     "VLLM_CPU_KVCACHE_SPACE": lambda: _gib("VLLM_CPU_KVCACHE_SPACE"),
+    # GGUF weights in the x8 layout: auto (CPUs without AMX), 1 (AMX CPUs too), 0 (never)
+    "MINIVLLM_GGUF_X8": lambda: _choice("MINIVLLM_GGUF_X8", ("auto", "0", "1")),
 }
 
 # name -> (the only value minivllm has, why)

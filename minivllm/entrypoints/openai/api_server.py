@@ -20,18 +20,19 @@ from minivllm.engine.arg_utils import EngineArgs
 from minivllm.engine.async_llm import AsyncLLM
 from minivllm.entrypoints.openai.cli_args import LoRAModulePath
 from minivllm.entrypoints.openai.metrics import CONTENT_TYPE, ServerMetrics
-from minivllm.entrypoints.openai.protocol import (ChatCompletionRequest, CompletionRequest,
-                                                  DetokenizeRequest, DetokenizeResponse,
-                                                  TokenizeRequest, TokenizeResponse)
+from minivllm.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
 from minivllm.entrypoints.openai.server_options import (APIKeyMiddleware, bind_listen_socket,
                                                         load_chat_template, resolve_api_keys)
 from minivllm.entrypoints.openai.serving_chat import OpenAIServingChat
 from minivllm.entrypoints.openai.serving_completions import OpenAIServingCompletion
 from minivllm.entrypoints.openai.serving_embedding import (EmbeddingRequest, OpenAIServingEmbedding,
                                                            check_generate_runner)
-from minivllm.entrypoints.openai.serving_engine import OpenAIError, OpenAIServing, error_response
+from minivllm.entrypoints.openai.serving_engine import OpenAIError, error_response
 from minivllm.entrypoints.openai.serving_models import (LoadLoRAAdapterRequest, OpenAIServingModels,
                                                         UnloadLoRAAdapterRequest)
+from minivllm.entrypoints.openai.serving_tokenization import (DetokenizeRequest,
+                                                              OpenAIServingTokenization,
+                                                              TokenizeRequest)
 from minivllm.entrypoints.openai.tool_parsers import get_tool_parser
 from minivllm.logger import init_logger
 
@@ -135,10 +136,10 @@ def build_app(async_llm: AsyncLLM, served_model_name: str | list[str] | None = N
     completions = OpenAIServingCompletion(async_llm, served_model_name)
     chat = OpenAIServingChat(async_llm, served_model_name,
                              tool_parser=tool_parser if enable_auto_tool_choice else None)
-    base = OpenAIServing(async_llm, served_model_name)
+    tokenization = OpenAIServingTokenization(async_llm, served_model_name)
     embedding = OpenAIServingEmbedding(async_llm, served_model_name)
     app.state.serving_models = models
-    for serving in (completions, chat, base, embedding):
+    for serving in (completions, chat, tokenization, embedding):
         serving.models = models   # `model` may name a LoRA adapter
         serving.chat_template = chat_template
     keys = resolve_api_keys(api_keys, envs.VLLM_API_KEY)
@@ -148,7 +149,7 @@ def build_app(async_llm: AsyncLLM, served_model_name: str | list[str] | None = N
         _add_lora_routes(app, models)
     _install_error_handlers(app)
     _add_info_routes(app, async_llm, metrics, served_model_name)
-    _add_tokenizer_routes(app, base, async_llm.max_model_len)
+    _add_tokenizer_routes(app, tokenization)
 
     @app.post("/v1/completions")
     async def create_completion(request: CompletionRequest, raw_request: Request) -> Response:
@@ -203,32 +204,16 @@ def _add_lora_routes(app: FastAPI, models: OpenAIServingModels) -> None:
         return Response(await models.unload_lora_adapter(request), media_type="text/plain")
 
 
-def _add_tokenizer_routes(app: FastAPI, base: OpenAIServing, max_model_len: int) -> None:
+def _add_tokenizer_routes(app: FastAPI, tokenization: OpenAIServingTokenization) -> None:
     """/tokenize and /detokenize."""
 
     @app.post("/tokenize")
     async def tokenize(request: TokenizeRequest) -> dict[str, Any]:
-        base.check_model(request.model)
-        if (request.prompt is None) == (request.messages is None):
-            raise OpenAIError("Give exactly one of `prompt` and `messages`.", param="prompt")
-        if request.messages is not None:
-            ids = base.render_chat(request.messages, request.chat_template,
-                                   add_generation_prompt=request.add_generation_prompt,
-                                   continue_final_message=request.continue_final_message,
-                                   chat_template_kwargs=request.chat_template_kwargs)
-        else:
-            ids = list(base.tokenizer.encode(request.prompt,
-                                             add_special_tokens=request.add_special_tokens))
-        strs = base.tokenizer.convert_ids_to_tokens(ids) if request.return_token_strs else None
-        return TokenizeResponse(count=len(ids), max_model_len=max_model_len, tokens=ids,
-                                token_strs=strs).model_dump(exclude_none=True)
+        return tokenization.tokenize(request)
 
     @app.post("/detokenize")
     async def detokenize(request: DetokenizeRequest) -> dict[str, Any]:
-        base.check_model(request.model)
-        if request.tokens:
-            base.check_token_ids(request.tokens, param="tokens")
-        return DetokenizeResponse(prompt=base.tokenizer.decode(request.tokens)).model_dump()
+        return tokenization.detokenize(request)
 
 
 def run_server(args: argparse.Namespace) -> int:

@@ -10,20 +10,20 @@
   prompt chunks the dequantised tiles (fp32 tiles from `FP32_TILE_MIN_ROWS` rows where the
   CPU lacks AVX-512 BF16 too; AVX2-only CPUs take the same route, torch's bf16 GEMM below it:
   fp32 tiles there from fewer rows flipped the default model's chat answer). fp32 x, the
-  reference precision, always takes the
-  dequantised tiles (exact weights, no int8 step). The whole weight is never widened at once.
+  reference precision, always takes the dequantised tiles (exact weights, no int8 step). The
+  whole weight is never widened at once.
 - other devices, or no native kernels: `gguf_dequantize` + `F.linear` (correct, not fast).
 - `gguf_dequantize`: native on CPU, else the pure-PyTorch dequantisers of `gguf_dequant`.
 """
 
 import ctypes
-import os
 
 import torch
 import torch.nn.functional as F
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from minivllm import _custom_ops as ops
+from minivllm import envs
 from minivllm.forward_context import is_decode_only_step
 from minivllm.model_executor.kernels.cpu_linear import FP32_TILE_MIN_ROWS, fp32_tiles
 from minivllm.model_executor.kernels.embedding import gather_rows
@@ -55,16 +55,15 @@ _DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 GGUF_DOT_MAX_ROWS = 4
 # Rows of bf16 / fp16 x the int8 kernels take in decode steps on CPUs with VNNI or AVX2 but no
 # AMX (Ice Lake, Zen 4; Zen 3 with the AVX2 dot kernels): with VNNI from 16 rows gguf_gemm.cpp
-# multiplies x^T tiles of 16 tokens (csrc/gguf_tiles.h), measured on the 2-core Ice Lake box at 170-250 GFLOP/s for 16-1024 rows of the default model's
-# linears: 3-4x dequantised tiles + oneDNN in bf16 (no AVX-512 BF16 there), and level with or
-# ahead of oneDNN in fp32 on a weight already dequantised. So decode steps of any size take them.
+# multiplies x^T tiles of 16 tokens (csrc/gguf_tiles.h), 170-250 GFLOP/s on the 2-core Ice Lake
+# box for 16-1024 rows of the default model's linears: 3-4x dequantised tiles + oneDNN in bf16
+# (no AVX-512 BF16 there), level with or ahead of oneDNN in fp32. So every decode step takes them.
 GGUF_TILE_MAX_ROWS = 1 << 62
 # Rows of x up to which the AMX strips beat dequantised tiles + oneDNN (`F.linear`): the strips
 # re-read x^T from L2 for every 32 weight rows, which oneDNN's blocking avoids; measured as
 # above: strips 1.0-1.2x the bf16 path's speed at 256-512 rows, oneDNN tiles ahead from 768.
 GGUF_AMX_MAX_ROWS = 512
-# Elements of a dequantised tile on the `F.linear` fallback path.
-_FALLBACK_TILE = 1 << 22
+_FALLBACK_TILE = 1 << 22   # elements of a dequantised tile on the `F.linear` fallback path
 # Prompt chunks from `cpu_linear.FP32_TILE_MIN_ROWS` (64) rows multiply fp32 tiles on CPUs whose
 # bf16 GEMMs run in software (`ops.bf16_gemm_in_software`): 2.3-3.5x the bf16 tiles on Ice Lake
 # for the default model's Q4_1 linears at 64-512 rows, and fp32 products of the exact
@@ -101,16 +100,9 @@ def _resolve() -> ctypes.CDLL | None:
 
 
 def _x8_wanted(amx: bool) -> bool:
-    """MINIVLLM_GGUF_X8: unset / "auto" (default): the x8 layout where the CPU has no AMX (AMX
-    CPUs keep the file layout for the strips); "0": never; "1": also on AMX CPUs, whose decode
-    steps then take the VNNI x8 kernels and prompts dequantised tiles into oneDNN's AMX GEMM
-    instead of the strips (for an A/B on such a CPU: the strips' batched decode measured 0.95x
-    the bf16 path's throughput on Sapphire Rapids, and the x8 kernels decode at 1.7-2.9x the
-    file layout's dot kernels on Zen 4)."""
-    choice = os.environ.get("MINIVLLM_GGUF_X8", "auto").strip().lower()
-    if choice not in ("auto", "0", "1"):
-        raise ValueError(f"MINIVLLM_GGUF_X8 must be auto, 0 or 1, got {choice!r}.")
-    return choice == "1" or (choice == "auto" and not amx)
+    """envs.MINIVLLM_GGUF_X8: "auto", the x8 layout without AMX (AMX keeps the file layout for
+    its strips); "1", on AMX CPUs too (VNNI x8 decode, prompts through oneDNN), for an A/B."""
+    return envs.MINIVLLM_GGUF_X8 == "1" or (envs.MINIVLLM_GGUF_X8 == "auto" and not amx)
 
 
 def gguf_int8_max_rows(independent_rows: bool = False) -> int:
@@ -159,7 +151,7 @@ def gguf_repack_for_cpu(qweight: torch.Tensor, qtype: int) -> int:
     read as file rows: use the returned code everywhere. Measured on the 2-core Zen 3 box (8-row
     groups): 1.7-2.0x the plain layout's AVX2 kernel for a [3072, 576] Q4_1 weight at 1 row (one
     thread), 1.6-1.7x for the [49152, 576] Q8_0 LM head (two threads); batch-1 decode of the
-    default model 74 -> 92 tok/s (same run, A/B). `MINIVLLM_GGUF_X8=0` keeps the file's layout."""
+    default model 74 -> 92 tok/s (same run, A/B). `MINIVLLM_GGUF_X8` (envs): `_x8_wanted`."""
     lib = _Native.lib if _Native.resolved else _resolve()
     if (lib is None or not _Native.x8 or qtype not in GGUF_X8_TYPES or not qweight.is_cpu
             or qweight.dim() != 2 or qweight.dtype != torch.uint8
@@ -173,7 +165,7 @@ def gguf_repack_for_cpu(qweight: torch.Tensor, qtype: int) -> int:
 
 
 def gguf_uses_x8() -> bool:
-    """Whether `gguf_repack_for_cpu` rearranges weights on this CPU (dot kernels without AMX)."""
+    """Whether `gguf_repack_for_cpu` rearranges weights on this CPU (`_x8_wanted`)."""
     if not _Native.resolved:
         _resolve()
     return _Native.x8
@@ -188,8 +180,7 @@ def gguf_x8_types() -> frozenset[int]:
 
 
 def gguf_x8_rows() -> int:
-    """Rows per group of the x8 layout on this CPU: 8 (AVX2 kernels), 16 (AVX-512 VNNI); 0 where
-    weights keep the file's layout."""
+    """Rows per x8 group here: 8 (AVX2 kernels), 16 (AVX-512 VNNI); 0: the file's layout."""
     return _Native.x8_rows if gguf_uses_x8() else 0
 
 
@@ -236,8 +227,7 @@ def _columns(qweight: torch.Tensor, qtype: int) -> int:
     elems, nbytes = _BLOCKS[qtype]
     if qweight.dtype != torch.uint8 or qweight.dim() != 2 or qweight.shape[1] % nbytes:
         raise ValueError(f"GGUF weight must be uint8 [rows, blocks * {nbytes}] for "
-                         f"{_type_name(qtype)}, got {qweight.dtype} "
-                         f"{list(qweight.shape)}")
+                         f"{_type_name(qtype)}, got {qweight.dtype} {list(qweight.shape)}")
     return qweight.shape[1] // nbytes * elems
 
 
