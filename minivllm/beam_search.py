@@ -106,14 +106,16 @@ class BeamSearch:
             inst.beams = sorted(grown[id(inst)], key=self.key, reverse=True)[:width]
         self.steps += 1
 
-    def results(self, decode: Callable[[list[int]], str]) -> list[BeamSearchOutput]:
-        """Per prompt the best beam_width of its complete and live beams, text decoded."""
+    def results(self, decode: Callable[[list[int]], str] | None = None
+                ) -> list[BeamSearchOutput]:
+        """Per prompt the best beam_width of its complete and live beams (`text` decoded from
+        all their tokens when `decode` is given)."""
         outputs = []
         for inst in self.instances:
             best = sorted(inst.completed + inst.beams, key=self.key,
                           reverse=True)[:self.params.beam_width]
             for beam in best:
-                beam.text = decode(beam.tokens)
+                beam.text = decode(beam.tokens) if decode is not None else None
                 beam.finish_reason = beam.finish_reason or "length"
             outputs.append(BeamSearchOutput(best))
         return outputs

@@ -49,9 +49,17 @@ def is_token_ids(ids: Any) -> bool:
         isinstance(t, numbers.Integral) and not isinstance(t, bool) for t in ids)
 
 
+def check_truncate_prompt_tokens(k: int | None) -> None:
+    """ValueError unless `truncate_prompt_tokens` is None, -1 or at least 1."""
+    if k is not None and k != -1 and k < 1:
+        raise ValueError("truncate_prompt_tokens must be -1 (the last max_model_len tokens) or "
+                         f"at least 1, got {k}.")
+
+
 def truncate_prompt(prompt_token_ids: list[int], k: int | None, max_model_len: int) -> list[int]:
     """vLLM's left truncation (`truncate_prompt_tokens`): the last k tokens; -1: the last
-    max_model_len; None: all."""
+    max_model_len; None: all. ValueError for any other k."""
+    check_truncate_prompt_tokens(k)
     if k is None:
         return prompt_token_ids
     return prompt_token_ids[-(max_model_len if k == -1 else k):]

@@ -8,6 +8,8 @@ import numbers
 from dataclasses import dataclass, field
 from typing import Any
 
+from minivllm.inputs import check_truncate_prompt_tokens
+
 MAX_LOGPROBS = 20   # as vLLM's default max_logprobs
 # Temperatures below this are treated as greedy decoding (vLLM's threshold).
 _SAMPLING_EPS = 1e-5
@@ -227,10 +229,7 @@ class SamplingParams:
             value = getattr(self, name)
             if value is not None and value < 0:
                 raise ValueError(f"{name} must be non-negative or None, got {value}.")
-        if self.truncate_prompt_tokens is not None and not (
-                self.truncate_prompt_tokens == -1 or self.truncate_prompt_tokens >= 1):
-            raise ValueError("truncate_prompt_tokens must be -1 (the last max_model_len tokens) "
-                             f"or at least 1, got {self.truncate_prompt_tokens}.")
+        check_truncate_prompt_tokens(self.truncate_prompt_tokens)
         if any(not s for s in self.stop):
             raise ValueError("stop cannot contain an empty string.")
         if self.stop and not self.detokenize:

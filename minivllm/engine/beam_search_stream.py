@@ -36,7 +36,7 @@ class BeamSearchStream:
             streams = self._add(beams, search, step)
             search.advance(await asyncio.gather(*(_final(s) for s in streams)))
             step += 1
-        [result] = search.results(lambda tokens: "")   # text: the generated part, below
+        [result] = search.results()   # text: the generated part, in _completion
         self.finished = True
         yield RequestOutput(
             request_id=self.request_id, prompt=None, prompt_token_ids=self.prompt_token_ids,

@@ -121,11 +121,10 @@ class OpenAIServing:
 
     def truncate_prompt(self, token_ids: list[int], request: Any) -> list[int]:
         """The request's `truncate_prompt_tokens` applied (before the length checks)."""
-        k = request.truncate_prompt_tokens
-        if k is not None and k != -1 and k < 1:
-            raise OpenAIError("truncate_prompt_tokens must be -1 (the last max_model_len tokens) "
-                              f"or at least 1, got {k}.", param="truncate_prompt_tokens")
-        return truncate_prompt(token_ids, k, self.max_model_len)
+        try:
+            return truncate_prompt(token_ids, request.truncate_prompt_tokens, self.max_model_len)
+        except ValueError as exc:
+            raise OpenAIError(str(exc), param="truncate_prompt_tokens") from exc
 
     def render_chat(self, messages: list[dict[str, Any]], chat_template: str | None = None,
                     **options: Any) -> list[int]:
