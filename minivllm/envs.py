@@ -54,6 +54,8 @@ environment_variables: dict[str, Callable[[], Any]] = {
     "VLLM_API_KEY": _str("VLLM_API_KEY"),
     # KV-cache GiB per rank on CPU when --kv-cache-memory-bytes is not given; 0: the default
     "VLLM_CPU_KVCACHE_SPACE": lambda: _gib("VLLM_CPU_KVCACHE_SPACE"),
+    # /v1/responses keeps responses (store=true) for GET, previous_response_id and background
+    "VLLM_ENABLE_RESPONSES_API_STORE": _flag("VLLM_ENABLE_RESPONSES_API_STORE", False),
     # GGUF weights in the x8 layout: auto (CPUs without AMX), 1 (AMX CPUs too), 0 (never)
     "MINIVLLM_GGUF_X8": lambda: _choice("MINIVLLM_GGUF_X8", ("auto", "0", "1")),
 }

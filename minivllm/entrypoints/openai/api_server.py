@@ -25,6 +25,8 @@ from minivllm.entrypoints.openai.server_options import (APIKeyMiddleware, bind_l
                                                         load_chat_template, resolve_api_keys)
 from minivllm.entrypoints.openai.serving_chat import OpenAIServingChat
 from minivllm.entrypoints.openai.serving_completions import OpenAIServingCompletion
+from minivllm.entrypoints.openai.responses_protocol import ResponsesRequest
+from minivllm.entrypoints.openai.serving_responses import OpenAIServingResponses
 from minivllm.entrypoints.openai.serving_embedding import (EmbeddingRequest, OpenAIServingEmbedding,
                                                            check_generate_runner)
 from minivllm.entrypoints.openai.serving_engine import OpenAIError, error_response
@@ -136,10 +138,13 @@ def build_app(async_llm: AsyncLLM, served_model_name: str | list[str] | None = N
     completions = OpenAIServingCompletion(async_llm, served_model_name)
     chat = OpenAIServingChat(async_llm, served_model_name,
                              tool_parser=tool_parser if enable_auto_tool_choice else None)
+    responses = OpenAIServingResponses(
+        async_llm, served_model_name, tool_parser=chat.tool_parser,
+        enable_store=envs.VLLM_ENABLE_RESPONSES_API_STORE)
     tokenization = OpenAIServingTokenization(async_llm, served_model_name)
     embedding = OpenAIServingEmbedding(async_llm, served_model_name)
     app.state.serving_models = models
-    for serving in (completions, chat, tokenization, embedding):
+    for serving in (completions, chat, responses, tokenization, embedding):
         serving.models = models   # `model` may name a LoRA adapter
         serving.chat_template = chat_template
     keys = resolve_api_keys(api_keys, envs.VLLM_API_KEY)
@@ -150,6 +155,7 @@ def build_app(async_llm: AsyncLLM, served_model_name: str | list[str] | None = N
     _install_error_handlers(app)
     _add_info_routes(app, async_llm, metrics, served_model_name)
     _add_tokenizer_routes(app, tokenization)
+    _add_responses_routes(app, async_llm, responses)
 
     @app.post("/v1/completions")
     async def create_completion(request: CompletionRequest, raw_request: Request) -> Response:
@@ -190,6 +196,28 @@ def _add_info_routes(app: FastAPI, async_llm: AsyncLLM, metrics: ServerMetrics,
     @app.get("/v1/models")
     async def list_models() -> dict[str, Any]:
         return app.state.serving_models.show_available_models().model_dump()
+
+
+def _add_responses_routes(app: FastAPI, async_llm: AsyncLLM,
+                          responses: OpenAIServingResponses) -> None:
+    """/v1/responses and, for stored responses, /v1/responses/{id} and its /cancel."""
+
+    @app.post("/v1/responses")
+    async def create_response(request: ResponsesRequest, raw_request: Request) -> Response:
+        check_generate_runner(async_llm, "Responses")
+        return await responses.create_response(request, raw_request)
+
+    @app.get("/v1/responses/{response_id}")
+    async def retrieve_response(response_id: str) -> dict[str, Any]:
+        return responses.retrieve(response_id)
+
+    @app.delete("/v1/responses/{response_id}")
+    async def delete_response(response_id: str) -> dict[str, Any]:
+        return await responses.delete(response_id)
+
+    @app.post("/v1/responses/{response_id}/cancel")
+    async def cancel_response(response_id: str) -> dict[str, Any]:
+        return await responses.cancel(response_id)
 
 
 def _add_lora_routes(app: FastAPI, models: OpenAIServingModels) -> None:

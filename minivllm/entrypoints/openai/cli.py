@@ -12,6 +12,7 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
     parser = subparsers.add_parser(
         "serve", help="serve the model over an OpenAI-compatible HTTP API",
         description="Start an OpenAI-compatible server (/v1/completions, /v1/chat/completions, "
+                    "/v1/responses (stored responses with VLLM_ENABLE_RESPONSES_API_STORE=1), "
                     "/v1/embeddings for pooling models (--runner pooling), "
                     "/v1/models, /tokenize, /detokenize, /health, /metrics, /version).")
     parser.add_argument("model_tag", nargs="?", default=None,

@@ -25,11 +25,11 @@ from minivllm.entrypoints.openai.serving_engine import (ChunkEncoder, OpenAIErro
                                                         prompt_logprobs_entries,
                                                         run_until_disconnect, sse_error)
 from minivllm.entrypoints.openai.tool_parsers import ParsedToolCall, ToolParser, check_tools
-from minivllm.outputs import CompletionOutput, Logprob
+from minivllm.outputs import CompletionOutput, Logprob, RequestOutput
 
 
 @dataclass
-class _ChoiceState:
+class ChoiceState:
     num_chars: int = 0
     num_tokens: int = 0
     finished: bool = False
@@ -46,7 +46,7 @@ class OpenAIServingChat(OpenAIServing):
     async def create_chat_completion(self, request: ChatCompletionRequest,
                                      raw_request: Request) -> Response:
         lora_request = self.check_model(request.model)
-        mode = self._tool_mode(request)
+        mode = self.tool_mode(request)
         prompt_ids = self.render_chat(
             request.messages, request.chat_template, tools=request.tools,
             add_generation_prompt=request.add_generation_prompt,
@@ -67,10 +67,7 @@ class OpenAIServingChat(OpenAIServing):
         if request.stream:
             return StreamingResponse(self._stream(request, request_id, created, len(prompt_ids), stream),
                                      media_type="text/event-stream")
-        try:
-            final = await run_until_disconnect(raw_request, self._collect(stream))
-        except Exception as exc:
-            raise engine_error(exc) from exc
+        final = await self.final_output(raw_request, stream)
         if final is None:
             return Response(status_code=499)   # the client is gone; nobody reads this
         choices = []
@@ -81,7 +78,7 @@ class OpenAIServingChat(OpenAIServing):
             choices.append(ChatCompletionResponseChoice(
                 index=out.index, message=ChatMessage(role="assistant", content=content,
                                                      tool_calls=tool_calls or None),
-                logprobs=self._logprobs(request, out, 0),
+                logprobs=self.chat_logprobs(request, out, 0),
                 finish_reason=self._finish_reason(mode, out.finish_reason, bool(calls)),
                 stop_reason=out.stop_reason))
         num_completion = sum(len(out.token_ids) for out in final.outputs)
@@ -94,6 +91,15 @@ class OpenAIServingChat(OpenAIServing):
                                           usage=usage, prompt_logprobs=prompt_logprobs)
         return JSONResponse(response.model_dump(mode="json"))
 
+    async def final_output(self, raw_request: Request, stream: RequestStream
+                           ) -> RequestOutput | None:
+        """The request's last output; None when the client left first (the request is then
+        aborted). Engine errors become their HTTP errors."""
+        try:
+            return await run_until_disconnect(raw_request, self._collect(stream))
+        except Exception as exc:
+            raise engine_error(exc) from exc
+
     @staticmethod
     async def _collect(stream: RequestStream):
         final = None
@@ -104,7 +110,7 @@ class OpenAIServingChat(OpenAIServing):
 
     async def _stream(self, request: ChatCompletionRequest, request_id: str, created: int,
                       num_prompt_tokens: int, stream: RequestStream) -> AsyncIterator[str]:
-        states = [_ChoiceState() for _ in range(request.n)]
+        states = [ChoiceState() for _ in range(request.n)]
         encoder = ChunkEncoder(request_id, "chat.completion.chunk", created,
                                self.model_name(request.model))
         final = None
@@ -112,7 +118,7 @@ class OpenAIServingChat(OpenAIServing):
             # The role comes first, in a chunk of its own per choice (as OpenAI does).
             yield encoder.chunk([_stream_choice(i, {"role": "assistant", "content": ""})
                                  for i in range(request.n)])
-            mode = self._tool_mode(request)
+            mode = self.tool_mode(request)
             async with aclosing(merge_streams([stream])) as merged:
                 async for _, final in merged:
                     choices = [c for out in final.outputs
@@ -129,13 +135,13 @@ class OpenAIServingChat(OpenAIServing):
         yield "data: [DONE]\n\n"
 
     def _stream_choice(self, request: ChatCompletionRequest, mode: str | None,
-                       out: CompletionOutput, state: _ChoiceState) -> dict[str, Any] | None:
+                       out: CompletionOutput, state: ChoiceState) -> dict[str, Any] | None:
         """The new part of one choice (a ChatCompletionStreamChoice as a dict), or None."""
         if state.finished:
             return None
         finished = out.finish_reason is not None
-        delta, tool_calls = self._stream_delta(request, mode, out.text, finished, state)
-        logprobs = self._logprobs(request, out, state.num_tokens)
+        delta, tool_calls = self.stream_delta(request, mode, out.text, finished, state)
+        logprobs = self.chat_logprobs(request, out, state.num_tokens)
         state.num_tokens = len(out.token_ids)
         state.finished = finished
         if logprobs is not None and not logprobs.content:
@@ -150,8 +156,8 @@ class OpenAIServingChat(OpenAIServing):
         return _stream_choice(out.index, delta_fields, logprobs,
                               self._finish_reason(mode, out.finish_reason, called), out.stop_reason)
 
-    def _stream_delta(self, request: ChatCompletionRequest, mode: str | None, text: str,
-                      finished: bool, state: _ChoiceState) -> tuple[str, list[DeltaToolCall]]:
+    def stream_delta(self, request: ChatCompletionRequest, mode: str | None, text: str,
+                     finished: bool, state: ChoiceState) -> tuple[str, list[DeltaToolCall]]:
         """The new content and the new tool calls (whole, or the named tool's argument
         fragment) since the last chunk."""
         if mode == "named":
@@ -180,7 +186,7 @@ class OpenAIServingChat(OpenAIServing):
         state.num_calls = len(calls)
         return delta, new_calls
 
-    def _tool_mode(self, request: ChatCompletionRequest) -> str | None:
+    def tool_mode(self, request: ChatCompletionRequest) -> str | None:
         try:
             check_tools(request.tools)
         except ValueError as exc:
@@ -218,8 +224,8 @@ class OpenAIServingChat(OpenAIServing):
             return "tool_calls"
         return finish_reason
 
-    def _logprobs(self, request: ChatCompletionRequest, out: CompletionOutput,
-                  start: int) -> ChatCompletionLogProbs | None:
+    def chat_logprobs(self, request: ChatCompletionRequest, out: CompletionOutput,
+                      start: int) -> ChatCompletionLogProbs | None:
         """Chat schema: per token, its logprob and bytes, then the top_logprobs by rank."""
         if not request.logprobs:
             return None

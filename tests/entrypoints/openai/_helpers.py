@@ -5,6 +5,10 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import openai
 
 import uvicorn
 from transformers import PreTrainedTokenizerFast
@@ -61,3 +65,16 @@ class ServerThread:
         self.server.should_exit = True
         self.thread.join(15)
         self.sock.close()
+
+
+@contextmanager
+def serve(async_llm, app) -> Iterator[ServerThread]:
+    """`app` on a loopback port for the block; then `async_llm` (the app's engine) shut down."""
+    with ServerThread(app) as server:
+        yield server
+    async_llm.shutdown()
+
+
+def openai_client(server: ServerThread) -> openai.OpenAI:
+    """The official client on `server`'s /v1, without retries (a test sees every error)."""
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)

@@ -17,7 +17,7 @@ import pytest
 from minivllm.engine.arg_utils import EngineArgs
 from minivllm.engine.async_llm import AsyncLLM
 from minivllm.entrypoints.openai.api_server import build_app
-from tests.entrypoints.openai._helpers import ServerThread
+from tests.entrypoints.openai._helpers import openai_client, serve
 
 MODEL = "default"
 SCHEMA = {"type": "object",
@@ -30,17 +30,20 @@ PROMPT = "The capital of France is"
 
 @pytest.fixture(scope="module")
 def server():
+    """The default model with hermes tool calls (also the tools and /v1/responses tests'
+    server: it stores responses)."""
     engine_args = EngineArgs(max_model_len=512, num_gpu_blocks_override=128, max_num_seqs=32)
     async_llm = AsyncLLM.from_engine_args(engine_args)
-    app = build_app(async_llm, MODEL, enable_auto_tool_choice=True, tool_call_parser="hermes")
-    with ServerThread(app) as server:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("VLLM_ENABLE_RESPONSES_API_STORE", "1")
+        app = build_app(async_llm, MODEL, enable_auto_tool_choice=True, tool_call_parser="hermes")
+    with serve(async_llm, app) as server:
         yield server
-    async_llm.shutdown()
 
 
 @pytest.fixture(scope="module")
 def client(server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+    return openai_client(server)
 
 
 def _gather(server, calls):
