@@ -15,7 +15,7 @@ from minivllm.engine.arg_utils import EngineArgs
 from minivllm.engine.async_llm import AsyncLLM
 from minivllm.entrypoints.openai.api_server import build_app
 from minivllm.sampling_params import BeamSearchParams
-from tests.entrypoints.openai._helpers import ServerThread, write_tiny_checkpoint
+from tests.entrypoints.openai._helpers import openai_client, serve, write_tiny_checkpoint
 
 MODEL = "tiny"
 PROMPT = "The quick brown fox"
@@ -32,14 +32,13 @@ def path(tmp_path_factory) -> str:
 def server(path):
     args = EngineArgs(model=path, dtype="float32", max_model_len=256, num_gpu_blocks_override=256)
     async_llm = AsyncLLM.from_engine_args(args)
-    with ServerThread(build_app(async_llm, MODEL)) as server:
+    with serve(async_llm, build_app(async_llm, MODEL)) as server:
         yield server
-    async_llm.shutdown()
 
 
 @pytest.fixture(scope="module")
 def client(server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+    return openai_client(server)
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 from minivllm.engine.arg_utils import EngineArgs
 from minivllm.engine.async_llm import AsyncLLM
 from minivllm.entrypoints.openai.api_server import build_app
-from tests.entrypoints.openai._helpers import TEXTS, ServerThread, write_tiny_checkpoint
+from tests.entrypoints.openai._helpers import TEXTS, ServerThread, openai_client, write_tiny_checkpoint
 
 MODEL = "tiny-embed"
 ATOL = 1e-4
@@ -46,7 +46,7 @@ def server(checkpoint):
 
 @pytest.fixture(scope="module")
 def client(server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+    return openai_client(server)
 
 
 @pytest.fixture(scope="module")
