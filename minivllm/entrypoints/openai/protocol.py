@@ -71,6 +71,7 @@ class UsageInfo(OpenAIBaseModel):
 
 class StreamOptions(OpenAIBaseModel):
     include_usage: bool = False
+    continuous_usage_stats: bool = False   # vLLM's: every chunk carries the usage so far
 
 
 class JsonSchemaResponseFormat(OpenAIBaseModel):
@@ -176,6 +177,10 @@ class _SamplingRequest(OpenAIBaseModel):
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
+
+    @property
+    def continuous_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.continuous_usage_stats)
 
 
 # ---------------------------------------------------------------- /v1/completions

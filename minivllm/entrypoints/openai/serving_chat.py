@@ -23,7 +23,7 @@ from minivllm.entrypoints.openai.protocol import (ChatCompletionLogProb, ChatCom
 from minivllm.entrypoints.openai.serving_engine import (ChunkEncoder, OpenAIError, OpenAIServing,
                                                         clamp_logprob, engine_error, merge_streams,
                                                         prompt_logprobs_entries,
-                                                        run_until_disconnect, sse_error)
+                                                        run_until_disconnect, sse_error, usage_dict)
 from minivllm.entrypoints.openai.tool_parsers import ParsedToolCall, ToolParser, check_tools
 from minivllm.outputs import CompletionOutput, Logprob, RequestOutput
 
@@ -114,22 +114,24 @@ class OpenAIServingChat(OpenAIServing):
         encoder = ChunkEncoder(request_id, "chat.completion.chunk", created,
                                self.model_name(request.model))
         final = None
+
+        def usage() -> dict[str, int]:   # the request's so far, all choices
+            return usage_dict(num_prompt_tokens, sum(
+                len(out.token_ids) for out in final.outputs) if final is not None else 0)
         try:
             # The role comes first, in a chunk of its own per choice (as OpenAI does).
             yield encoder.chunk([_stream_choice(i, {"role": "assistant", "content": ""})
-                                 for i in range(request.n)])
+                                 for i in range(request.n)],
+                                usage() if request.continuous_usage else None)
             mode = self.tool_mode(request)
             async with aclosing(merge_streams([stream])) as merged:
                 async for _, final in merged:
                     choices = [c for out in final.outputs
                                if (c := self._stream_choice(request, mode, out, states[out.index]))]
                     if choices:
-                        yield encoder.chunk(choices)
+                        yield encoder.chunk(choices, usage() if request.continuous_usage else None)
             if request.include_usage and final is not None:
-                num_completion = sum(len(out.token_ids) for out in final.outputs)
-                usage = UsageInfo(prompt_tokens=num_prompt_tokens, completion_tokens=num_completion,
-                                  total_tokens=num_prompt_tokens + num_completion)
-                yield encoder.chunk([], usage.model_dump(mode="json"))
+                yield encoder.chunk([], usage())
         except Exception as exc:   # noqa: BLE001 - the status line is sent; report in-band
             yield sse_error(exc)
         yield "data: [DONE]\n\n"

@@ -19,7 +19,7 @@ from minivllm.entrypoints.openai.protocol import (CompletionLogProbs, Completion
 from minivllm.entrypoints.openai.serving_engine import (ChunkEncoder, OpenAIError, OpenAIServing,
                                                         clamp_logprob, engine_error, merge_streams,
                                                         prompt_logprobs_entries,
-                                                        run_until_disconnect, sse_error)
+                                                        run_until_disconnect, sse_error, usage_dict)
 from minivllm.outputs import CompletionOutput, Logprob, RequestOutput
 
 
@@ -140,6 +140,10 @@ class OpenAIServingCompletion(OpenAIServing):
         states = [_ChoiceState(echoed=not request.echo) for _ in range(len(job.prompts) * n)]
         encoder = ChunkEncoder(job.request_id, "text_completion", job.created,
                                self.model_name(request.model))
+        num_prompt = sum(len(p.token_ids) for p in job.prompts)
+
+        def usage() -> dict[str, int]:   # the request's so far: all prompts and choices
+            return usage_dict(num_prompt, sum(s.num_completion_tokens for s in states))
         try:
             async with aclosing(merge_streams(job.streams)) as merged:
                 async for i, output in merged:
@@ -148,13 +152,10 @@ class OpenAIServingCompletion(OpenAIServing):
                     for out in output.outputs:
                         choice = self._stream_choice(job, i, output, out, states[i * n + out.index])
                         if choice is not None:
-                            yield encoder.chunk([choice])
+                            yield encoder.chunk([choice],
+                                                usage() if request.continuous_usage else None)
             if request.include_usage:
-                num_prompt = sum(len(p.token_ids) for p in job.prompts)
-                num_completion = sum(s.num_completion_tokens for s in states)
-                usage = UsageInfo(prompt_tokens=num_prompt, completion_tokens=num_completion,
-                                  total_tokens=num_prompt + num_completion)
-                yield encoder.chunk([], usage.model_dump(mode="json"))
+                yield encoder.chunk([], usage())
         except Exception as exc:   # noqa: BLE001 - the status line is sent; report in-band
             yield sse_error(exc)
         yield "data: [DONE]\n\n"

@@ -324,6 +324,12 @@ def prompt_logprobs_entries(final: RequestOutput, decode: Any) -> PromptLogprobs
         for token_id, entry in step.items()} for step in final.prompt_logprobs]
 
 
+def usage_dict(num_prompt_tokens: int, num_completion_tokens: int) -> dict[str, int]:
+    """A UsageInfo as the plain dict ChunkEncoder writes."""
+    return {"prompt_tokens": num_prompt_tokens, "completion_tokens": num_completion_tokens,
+            "total_tokens": num_prompt_tokens + num_completion_tokens}
+
+
 def sse(payload: dict[str, Any] | str) -> str:
     data = payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False)
     return f"data: {data}\n\n"

@@ -97,6 +97,24 @@ def test_completion_stream_equals_non_stream(client):
         full.usage.prompt_tokens + full.usage.completion_tokens
 
 
+def test_continuous_usage_stats_count_every_chunk(client):
+    """vLLM's stream_options.continuous_usage_stats: each chunk carries the usage so far."""
+    opts = {"include_usage": True, "continuous_usage_stats": True}
+    kwargs = dict(model=MODEL, max_tokens=6, temperature=0.0, extra_body={"ignore_eos": True})
+    for chunks in (list(client.completions.create(prompt=[PROMPT, "Hello world"], stream=True,
+                                                  stream_options=opts, **kwargs)),
+                   list(client.chat.completions.create(messages=MESSAGES, n=2, stream=True,
+                                                       stream_options=opts, **kwargs))):
+        assert all(c.usage is not None for c in chunks)
+        counts = [c.usage.completion_tokens for c in chunks]
+        assert counts == sorted(counts) and counts[-1] == 12 and len(set(counts)) > 3
+        assert chunks[-1].choices == [] and chunks[-1].usage == chunks[-2].usage
+        assert all(c.usage.total_tokens == c.usage.prompt_tokens + c.usage.completion_tokens
+                   for c in chunks)
+    plain = list(client.completions.create(prompt=PROMPT, stream=True, **kwargs))
+    assert all(c.usage is None for c in plain)
+
+
 def test_completion_length_usage_and_token_prompts(server, client):
     ids = httpx.post(f"{server.url}/tokenize", json={"prompt": PROMPT}).json()["tokens"]
     kwargs = dict(model=MODEL, max_tokens=6, temperature=0.0, extra_body={"ignore_eos": True})
