@@ -11,6 +11,7 @@ from minivllm.config.load import DeviceConfig, LoadConfig
 from minivllm.config.model import ModelConfig
 from minivllm.config.parallel import ParallelConfig
 from minivllm.config.scheduler import SchedulerConfig
+from minivllm.config.structured_outputs import StructuredOutputsConfig
 
 
 @dataclass
@@ -22,6 +23,8 @@ class VllmConfig:
     device_config: DeviceConfig = field(default_factory=DeviceConfig)
     load_config: LoadConfig = field(default_factory=LoadConfig)
     compilation_config: CompilationConfig = field(default_factory=CompilationConfig)
+    structured_outputs_config: StructuredOutputsConfig = field(
+        default_factory=StructuredOutputsConfig)
     quant_config: Any = None          # a QuantizationConfig, or None
     lora_config: Any = None
     speculative_config: Any = None

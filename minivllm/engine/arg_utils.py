@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from minivllm.config import (CacheConfig, CompilationConfig, DeviceConfig, LoadConfig, LoRAConfig,
-                             ModelConfig, ParallelConfig, SchedulerConfig, VllmConfig)
+                             ModelConfig, ParallelConfig, SchedulerConfig,
+                             StructuredOutputsConfig, VllmConfig)
 from minivllm.config.cache import CACHE_DTYPES
 from minivllm.config.compilation import CompilationMode
 from minivllm.config.load import LOAD_FORMATS
@@ -26,6 +27,7 @@ from minivllm.model_executor.layers.quantization import (QUANTIZATION_METHODS,
 from minivllm.model_executor.model_loader.weight_utils import get_quant_config
 from minivllm.model_executor.models.registry import ModelRegistry
 from minivllm.plugins import load_general_plugins
+from minivllm.reasoning import ReasoningParserManager
 
 logger = init_logger(__name__)
 
@@ -120,10 +122,16 @@ class EngineArgs:
     max_lora_rank: int = _arg(16, "LoRA: largest adapter rank accepted")
     max_cpu_loras: int | None = _arg(None, "LoRA: adapters kept loaded behind the slots, least "
                                      "recently used evicted first (default: max_loras)")
+    reasoning_parser: str | None = _arg(None, "a reasoning model's parser: the server splits "
+                                        "its reasoning from its content, and structured outputs "
+                                        "apply once the reasoning ends",
+                                        choices=sorted(ReasoningParserManager.reasoning_parsers))
 
     def create_engine_config(self) -> VllmConfig:
         """Validate every part once and assemble the VllmConfig."""
         load_general_plugins()     # a plugin may register the architecture asked for
+        structured_outputs_config = StructuredOutputsConfig(
+            reasoning_parser=self.reasoning_parser or "")
         if self.quantization not in (None, "none", *QUANTIZATION_METHODS):
             get_quantization_config(self.quantization)   # raises, listing the known names
         model_config = ModelConfig(model=self.model, tokenizer=self.tokenizer, dtype=self.dtype,
@@ -161,7 +169,8 @@ class EngineArgs:
             load_config=load_config,
             compilation_config=self._compilation_config(),
             quant_config=get_quant_config(model_config, load_config, device_config.device),
-            lora_config=self._lora_config())
+            lora_config=self._lora_config(),
+            structured_outputs_config=structured_outputs_config)
 
     def _lora_config(self) -> LoRAConfig | None:
         if not self.enable_lora:

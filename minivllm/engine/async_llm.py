@@ -123,6 +123,8 @@ class AsyncLLM:
         # threads at once, and the loop thread detokenizes with the engine's.
         self.tokenizer = copy.deepcopy(engine.tokenizer) if engine.tokenizer is not None else None
         self.eos_token_id: int | None = getattr(engine, "eos_token_id", None)   # beam search
+        # --reasoning-parser (stateless after construction): the server's reasoning split
+        self.reasoning_parser = getattr(engine, "reasoning_parser", None)
         self.stat_loggers: list[StatLogger] = []
         self.stats = EngineStats()
         self.dead_error: BaseException | None = None

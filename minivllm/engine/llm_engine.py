@@ -29,6 +29,7 @@ from minivllm.engine.scheduler import Scheduler, has_prefix_lm_layers
 from minivllm.inputs import PromptType, prompt_input, truncate_prompt
 from minivllm.lora.request import LoRARequest
 from minivllm.outputs import CompletionOutput, Logprob, RequestOutput
+from minivllm.reasoning import ReasoningParser, get_reasoning_parser
 from minivllm.sampling_params import SamplingParams
 from minivllm.transformers_utils.tokenizer import get_tokenizer
 from minivllm.v1.core.sched.output import SchedulerOutput
@@ -90,6 +91,7 @@ class LLMEngine:
         if eos_token_id is None and tokenizer is not None:
             eos_token_id = tokenizer.eos_token_id
         self.eos_token_id = eos_token_id
+        self.reasoning_parser = _reasoning_parser(vllm_config, tokenizer)
         self._parents: dict[str, _ParentState] = {}
         self._children: dict[str, _ChildState] = {}
 
@@ -296,8 +298,12 @@ class LLMEngine:
                           lora_request=lora_request)
         if params.structured_outputs is not None:
             # Compiles off this thread; the scheduler admits the request once it is ready.
-            request.structured_output_request = self._structured_output_manager().grammar_init(
-                params.structured_outputs)
+            so_request = self._structured_output_manager().grammar_init(params.structured_outputs)
+            if self.reasoning_parser is not None:   # the grammar starts after the reasoning
+                so_request.reasoning_end_token_id = self.reasoning_parser.reasoning_end_token_id
+                so_request.reasoning_ended = self.reasoning_parser.is_reasoning_end(
+                    parent.prompt_token_ids)
+            request.structured_output_request = so_request
         detokenizer = None
         if self.tokenizer is not None and params.detokenize:
             detokenizer = IncrementalDetokenizer(self.tokenizer, parent.prompt_token_ids, child_params)
@@ -384,3 +390,12 @@ class LLMEngine:
             prompt_logprobs=list(parent.prompt_logprobs) if parent.prompt_logprobs else None,
             outputs=outputs, finished=finished,
             num_cached_tokens=max(parent.children[0].request.num_cached_tokens, 0))
+
+
+def _reasoning_parser(vllm_config: Any, tokenizer: Any) -> ReasoningParser | None:
+    """The --reasoning-parser for this tokenizer (None without one)."""
+    config = getattr(vllm_config, "structured_outputs_config", None)
+    name = getattr(config, "reasoning_parser", "")
+    if not name:
+        return None
+    return get_reasoning_parser(name, tokenizer)

@@ -274,6 +274,9 @@ class Scheduler:
         so_request = request.structured_output_request
         if so_request is None:
             return False
+        if not so_request.reasoning_ended:   # still reasoning: the grammar has not begun
+            so_request.reasoning_ended = token_id == so_request.reasoning_end_token_id
+            return False
         grammar = so_request.grammar
         if not grammar.accept_tokens(request.request_id, [token_id]):
             request.status = RequestStatus.FINISHED_ABORTED

@@ -89,6 +89,9 @@ def _normalize_message(index: int, message: Any) -> dict[str, Any]:
     elif content is not None and not isinstance(content, str):
         raise ValueError(f"messages[{index}].content must be a string or a list of text parts.")
     normalized = {**message, "content": content or ""}
+    if isinstance(message.get("reasoning"), str) and "reasoning_content" not in message:
+        # vLLM's `reasoning` field, sent back; templates (Qwen3's) read `reasoning_content`.
+        normalized["reasoning_content"] = message["reasoning"]
     if isinstance(message.get("tool_calls"), list):
         # Templates read the arguments as a mapping; OpenAI sends them as JSON text.
         normalized["tool_calls"] = [_template_tool_call(c) for c in message["tool_calls"]]

@@ -323,12 +323,14 @@ class DeltaToolCall(OpenAIBaseModel):
 class ChatMessage(OpenAIBaseModel):
     role: str
     content: str | None = None
+    reasoning: str | None = None   # vLLM's, with --reasoning-parser
     tool_calls: list[ToolCall] | None = None
 
 
 class DeltaMessage(OpenAIBaseModel):
     role: str | None = None
     content: str | None = None
+    reasoning: str | None = None
     tool_calls: list[DeltaToolCall] | None = None
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from minivllm.entrypoints.openai.protocol import ChatCompletionRequest, DeltaToolCall
+from minivllm.entrypoints.openai.protocol import ChatCompletionRequest, DeltaToolCall, random_uuid
 from minivllm.entrypoints.openai.responses_protocol import (function_call_item, message_item,
                                                             output_text_part)
 from minivllm.entrypoints.openai.serving_chat import ChoiceState, OpenAIServingChat
@@ -24,10 +24,11 @@ class ResponseOutputBuilder:
     (cumulative) and returns the events for what is new; `finish` closes the open items."""
 
     def __init__(self, chat: OpenAIServingChat, chat_request: ChatCompletionRequest,
-                 mode: str | None) -> None:
+                 mode: str | None, in_reasoning: bool = False) -> None:
         self.chat, self.chat_request, self.mode = chat, chat_request, mode
         self.items: list[dict[str, Any]] = []
-        self._state = ChoiceState()
+        self._state = ChoiceState(in_reasoning)
+        self._reasoning: dict[str, Any] | None = None    # the open reasoning item
         self._message: dict[str, Any] | None = None      # the open message item
         self._logprobs: list[dict[str, Any]] = []       # its text's logprobs so far
         self._pending: list[dict[str, Any]] = []        # logprobs of text not yet sent
@@ -35,14 +36,15 @@ class ResponseOutputBuilder:
 
     def update(self, out: CompletionOutput) -> list[Event]:
         finished = out.finish_reason is not None
-        delta, calls = self.chat.stream_delta(self.chat_request, self.mode, out.text, finished,
-                                               self._state)
+        reasoning, delta, calls = self.chat.stream_delta(self.chat_request, self.mode, out.text,
+                                                         finished, self._state)
         logprobs = self.chat.chat_logprobs(self.chat_request, out, self._state.num_tokens)
         self._state.num_tokens = len(out.token_ids)
         if logprobs is not None:
             self._pending.extend(c.model_dump(mode="json") for c in logprobs.content or ())
-        events: list[Event] = []
+        events: list[Event] = self._reasoning_delta(reasoning) if reasoning else []
         if delta:
+            events += self._close_reasoning()
             events += self._open_message()
             sent, self._pending = self._pending, []
             self._logprobs.extend(sent)
@@ -56,8 +58,8 @@ class ResponseOutputBuilder:
     def finish(self, incomplete: bool) -> list[Event]:
         """Closes the open items (status "incomplete" when the response was cut short); a
         response with no output gets one empty message, as OpenAI's has."""
-        events: list[Event] = []
-        if not self.items:
+        events: list[Event] = self._close_reasoning(incomplete)
+        if not any(item["type"] != "reasoning" for item in self.items):
             events += self._open_message()
         events += self._close_message(incomplete)
         for index in sorted(self._calls):
@@ -74,6 +76,30 @@ class ResponseOutputBuilder:
 
     def _item_event(self, kind: str, item: dict[str, Any]) -> Event:
         return {"type": kind, "output_index": self.items.index(item), "item": _copy(item)}
+
+    def _reasoning_delta(self, delta: str) -> list[Event]:
+        """Reasoning text: a reasoning item (opened on its first text) with one reasoning_text
+        part."""
+        events: list[Event] = []
+        if self._reasoning is None:
+            self._reasoning = {"type": "reasoning", "id": f"rs_{random_uuid()}", "summary": [],
+                               "content": [], "status": "in_progress"}
+            self.items.append(self._reasoning)
+            events.append(self._item_event("response.output_item.added", self._reasoning))
+            self._reasoning["content"].append({"type": "reasoning_text", "text": ""})
+        self._reasoning["content"][0]["text"] += delta
+        events.append({"type": "response.reasoning_text.delta", **self._where(self._reasoning),
+                       "content_index": 0, "delta": delta})
+        return events
+
+    def _close_reasoning(self, incomplete: bool = False) -> list[Event]:
+        item, self._reasoning = self._reasoning, None
+        if item is None:
+            return []
+        item["status"] = "incomplete" if incomplete else "completed"
+        return [{"type": "response.reasoning_text.done", **self._where(item), "content_index": 0,
+                 "text": item["content"][0]["text"]},
+                self._item_event("response.output_item.done", item)]
 
     def _open_message(self) -> list[Event]:
         if self._message is not None:
@@ -110,6 +136,7 @@ class ResponseOutputBuilder:
         events: list[Event] = []
         item = self._calls.get(call.index)
         if item is None:
+            events += self._close_reasoning()
             events += self._close_message(False)   # text before a call is a message of its own
             item = function_call_item(call.function.name or "", "", "in_progress", call.id)
             self._calls[call.index] = item

@@ -19,9 +19,9 @@ from minivllm.entrypoints.openai.protocol import MAX_LOGPROBS, OpenAIBaseModel, 
 # items, so asking for their encrypted content is allowed and includes nothing.
 INCLUDE_LOGPROBS = "message.output_text.logprobs"
 _INCLUDABLE = (INCLUDE_LOGPROBS, "reasoning.encrypted_content")
-_INPUT_ITEM_TYPES = ("message", "function_call", "function_call_output")
+_INPUT_ITEM_TYPES = ("message", "function_call", "function_call_output", "reasoning")
 _MESSAGE_ROLES = ("user", "assistant", "system", "developer")
-_TEXT_PART_TYPES = ("input_text", "output_text", "text", "refusal")
+_TEXT_PART_TYPES = ("input_text", "output_text", "text", "refusal", "reasoning_text")
 
 
 class ResponsesTextFormat(OpenAIBaseModel):
@@ -80,9 +80,10 @@ class ResponsesRequest(OpenAIBaseModel):
                 raise ValueError(f"include {name!r} is not supported; choose from "
                                  f"{', '.join(_INCLUDABLE)}.")
         if self.reasoning and any(v is not None for v in self.reasoning.values()):
-            raise ValueError("reasoning is not supported: this server has no reasoning parser, "
-                             "so it makes no reasoning items (use chat_template_kwargs to turn a "
-                             "template's thinking on or off).")
+            raise ValueError("reasoning options (effort, summary) are not supported: these "
+                             "models take no effort setting (a server started with "
+                             "--reasoning-parser returns their reasoning as reasoning items; "
+                             "chat_template_kwargs turn a template's thinking on or off).")
         for i, tool in enumerate(self.tools):
             if not isinstance(tool, dict) or tool.get("type") != "function":
                 kind = tool.get("type") if isinstance(tool, dict) else type(tool).__name__
@@ -129,13 +130,18 @@ class ResponsesRequest(OpenAIBaseModel):
 
 def input_messages(items: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
     """A request's `input` as chat messages: a string is one user message; items are messages
-    (role + text or text parts), function calls (merged into one assistant message per run) and
-    their outputs (tool messages). ValueError naming the first bad item."""
+    (role + text or text parts), function calls (merged into one assistant message per run),
+    their outputs (tool messages) and reasoning (the next assistant message's
+    `reasoning_content`, as templates read it). ValueError naming the first bad item."""
     if isinstance(items, str):
         return [{"role": "user", "content": items}]
     messages: list[dict[str, Any]] = []
+    reasoning: list[str] = []
     for i, item in enumerate(items):
         kind = item.get("type", "message")
+        if kind == "reasoning":
+            reasoning.append(_text_parts(f"input[{i}].content", item.get("content") or []))
+            continue
         if kind == "message":
             messages.append(_message(i, item))
         elif kind == "function_call":
@@ -154,6 +160,10 @@ def input_messages(items: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
         else:
             raise ValueError(f"input[{i}] has type {kind!r}; valid input item types are "
                              f"{', '.join(_INPUT_ITEM_TYPES)}.")
+        if reasoning:   # belongs to the assistant turn right after it (else dropped)
+            if messages[-1]["role"] == "assistant":
+                messages[-1]["reasoning_content"] = "".join(reasoning)
+            reasoning = []
     return messages
 
 

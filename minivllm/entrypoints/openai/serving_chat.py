@@ -30,6 +30,8 @@ from minivllm.outputs import CompletionOutput, Logprob, RequestOutput
 
 @dataclass
 class ChoiceState:
+    in_reasoning: bool = False  # the prompt left the model inside its reasoning
+    num_reasoning_chars: int = 0
     num_chars: int = 0
     num_tokens: int = 0
     finished: bool = False
@@ -42,6 +44,7 @@ class OpenAIServingChat(OpenAIServing):
     def __init__(self, *args, tool_parser: ToolParser | None = None, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.tool_parser = tool_parser   # set by --enable-auto-tool-choice --tool-call-parser
+        self.reasoning_parser = getattr(self.async_llm, "reasoning_parser", None)
 
     async def create_chat_completion(self, request: ChatCompletionRequest,
                                      raw_request: Request) -> Response:
@@ -64,19 +67,23 @@ class OpenAIServingChat(OpenAIServing):
             params = self.sampling_params(request, max_tokens, {"max_tokens": param})
             [stream] = self.add_requests([(request_id, prompt_ids, params)], lora_request)
         created = int(time.time())
+        in_reasoning = self.starts_in_reasoning(prompt_ids)
         if request.stream:
-            return StreamingResponse(self._stream(request, request_id, created, len(prompt_ids), stream),
+            return StreamingResponse(self._stream(request, request_id, created, len(prompt_ids),
+                                                  in_reasoning, stream),
                                      media_type="text/event-stream")
         final = await self.final_output(raw_request, stream)
         if final is None:
             return Response(status_code=499)   # the client is gone; nobody reads this
         choices = []
         for out in final.outputs:
-            content, calls = self._split_tool_calls(request, mode, out.text)
+            reasoning, text = self.split_reasoning(out.text, True, in_reasoning)
+            content, calls = self._split_tool_calls(request, mode, text)
             tool_calls = [ToolCall(function=FunctionCall(name=c.name, arguments=c.arguments))
                           for c in calls]
             choices.append(ChatCompletionResponseChoice(
                 index=out.index, message=ChatMessage(role="assistant", content=content,
+                                                     reasoning=reasoning or None,
                                                      tool_calls=tool_calls or None),
                 logprobs=self.chat_logprobs(request, out, 0),
                 finish_reason=self._finish_reason(mode, out.finish_reason, bool(calls)),
@@ -109,8 +116,9 @@ class OpenAIServingChat(OpenAIServing):
         return final
 
     async def _stream(self, request: ChatCompletionRequest, request_id: str, created: int,
-                      num_prompt_tokens: int, stream: RequestStream) -> AsyncIterator[str]:
-        states = [ChoiceState() for _ in range(request.n)]
+                      num_prompt_tokens: int, in_reasoning: bool, stream: RequestStream
+                      ) -> AsyncIterator[str]:
+        states = [ChoiceState(in_reasoning) for _ in range(request.n)]
         encoder = ChunkEncoder(request_id, "chat.completion.chunk", created,
                                self.model_name(request.model))
         final = None
@@ -142,26 +150,48 @@ class OpenAIServingChat(OpenAIServing):
         if state.finished:
             return None
         finished = out.finish_reason is not None
-        delta, tool_calls = self.stream_delta(request, mode, out.text, finished, state)
+        reasoning, delta, tool_calls = self.stream_delta(request, mode, out.text, finished, state)
         logprobs = self.chat_logprobs(request, out, state.num_tokens)
         state.num_tokens = len(out.token_ids)
         state.finished = finished
         if logprobs is not None and not logprobs.content:
             logprobs = None
-        if not delta and not tool_calls and logprobs is None and not state.finished:
+        if not (reasoning or delta or tool_calls or state.finished) and logprobs is None:
             return None
         called = state.num_calls > 0 or bool(state.tool_call_id)
         # OpenAI's deltas carry only the fields they set.
-        delta_fields: dict[str, Any] = {"content": delta} if delta else {}
+        delta_fields: dict[str, Any] = {"reasoning": reasoning} if reasoning else {}
+        if delta:
+            delta_fields["content"] = delta
         if tool_calls:
             delta_fields["tool_calls"] = [c.model_dump(mode="json") for c in tool_calls]
         return _stream_choice(out.index, delta_fields, logprobs,
                               self._finish_reason(mode, out.finish_reason, called), out.stop_reason)
 
+    def starts_in_reasoning(self, prompt_ids: list[int]) -> bool:
+        return self.reasoning_parser is not None and \
+            self.reasoning_parser.starts_in_reasoning(prompt_ids)
+
+    def split_reasoning(self, text: str, final: bool, in_reasoning: bool) -> tuple[str, str]:
+        """(reasoning, content) of a choice's text ("" and the text without a reasoning
+        parser)."""
+        if self.reasoning_parser is None:
+            return "", text
+        return self.reasoning_parser.parse(text, final, in_reasoning)
+
     def stream_delta(self, request: ChatCompletionRequest, mode: str | None, text: str,
-                     finished: bool, state: ChoiceState) -> tuple[str, list[DeltaToolCall]]:
-        """The new content and the new tool calls (whole, or the named tool's argument
-        fragment) since the last chunk."""
+                     finished: bool, state: ChoiceState
+                     ) -> tuple[str, str, list[DeltaToolCall]]:
+        """The new reasoning, the new content and the new tool calls (whole, or the named
+        tool's argument fragment) since the last chunk."""
+        reasoning, text = self.split_reasoning(text, finished, state.in_reasoning)
+        new_reasoning = reasoning[state.num_reasoning_chars:]
+        state.num_reasoning_chars = max(state.num_reasoning_chars, len(reasoning))
+        content, calls = self._content_delta(request, mode, text, finished, state)
+        return new_reasoning, content, calls
+
+    def _content_delta(self, request: ChatCompletionRequest, mode: str | None, text: str,
+                       finished: bool, state: ChoiceState) -> tuple[str, list[DeltaToolCall]]:
         if mode == "named":
             fragment = text[state.num_chars:]
             state.num_chars = len(text)

@@ -201,8 +201,10 @@ class OpenAIServingResponses(OpenAIServingChat):
                 break
             kept = _drop_oldest_turn(kept)
         self.check_token_ids(prompt_ids, param="input")
+        builder = ResponseOutputBuilder(self, chat_request, mode,
+                                        self.starts_in_reasoning(prompt_ids))
         return _Job(request, chat_request, self.model_name(request.model), prompt_ids,
-                    conversation, ResponseOutputBuilder(self, chat_request, mode))
+                    conversation, builder)
 
     def _fits(self, num_prompt_tokens: int, request: ResponsesRequest) -> bool:
         return num_prompt_tokens + (request.max_output_tokens or 1) <= self.max_model_len

@@ -63,7 +63,8 @@ class StructuredOutputManager:
 
     def grammar_bitmask(self, requests: list[Any]) -> GrammarOutput | None:
         """The bitmask rows of the requests (with a ready grammar) that sample this step."""
-        constrained = [r for r in requests if r.structured_output_request is not None]
+        constrained = [r for r in requests if r.structured_output_request is not None
+                       and r.structured_output_request.reasoning_ended]
         if not constrained:
             return None
         grammars = [r.structured_output_request.grammar for r in constrained]

@@ -16,6 +16,9 @@ class StructuredOutputRequest:
         self.params = params
         self._compiled = compiled          # Future[llguidance.LLMatcher], shared by the cache
         self._grammar: GuidanceGrammar | None = None
+        # With a reasoning parser: the grammar applies once this token ends the reasoning.
+        self.reasoning_ended = True
+        self.reasoning_end_token_id: int | None = None
 
     def is_ready(self) -> bool:
         """True once compilation finished (successfully or not)."""

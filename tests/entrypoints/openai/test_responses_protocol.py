@@ -33,7 +33,7 @@ def test_input_items_become_chat_messages():
 
 
 @pytest.mark.parametrize("items, match", [
-    ([{"type": "reasoning"}], r"input\[0\] has type 'reasoning'; valid input item types"),
+    ([{"type": "item_reference"}], r"input\[0\] has type 'item_reference'; valid input"),
     ([{"role": "tool", "content": "x"}], r"input\[0\].role must be one of user"),
     ([{"role": "user", "content": [{"type": "input_image"}]}], "valid part types"),
     ([{"role": "user", "content": 5}], "string or a list of text parts"),
@@ -78,7 +78,7 @@ def test_the_chat_request_a_responses_request_becomes():
 
 @pytest.mark.parametrize("fields, match", [
     ({"include": ["file_search_call.results"]}, "include 'file_search_call.results'"),
-    ({"reasoning": {"effort": "low"}}, "reasoning is not supported"),
+    ({"reasoning": {"effort": "low"}}, "reasoning options .effort, summary. are not supported"),
     ({"tools": [{"type": "web_search_preview"}]}, "only function tools"),
 ])
 def test_what_is_not_served_is_refused(fields, match):

@@ -187,7 +187,7 @@ def test_text_format_json_schema_and_logprobs(client):
 
 
 @pytest.mark.parametrize("body, param", [
-    ({"input": [{"type": "reasoning", "summary": []}]}, "input"),
+    ({"input": [{"type": "item_reference", "id": "x"}]}, "input"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
      "input"),
     ({"input": "x", "tools": [{"type": "web_search"}]}, "tools"),
