@@ -394,8 +394,5 @@ class LLMEngine:
 
 def _reasoning_parser(vllm_config: Any, tokenizer: Any) -> ReasoningParser | None:
     """The --reasoning-parser for this tokenizer (None without one)."""
-    config = getattr(vllm_config, "structured_outputs_config", None)
-    name = getattr(config, "reasoning_parser", "")
-    if not name:
-        return None
-    return get_reasoning_parser(name, tokenizer)
+    name = getattr(getattr(vllm_config, "structured_outputs_config", None), "reasoning_parser", "")
+    return get_reasoning_parser(name, tokenizer) if name else None
