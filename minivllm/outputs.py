@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import torch
 
@@ -70,6 +71,13 @@ class PoolingRequestOutput:
     num_cached_tokens: int = 0
 
 
+def _one_vector(output: PoolingOutput, what: str) -> list[float]:
+    if output.data.ndim != 1:
+        raise ValueError(f"{what} is one vector, but the pooler gave shape "
+                         f"{tuple(output.data.shape)} (token-wise pooling: use LLM.encode)")
+    return output.data.tolist()
+
+
 @dataclass
 class EmbeddingOutput:
     """One embedding vector as floats."""
@@ -78,10 +86,7 @@ class EmbeddingOutput:
 
     @staticmethod
     def from_base(output: PoolingOutput) -> EmbeddingOutput:
-        if output.data.ndim != 1:
-            raise ValueError(f"An embedding is one vector, but the pooler gave shape "
-                             f"{tuple(output.data.shape)} (token-wise pooling: use LLM.encode)")
-        return EmbeddingOutput(output.data.tolist())
+        return EmbeddingOutput(_one_vector(output, "An embedding"))
 
     @property
     def hidden_size(self) -> int:
@@ -89,17 +94,60 @@ class EmbeddingOutput:
 
 
 @dataclass
-class EmbeddingRequestOutput:
-    """`PoolingRequestOutput` with the vector as `outputs.embedding` (vLLM's embed result)."""
+class ClassificationOutput:
+    """One prompt's class probabilities (logits with `use_activation=False`)."""
+
+    probs: list[float]
+
+    @staticmethod
+    def from_base(output: PoolingOutput) -> ClassificationOutput:
+        return ClassificationOutput(_one_vector(output, "A classification"))
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.probs)
+
+
+@dataclass
+class _TaskRequestOutput:
+    """A `PoolingRequestOutput` whose `outputs` is read as one task's output type."""
 
     request_id: str
-    outputs: EmbeddingOutput
+    outputs: Any
     prompt_token_ids: list[int]
     finished: bool
     num_cached_tokens: int = 0
+    output_type: ClassVar[Any] = None
 
-    @staticmethod
-    def from_base(output: PoolingRequestOutput) -> EmbeddingRequestOutput:
-        return EmbeddingRequestOutput(output.request_id, EmbeddingOutput.from_base(output.outputs),
-                                      output.prompt_token_ids, output.finished,
-                                      output.num_cached_tokens)
+    @classmethod
+    def from_base(cls, output: PoolingRequestOutput) -> Any:
+        return cls(output.request_id, cls.output_type.from_base(output.outputs),
+                   output.prompt_token_ids, output.finished, output.num_cached_tokens)
+
+
+@dataclass
+class EmbeddingRequestOutput(_TaskRequestOutput):
+    """The vector as `outputs.embedding` (vLLM's embed result)."""
+    output_type: ClassVar[Any] = EmbeddingOutput
+
+
+@dataclass
+class ClassificationRequestOutput(_TaskRequestOutput):
+    """The class probabilities as `outputs.probs` (vLLM's classify result)."""
+    output_type: ClassVar[Any] = ClassificationOutput
+
+
+@dataclass
+class ScoringOutput:
+    """The relevance of one (text_1, text_2) pair: a cross-encoder's probability, or the
+    cosine similarity of two embeddings."""
+
+    score: float
+
+
+@dataclass
+class ScoringRequestOutput:
+    request_id: str
+    outputs: ScoringOutput
+    prompt_token_ids: list[int]   # the pair's ids (cross-encoder); text_2's (embeddings)
+    finished: bool = True

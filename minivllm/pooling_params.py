@@ -5,22 +5,30 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-POOLING_TASKS = ("embed", "encode")
+POOLING_TASKS = ("embed", "classify", "encode")
+# What each task asks of the model's pooler (ModelConfig.pooling_task); "encode" takes either.
+_TASK_NEEDS = {"embed": ("embed", "LLM.embed", "/v1/embeddings"),
+               "classify": ("classify", "LLM.classify", "/classify")}
 
 
 @dataclass
 class PoolingParams:
     """`truncate_prompt_tokens`: keep only the last k prompt tokens; `dimensions`: cut a
     matryoshka model's embeddings to this size (renormalised when the pooler normalises);
-    `task`: "embed" (one vector per prompt) or "encode" (whatever the pooler gives)."""
+    `task`: "embed" (one vector per prompt), "classify" (class probabilities of a
+    classification model) or "encode" (the pooler's raw output); `use_activation`: classify's
+    softmax (sigmoid for one label or multi-label models) over the logits, on unless False."""
 
     truncate_prompt_tokens: int | None = None
     dimensions: int | None = None
     task: str = "embed"
+    use_activation: bool | None = None
 
     def __post_init__(self) -> None:
         if self.task not in POOLING_TASKS:
             raise ValueError(f"Unknown pooling task {self.task!r}; choose one of {', '.join(POOLING_TASKS)}")
+        if self.use_activation is not None and not isinstance(self.use_activation, bool):
+            raise ValueError(f"use_activation must be true, false or None, got {self.use_activation!r}")
         for name in ("truncate_prompt_tokens", "dimensions"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
@@ -32,7 +40,15 @@ class PoolingParams:
         return 1
 
     def verify(self, model_config: Any) -> None:
-        """Checks `dimensions` against the model (a ValueError naming what it supports)."""
+        """Checks the task and `dimensions` against the model (a ValueError naming what it
+        supports)."""
+        model_task = getattr(model_config, "pooling_task", None)
+        needed = _TASK_NEEDS.get(self.task)
+        if needed is not None and model_task is not None and model_task != needed[0]:
+            have = _TASK_NEEDS[model_task]
+            raise ValueError(f"The {self.task} task needs a model whose pooler does {needed[0]} "
+                             f"({needed[1]}, {needed[2]}); this model's does {model_task}: use "
+                             f"{have[1]} (or {have[2]}), or LLM.score / /score.")
         if self.dimensions is None:
             return
         if not getattr(model_config, "is_matryoshka", False):

@@ -189,6 +189,16 @@ class ModelConfig:
         return "generate", "none"
 
     @property
+    def pooling_task(self) -> str | None:
+        """What the pooling runner's model returns: "embed" (a vector) or "classify" (class
+        logits); None for the generate runner."""
+        if getattr(self, "runner_type", "generate") != "pooling":
+            return None
+        if self.convert_type in ("embed", "classify"):
+            return self.convert_type
+        return "classify" if self._suffix_default()[1] == "classify" else "embed"
+
+    @property
     def is_matryoshka(self) -> bool:
         """Whether embeddings may be cut to fewer `dimensions` (Matryoshka training)."""
         return bool(getattr(self.hf_config, "is_matryoshka", False)

@@ -27,9 +27,10 @@ def check_params(params: Any, model_config: Any) -> PoolingParams | None:
                          "returns embeddings, not text. Use LLM.embed / LLM.encode (or "
                          "/v1/embeddings), or load it with --runner generate if it is a causal LM.")
     if runner_type != "pooling" and isinstance(params, PoolingParams):
-        raise ValueError("Embeddings need a pooling model, but this engine runs with "
-                         "runner='generate'. Load it with --runner pooling (LLM(runner="
-                         "'pooling')), adding --convert embed for a causal-LM checkpoint.")
+        raise ValueError(f"{params.task.capitalize()} requests need a pooling model, but this "
+                         "engine runs with runner='generate'. Load it with --runner pooling "
+                         "(LLM(runner='pooling')), adding --convert embed (or classify) for a "
+                         "causal-LM checkpoint.")
     if isinstance(params, PoolingParams):
         params.verify(model_config)
         return params
@@ -53,6 +54,8 @@ def make_pooling_output(parent: Any, model_config: Any) -> PoolingRequestOutput:
     normalises)."""
     params: PoolingParams = parent.pooling_params
     data = torch.from_numpy(parent.pooled)
+    if params.task == "classify" and params.use_activation is not False:
+        data = classification_activation(data, model_config)
     if params.dimensions is not None:
         data = data[..., :params.dimensions]
         if getattr(getattr(model_config, "pooler_config", None), "normalize", False):
@@ -60,3 +63,13 @@ def make_pooling_output(parent: Any, model_config: Any) -> PoolingRequestOutput:
     return PoolingRequestOutput(request_id=parent.request_id, outputs=PoolingOutput(data),
                                 prompt_token_ids=parent.prompt_token_ids, finished=True,
                                 num_cached_tokens=max(parent.children[0].request.num_cached_tokens, 0))
+
+
+def classification_activation(logits: torch.Tensor, model_config: Any) -> torch.Tensor:
+    """Class logits `[C]` -> probabilities: sigmoid per class for one label or a multi-label
+    model (HF `problem_type`), else softmax (as transformers' losses read them)."""
+    hf_config = getattr(model_config, "hf_config", None)
+    multi_label = getattr(hf_config, "problem_type", None) == "multi_label_classification"
+    if multi_label or logits.shape[-1] == 1:
+        return torch.sigmoid(logits.float())
+    return torch.softmax(logits.float(), dim=-1)

@@ -1,5 +1,6 @@
 """The offline API: `LLM(model=...).generate(prompts, SamplingParams(...))` and `.chat(messages)`."""
 
+import dataclasses
 import itertools
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -9,7 +10,11 @@ from minivllm.engine.arg_utils import EngineArgs
 from minivllm.engine.llm_engine import LLMEngine
 from minivllm.inputs import PromptType, is_token_ids
 from minivllm.lora.request import LoRARequest
-from minivllm.outputs import EmbeddingRequestOutput, PoolingRequestOutput, RequestOutput
+from minivllm.entrypoints.score_utils import (cosine_similarity, cross_encoding_ids, score_kind,
+                                              score_pairs)
+from minivllm.outputs import (ClassificationRequestOutput, EmbeddingRequestOutput,
+                              PoolingRequestOutput, RequestOutput, ScoringOutput,
+                              ScoringRequestOutput)
 from minivllm.pooling_params import PoolingParams
 from minivllm.sampling_params import BeamSearchParams, SamplingParams
 from minivllm.transformers_utils.chat_template import (chat_template_arguments, chat_token_ids,
@@ -144,7 +149,41 @@ class LLM:
         """One embedding per prompt (`.outputs.embedding`), in the order of the prompts; needs a
         pooling model (`runner="pooling"`, with `convert="embed"` for a causal LM)."""
         return [EmbeddingRequestOutput.from_base(o) for o in self.encode(
-            prompts, pooling_params, use_tqdm=use_tqdm, lora_request=lora_request)]
+            prompts, PoolingParams() if pooling_params is None else pooling_params,
+            use_tqdm=use_tqdm, lora_request=lora_request)]
+
+    def classify(self, prompts: PromptType | Sequence[PromptType],
+                 pooling_params: PoolingParams | None = None, *, use_tqdm: bool = True,
+                 lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None
+                 ) -> list[ClassificationRequestOutput]:
+        """Class probabilities per prompt (`.outputs.probs`) of a sequence-classification model
+        (`*ForSequenceClassification`, or a causal LM with `convert="classify"`)."""
+        params = dataclasses.replace(pooling_params or PoolingParams(), task="classify")
+        return [ClassificationRequestOutput.from_base(o) for o in self.encode(
+            prompts, params, use_tqdm=use_tqdm, lora_request=lora_request)]
+
+    def score(self, data_1: str | list[str], data_2: str | list[str], /, *,
+              truncate_prompt_tokens: int | None = None, use_tqdm: bool = True,
+              lora_request: LoRARequest | None = None) -> list[ScoringRequestOutput]:
+        """Relevance of each (data_1, data_2) pair (one data_1 against each data_2, or pairwise):
+        a cross-encoder's probability, or the cosine of an embedding model's vectors."""
+        kind = score_kind(self.vllm_config.model_config)
+        pairs = score_pairs(data_1, data_2)
+        params = PoolingParams(truncate_prompt_tokens=truncate_prompt_tokens,
+                               task="classify" if kind == "cross-encoder" else "embed")
+        if kind == "cross-encoder":
+            prompts = [{"prompt_token_ids": cross_encoding_ids(self.tokenizer, a, b)}
+                       for a, b in pairs]
+            return [ScoringRequestOutput(o.request_id, ScoringOutput(float(o.outputs.data[0])),
+                                         o.prompt_token_ids)
+                    for o in self.encode(prompts, params, use_tqdm=use_tqdm,
+                                         lora_request=lora_request)]
+        texts = list(dict.fromkeys(t for pair in pairs for t in pair))   # each embedded once
+        outputs = dict(zip(texts, self.encode(texts, params, use_tqdm=use_tqdm,
+                                              lora_request=lora_request)))
+        return [ScoringRequestOutput(outputs[b].request_id, ScoringOutput(cosine_similarity(
+            outputs[a].outputs.data, outputs[b].outputs.data)), outputs[b].prompt_token_ids)
+            for a, b in pairs]
 
     def encode(self, prompts: PromptType | Sequence[PromptType],
                pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
@@ -155,7 +194,7 @@ class LLM:
         `lora_request` as in `generate`."""
         prompt_list = _as_prompt_list(prompts)
         if pooling_params is None or isinstance(pooling_params, PoolingParams):
-            pooling_params = [pooling_params or PoolingParams()] * len(prompt_list)
+            pooling_params = [pooling_params or PoolingParams(task="encode")] * len(prompt_list)
         if len(pooling_params) != len(prompt_list):
             raise ValueError(f"Got {len(prompt_list)} prompts but {len(pooling_params)} pooling "
                              "params; give one PoolingParams or one per prompt.")

@@ -24,9 +24,13 @@ from minivllm.entrypoints.openai.protocol import ChatCompletionRequest, Completi
 from minivllm.entrypoints.openai.server_options import (APIKeyMiddleware, bind_listen_socket,
                                                         load_chat_template, resolve_api_keys)
 from minivllm.entrypoints.openai.serving_chat import OpenAIServingChat
+from minivllm.entrypoints.openai.serving_classification import (ClassificationRequest,
+                                                                OpenAIServingClassification)
 from minivllm.entrypoints.openai.serving_completions import OpenAIServingCompletion
 from minivllm.entrypoints.openai.responses_protocol import ResponsesRequest
 from minivllm.entrypoints.openai.serving_responses import OpenAIServingResponses
+from minivllm.entrypoints.openai.serving_score import (OpenAIServingScores, RerankRequest,
+                                                       ScoreRequest)
 from minivllm.entrypoints.openai.serving_embedding import (EmbeddingRequest, OpenAIServingEmbedding,
                                                            check_generate_runner)
 from minivllm.entrypoints.openai.serving_engine import OpenAIError, error_response
@@ -143,8 +147,11 @@ def build_app(async_llm: AsyncLLM, served_model_name: str | list[str] | None = N
         enable_store=envs.VLLM_ENABLE_RESPONSES_API_STORE)
     tokenization = OpenAIServingTokenization(async_llm, served_model_name)
     embedding = OpenAIServingEmbedding(async_llm, served_model_name)
+    classification = OpenAIServingClassification(async_llm, served_model_name)
+    scores = OpenAIServingScores(async_llm, served_model_name)
     app.state.serving_models = models
-    for serving in (completions, chat, responses, tokenization, embedding):
+    for serving in (completions, chat, responses, tokenization, embedding, classification,
+                    scores):
         serving.models = models   # `model` may name a LoRA adapter
         serving.chat_template = chat_template
     keys = resolve_api_keys(api_keys, envs.VLLM_API_KEY)
@@ -156,6 +163,7 @@ def build_app(async_llm: AsyncLLM, served_model_name: str | list[str] | None = N
     _add_info_routes(app, async_llm, metrics, served_model_name)
     _add_tokenizer_routes(app, tokenization)
     _add_responses_routes(app, async_llm, responses)
+    _add_pooling_routes(app, classification, scores)
 
     @app.post("/v1/completions")
     async def create_completion(request: CompletionRequest, raw_request: Request) -> Response:
@@ -218,6 +226,26 @@ def _add_responses_routes(app: FastAPI, async_llm: AsyncLLM,
     @app.post("/v1/responses/{response_id}/cancel")
     async def cancel_response(response_id: str) -> dict[str, Any]:
         return await responses.cancel(response_id)
+
+
+def _add_pooling_routes(app: FastAPI, classification: OpenAIServingClassification,
+                        scores: OpenAIServingScores) -> None:
+    """vLLM's /classify, /score and /rerank (each also under the paths vLLM serves it)."""
+
+    @app.post("/classify")
+    async def create_classify(request: ClassificationRequest, raw_request: Request) -> Response:
+        return await classification.create_classify(request, raw_request)
+
+    @app.post("/score")
+    @app.post("/v1/score")
+    async def create_score(request: ScoreRequest, raw_request: Request) -> Response:
+        return await scores.create_score(request, raw_request)
+
+    @app.post("/rerank")
+    @app.post("/v1/rerank")
+    @app.post("/v2/rerank")
+    async def create_rerank(request: RerankRequest, raw_request: Request) -> Response:
+        return await scores.create_rerank(request, raw_request)
 
 
 def _add_lora_routes(app: FastAPI, models: OpenAIServingModels) -> None:

@@ -57,8 +57,9 @@ def runner_type(async_llm: AsyncLLM) -> str:
 def check_generate_runner(async_llm: AsyncLLM, api: str) -> None:
     """A 400 (as vLLM's) when a text API is asked of an embedding model."""
     if runner_type(async_llm) == "pooling":
-        raise OpenAIError(f"The model does not support the {api} API: it is an embedding model "
-                          "(runner='pooling'); use /v1/embeddings.")
+        raise OpenAIError(f"The model does not support the {api} API: it is a pooling model "
+                          "(runner='pooling'); use /v1/embeddings, /classify, /score or "
+                          "/rerank, as the model allows.")
 
 
 def encode_embedding(embedding: list[float], encoding_format: str) -> list[float] | str:
@@ -72,30 +73,45 @@ class OpenAIServingEmbedding(OpenAIServing):
 
     async def create_embedding(self, request: EmbeddingRequest, raw_request: Request) -> Response:
         lora_request = self.check_model(request.model)
-        if runner_type(self.async_llm) != "pooling":
-            raise OpenAIError("The model does not support the Embeddings API: it runs with "
-                              "runner='generate'. Serve an embedding model, or start the server "
-                              "with --runner pooling (and --convert embed for a causal LM).")
-        params = PoolingParams(truncate_prompt_tokens=request.truncate_prompt_tokens,
-                               dimensions=request.dimensions)
-        try:
-            params.verify(self.async_llm.engine.vllm_config.model_config)
-        except ValueError as exc:
-            raise OpenAIError(str(exc), param="dimensions") from exc
+        params = self.pooling_params(
+            "Embeddings", PoolingParams(truncate_prompt_tokens=request.truncate_prompt_tokens,
+                                        dimensions=request.dimensions), "dimensions")
         request_id = f"embd-{random_uuid()}"
-        prompts = self._inputs(request)
-        streams = self.add_requests([(f"{request_id}-{i}", ids, params)
-                                     for i, ids in enumerate(prompts)], lora_request)
-        try:
-            finals = await run_until_disconnect(raw_request, _collect(streams))
-        except Exception as exc:
-            raise engine_error(exc) from exc
+        finals = await self.run_pooling(request_id, self.input_prompts(request), params,
+                                        lora_request, raw_request)
         if finals is None:
             return Response(status_code=499)   # the client is gone; nobody reads this
         return JSONResponse(self._response(request, request_id, finals).model_dump(mode="json"))
 
-    def _inputs(self, request: EmbeddingRequest) -> list[list[int]]:
-        """Token ids per input: a string, strings, token ids, or lists of token ids."""
+    def pooling_params(self, api: str, params: PoolingParams, param: str | None) -> PoolingParams:
+        """`params` checked against the served model (a 400 naming `param` when it does not
+        fit); the API needs the pooling runner."""
+        if runner_type(self.async_llm) != "pooling":
+            raise OpenAIError(f"The model does not support the {api} API: it runs with "
+                              "runner='generate'. Serve a pooling model, or start the server "
+                              "with --runner pooling (and --convert embed or classify for a "
+                              "causal LM).")
+        try:
+            params.verify(self.async_llm.engine.vllm_config.model_config)
+        except ValueError as exc:   # the field's own check names it first; a task mismatch not
+            named = param is not None and str(exc).startswith(param)
+            raise OpenAIError(str(exc), param=param if named else None) from exc
+        return params
+
+    async def run_pooling(self, request_id: str, prompts: list[list[int]], params: PoolingParams,
+                          lora_request: Any, raw_request: Request
+                          ) -> list[PoolingRequestOutput] | None:
+        """Each prompt's pooled output, in order; None when the client left first."""
+        streams = self.add_requests([(f"{request_id}-{i}", ids, params)
+                                     for i, ids in enumerate(prompts)], lora_request)
+        try:
+            return await run_until_disconnect(raw_request, _collect(streams))
+        except Exception as exc:
+            raise engine_error(exc) from exc
+
+    def input_prompts(self, request: Any) -> list[list[int]]:
+        """Token ids per input of a pooling request (its `input`, `add_special_tokens`,
+        `truncate_prompt_tokens`): a string, strings, token ids, or lists of token ids."""
         value = request.input
         items = [value] if isinstance(value, str) or (value and isinstance(value[0], int)) \
             else list(value)
@@ -109,12 +125,15 @@ class OpenAIServingEmbedding(OpenAIServing):
             self.check_token_ids(ids, param="input")
             if request.truncate_prompt_tokens is not None:
                 ids = ids[-request.truncate_prompt_tokens:]
-            if len(ids) > self.max_model_len:
-                raise OpenAIError(f"This model's maximum context length is {self.max_model_len} "
-                                  f"tokens. However, an input has {len(ids)} tokens. Please "
-                                  "reduce the length of the input.", param="input")
+            self.check_length(ids)
             prompts.append(ids)
         return prompts
+
+    def check_length(self, ids: list[int], param: str = "input") -> None:
+        if len(ids) > self.max_model_len:
+            raise OpenAIError(f"This model's maximum context length is {self.max_model_len} "
+                              f"tokens. However, an input has {len(ids)} tokens. Please "
+                              "reduce the length of the input.", param=param)
 
     def _response(self, request: EmbeddingRequest, request_id: str,
                   finals: list[PoolingRequestOutput]) -> EmbeddingResponse:

@@ -198,9 +198,12 @@ class _ModelRegistry:
 
     def resolve_model_cls(self, architectures: str | list[str],
                           model_config: Any = None) -> tuple[type[nn.Module], str]:
-        """The first registered architecture's class (adapted when the config converts it)."""
-        cls, arch = self._first(architectures, lambda a: self._try_load_model_cls(a))
+        """The first registered architecture's class (adapted when the config converts it: then
+        `XForSequenceClassification` / `XModel` may name the registered `XForCausalLM`)."""
         convert = getattr(model_config, "convert_type", "none")
+        if convert in ("embed", "classify"):
+            architectures = _with_causal_lm_names(architectures)
+        cls, arch = self._first(architectures, lambda a: self._try_load_model_cls(a))
         if convert in ("embed", "classify"):
             cls = as_embedding_model(cls) if convert == "embed" else as_seq_cls_model(cls)
         return cls, arch
@@ -275,3 +278,18 @@ ModelRegistry = _ModelRegistry({
     arch: _LazyRegisteredModel(f"{_MODELS_PACKAGE}.{module}", class_name)
     for arch, (module, class_name) in _VLLM_MODELS.items()
 })
+
+
+# Pooling suffixes whose causal-LM class, converted, is the model (vLLM's fallback).
+_POOLING_SUFFIXES = ("ForSequenceClassification", "EmbeddingModel", "Model")
+
+
+def _with_causal_lm_names(architectures: str | list[str]) -> list[str]:
+    """Each name, then its `ForCausalLM` sibling when it ends in a pooling suffix."""
+    names = []
+    for arch in [architectures] if isinstance(architectures, str) else architectures:
+        names.append(arch)
+        suffix = next((s for s in _POOLING_SUFFIXES if arch.endswith(s)), None)
+        if suffix is not None:
+            names.append(arch[:-len(suffix)] + "ForCausalLM")
+    return names
