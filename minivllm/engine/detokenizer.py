@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from minivllm.sampling_params import SamplingParams
+from minivllm.utils.text_utils import held_back
 
 # Prompt tokens decoded as left context of the first output token: enough for tokenizers whose
 # token strings depend on their neighbours (SentencePiece's leading-space marker).
@@ -106,11 +107,4 @@ class IncrementalDetokenizer:
         """Length of the longest tail of the text that may still grow into a stop string."""
         if not self.stop or self.include_stop_str_in_output:
             return 0
-        text = self.output_text
-        held = 0
-        for stop_str in self.stop:
-            for n in range(min(len(stop_str) - 1, len(text)), held, -1):
-                if text.endswith(stop_str[:n]):
-                    held = n
-                    break
-        return held
+        return max(held_back(self.output_text, stop_str) for stop_str in self.stop)

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from minivllm.reasoning.abs_reasoning_parsers import ReasoningParser
+from minivllm.utils.text_utils import held_back
 
 
 class BaseThinkingReasoningParser(ReasoningParser):
@@ -66,13 +67,6 @@ class BaseThinkingReasoningParser(ReasoningParser):
         if found:
             return reasoning, content
         if not final:                  # hold back what may still become the end tag
-            reasoning = reasoning[:len(reasoning) - _partial_suffix(reasoning, end)]
+            reasoning = reasoning[:len(reasoning) - held_back(reasoning, end)]
         return reasoning, ""
 
-
-def _partial_suffix(text: str, tag: str) -> int:
-    """Length of the longest end of `text` that is a proper start of `tag`."""
-    for k in range(min(len(tag) - 1, len(text)), 0, -1):
-        if text.endswith(tag[:k]):
-            return k
-    return 0

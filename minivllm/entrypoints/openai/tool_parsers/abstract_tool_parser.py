@@ -94,11 +94,3 @@ def _find_tool(tools: list[dict[str, Any]], name: Any) -> dict[str, Any]:
         if isinstance(function, dict) and isinstance(name, str) and function.get("name") == name:
             return function
     raise ValueError(f"tool_choice names {name!r}, which is not in `tools`.")
-
-
-def held_back(text: str, marker: str) -> int:
-    """How many trailing characters of `text` could be the start of `marker`."""
-    for n in range(min(len(marker) - 1, len(text)), 0, -1):
-        if marker.startswith(text[-n:]):
-            return n
-    return 0

@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 
 from minivllm.entrypoints.openai.tool_parsers.abstract_tool_parser import (ParsedToolCall,
-                                                                           ToolParser, held_back,
+                                                                           ToolParser,
                                                                            tool_call_from_json)
+from minivllm.utils.text_utils import held_back
 
 START, END = "<tool_call>", "</tool_call>"
 
