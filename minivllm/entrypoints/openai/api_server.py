@@ -39,7 +39,7 @@ from minivllm.entrypoints.openai.serving_models import (LoadLoRAAdapterRequest, 
 from minivllm.entrypoints.openai.serving_tokenization import (DetokenizeRequest,
                                                               OpenAIServingTokenization,
                                                               TokenizeRequest)
-from minivllm.entrypoints.openai.tool_parsers import get_tool_parser
+from minivllm.entrypoints.openai.tool_parsers import TOOL_PARSER_NAMES, get_tool_parser
 from minivllm.logger import init_logger
 
 logger = init_logger(__name__)
@@ -119,8 +119,8 @@ def build_app(async_llm: AsyncLLM, served_model_name: str | list[str] | None = N
     /v1 routes need one as a bearer token; `chat_template`: the text that replaces the
     tokenizer's (requests may still pass their own)."""
     if enable_auto_tool_choice and tool_call_parser is None:
-        raise ValueError("--enable-auto-tool-choice needs --tool-call-parser (one of hermes, "
-                         "llama3_json).")
+        raise ValueError("--enable-auto-tool-choice needs --tool-call-parser (one of "
+                         f"{', '.join(TOOL_PARSER_NAMES)}).")
     tool_parser = get_tool_parser(tool_call_parser) if tool_call_parser else None
     models = OpenAIServingModels(async_llm, served_model_name or os.path.basename(
         os.path.normpath(async_llm.model_path or "model")), lora_modules)   # checks the names

@@ -6,6 +6,7 @@ import argparse
 
 from minivllm.engine.arg_utils import EngineArgs
 from minivllm.entrypoints.openai.cli_args import parse_lora_module
+from minivllm.entrypoints.openai.tool_parsers import TOOL_PARSER_NAMES
 
 
 def add_serve_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -38,7 +39,7 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
     parser.add_argument("--enable-auto-tool-choice", action="store_true",
                         help='let the model decide to call tools (tool_choice "auto"); needs '
                              "--tool-call-parser")
-    parser.add_argument("--tool-call-parser", default=None, choices=["hermes", "llama3_json"],
+    parser.add_argument("--tool-call-parser", default=None, choices=TOOL_PARSER_NAMES,
                         help="how tool calls are read from the model's text")
     parser.add_argument("--lora-modules", nargs="+", type=parse_lora_module, default=None,
                         metavar="NAME=PATH",

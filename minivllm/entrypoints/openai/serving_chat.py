@@ -26,6 +26,7 @@ from minivllm.entrypoints.openai.serving_engine import (ChunkEncoder, OpenAIErro
                                                         run_until_disconnect, sse_error, usage_dict)
 from minivllm.entrypoints.openai.tool_parsers import ParsedToolCall, ToolParser, check_tools
 from minivllm.outputs import CompletionOutput, Logprob, RequestOutput
+from minivllm.sampling_params import SamplingParams
 
 
 @dataclass
@@ -167,6 +168,14 @@ class OpenAIServingChat(OpenAIServing):
             delta_fields["tool_calls"] = [c.model_dump(mode="json") for c in tool_calls]
         return _stream_choice(out.index, delta_fields, logprobs,
                               self._finish_reason(mode, out.finish_reason, called), out.stop_reason)
+
+    def sampling_params(self, request: Any, max_tokens: int,
+                        aliases: dict[str, str] | None = None) -> SamplingParams:
+        params = super().sampling_params(request, max_tokens, aliases)
+        if self.tool_parser is not None and not self.tool_parser.skip_special_tokens and \
+                request.tools and request.tool_mode == "auto":
+            params.skip_special_tokens = False   # the parser reads the model's call token
+        return params
 
     def starts_in_reasoning(self, prompt_ids: list[int]) -> bool:
         return self.reasoning_parser is not None and \

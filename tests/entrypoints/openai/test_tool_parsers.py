@@ -1,4 +1,5 @@
-"""Tool parsers: hermes blocks and llama3 JSON, whole and as a stream sees them (held-back text)."""
+"""Tool parsers: hermes blocks, llama3 JSON, mistral (both formats) and pythonic lists, whole and
+as a stream sees them (held-back text)."""
 
 import json
 
@@ -35,6 +36,45 @@ def test_llama3_json():
     assert parser.parse('{"not": "a call"}', final=True) == ('{"not": "a call"}', [])
 
 
+def _calls(calls):
+    return [(c.name, json.loads(c.arguments)) for c in calls]
+
+
+@pytest.mark.parametrize("text", [
+    'Let me look. [TOOL_CALLS][{"name": "f", "arguments": {"a": 1}}, {"name": "g", "arguments": {}}]',
+    'Let me look. [TOOL_CALLS]f[ARGS]{"a": 1}[TOOL_CALLS]g[ARGS]{}',
+])
+def test_mistral_both_formats_and_every_prefix(text):
+    parser = get_tool_parser("mistral")
+    assert not parser.skip_special_tokens   # [TOOL_CALLS] is a control token
+    content, calls = parser.parse(text, final=True)
+    assert content == "Let me look. " and _calls(calls) == [("f", {"a": 1}), ("g", {})]
+    sent = ""
+    for end in range(1, len(text) + 1):
+        content, calls = parser.parse(text[:end], final=False)
+        assert content.startswith(sent) and "[" not in content and calls == []
+        sent = content
+    assert sent == "Let me look. "
+    for broken in ("[TOOL_CALLS][{\"name\": 1}]", "[TOOL_CALLS]f[ARGS]{oops", "[TOOL_CALLS]f"):
+        assert parser.parse(broken, final=True) == (broken, [])
+    assert parser.parse("[no call]", final=True) == ("[no call]", [])
+
+
+def test_pythonic_calls():
+    parser = get_tool_parser("pythonic")
+    text = '[get_weather(city="Paris", days=2), get_time()]'
+    content, calls = parser.parse(text, final=True)
+    assert content == "" and _calls(calls) == [("get_weather", {"city": "Paris", "days": 2}),
+                                               ("get_time", {})]
+    wrapped = "<|python_start|>" + text + "<|python_end|>"
+    assert len(parser.parse(wrapped, final=True)[1]) == 2
+    assert parser.parse(text[:12], final=False) == ("", [])
+    assert parser.parse("<|python_st", final=False) == ("", [])
+    assert parser.parse("Paris is sunny.", final=False) == ("Paris is sunny.", [])
+    for not_calls in ("[1, 2]", "[f(1)]", "[f(x=g())]", "[f(**k)]", "[a.b(x=1)]", "[f(x=1"):
+        assert parser.parse(not_calls, final=True) == (not_calls, [])
+
+
 def test_unknown_parser_names_the_choices():
-    with pytest.raises(ValueError, match="hermes, llama3_json"):
+    with pytest.raises(ValueError, match="hermes, llama3_json, llama4_pythonic, mistral, pythonic"):
         get_tool_parser("nope")

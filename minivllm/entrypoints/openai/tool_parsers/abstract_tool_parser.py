@@ -21,6 +21,10 @@ class ToolParser:
     content and calls as soon as they are certain.
     """
 
+    # False: the model marks calls with a control token, so its text is decoded with special
+    # tokens kept while this parser reads it.
+    skip_special_tokens = True
+
     def parse(self, text: str, final: bool) -> tuple[str, list[ParsedToolCall]]:
         raise NotImplementedError
 
