@@ -119,6 +119,9 @@ class _SamplingRequest(OpenAIBaseModel):
     truncate_prompt_tokens: int | None = None   # the prompt's last k tokens (-1: max_model_len)
     prompt_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)   # not streamed
     use_beam_search: bool = False   # n = the beam width (engine/beam_search_stream.py)
+    # vLLM's: the prompt's and each choice's token ids beside the text (streamed: the prompt's
+    # with a choice's first chunk, then each chunk's new ids)
+    return_token_ids: bool = False
     length_penalty: float = 1.0
 
     def _sampling_params(self, max_tokens: int, logprobs: int | None,
@@ -227,6 +230,8 @@ class CompletionResponseChoice(OpenAIBaseModel):
     text: str
     logprobs: CompletionLogProbs | None = None
     prompt_logprobs: PromptLogprobs | None = None
+    prompt_token_ids: list[int] | None = None   # return_token_ids
+    token_ids: list[int] | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
 
@@ -352,6 +357,7 @@ class ChatCompletionResponseChoice(OpenAIBaseModel):
     index: int
     message: ChatMessage
     logprobs: ChatCompletionLogProbs | None = None
+    token_ids: list[int] | None = None   # return_token_ids
     finish_reason: str | None = None
     stop_reason: int | str | None = None
 
@@ -364,6 +370,7 @@ class ChatCompletionResponse(OpenAIBaseModel):
     choices: list[ChatCompletionResponseChoice]
     usage: UsageInfo
     prompt_logprobs: PromptLogprobs | None = None
+    prompt_token_ids: list[int] | None = None   # return_token_ids
 
 
 class ChatCompletionStreamChoice(OpenAIBaseModel):

@@ -37,6 +37,7 @@ class ChoiceState:
     num_tokens: int = 0
     finished: bool = False
     num_calls: int = 0          # tool calls sent
+    num_ids_sent: int = 0       # return_token_ids
     tool_call_id: str = ""      # of the named tool's streamed call
 
 
@@ -70,7 +71,7 @@ class OpenAIServingChat(OpenAIServing):
         created = int(time.time())
         in_reasoning = self.starts_in_reasoning(prompt_ids)
         if request.stream:
-            return StreamingResponse(self._stream(request, request_id, created, len(prompt_ids),
+            return StreamingResponse(self._stream(request, request_id, created, prompt_ids,
                                                   in_reasoning, stream),
                                      media_type="text/event-stream")
         final = await self.final_output(raw_request, stream)
@@ -86,6 +87,7 @@ class OpenAIServingChat(OpenAIServing):
                 index=out.index, message=ChatMessage(role="assistant", content=content,
                                                      reasoning=reasoning or None,
                                                      tool_calls=tool_calls or None),
+                token_ids=list(out.token_ids) if request.return_token_ids else None,
                 logprobs=self.chat_logprobs(request, out, 0),
                 finish_reason=self._finish_reason(mode, out.finish_reason, bool(calls)),
                 stop_reason=out.stop_reason))
@@ -96,7 +98,9 @@ class OpenAIServingChat(OpenAIServing):
             prompt_logprobs_entries(final, self.decode_tokens)
         response = ChatCompletionResponse(id=request_id, created=created,
                                           model=self.model_name(request.model), choices=choices,
-                                          usage=usage, prompt_logprobs=prompt_logprobs)
+                                          usage=usage, prompt_logprobs=prompt_logprobs,
+                                          prompt_token_ids=prompt_ids
+                                          if request.return_token_ids else None)
         return JSONResponse(response.model_dump(mode="json"))
 
     async def final_output(self, raw_request: Request, stream: RequestStream
@@ -117,8 +121,9 @@ class OpenAIServingChat(OpenAIServing):
         return final
 
     async def _stream(self, request: ChatCompletionRequest, request_id: str, created: int,
-                      num_prompt_tokens: int, in_reasoning: bool, stream: RequestStream
+                      prompt_ids: list[int], in_reasoning: bool, stream: RequestStream
                       ) -> AsyncIterator[str]:
+        num_prompt_tokens = len(prompt_ids)
         states = [ChoiceState(in_reasoning) for _ in range(request.n)]
         encoder = ChunkEncoder(request_id, "chat.completion.chunk", created,
                                self.model_name(request.model))
@@ -131,7 +136,9 @@ class OpenAIServingChat(OpenAIServing):
             # The role comes first, in a chunk of its own per choice (as OpenAI does).
             yield encoder.chunk([_stream_choice(i, {"role": "assistant", "content": ""})
                                  for i in range(request.n)],
-                                usage() if request.continuous_usage else None)
+                                usage() if request.continuous_usage else None,
+                                {"prompt_token_ids": prompt_ids} if request.return_token_ids
+                                else None)
             mode = self.tool_mode(request)
             async with aclosing(merge_streams([stream])) as merged:
                 async for _, final in merged:
@@ -166,8 +173,13 @@ class OpenAIServingChat(OpenAIServing):
             delta_fields["content"] = delta
         if tool_calls:
             delta_fields["tool_calls"] = [c.model_dump(mode="json") for c in tool_calls]
-        return _stream_choice(out.index, delta_fields, logprobs,
-                              self._finish_reason(mode, out.finish_reason, called), out.stop_reason)
+        choice = _stream_choice(out.index, delta_fields, logprobs,
+                                self._finish_reason(mode, out.finish_reason, called),
+                                out.stop_reason)
+        if request.return_token_ids:
+            choice["token_ids"] = list(out.token_ids[state.num_ids_sent:])
+            state.num_ids_sent = len(out.token_ids)
+        return choice
 
     def sampling_params(self, request: Any, max_tokens: int,
                         aliases: dict[str, str] | None = None) -> SamplingParams:

@@ -39,6 +39,7 @@ class _ChoiceState:
     echoed: bool = False
     finished: bool = False
     num_completion_tokens: int = 0
+    num_ids_sent: int = 0    # return_token_ids
 
 
 @dataclass
@@ -125,10 +126,13 @@ class OpenAIServingCompletion(OpenAIServing):
                 if request.logprobs is not None:
                     ids, steps = self._logprob_inputs(prompt, final, out, echo=request.echo)
                     logprobs = self._logprobs(ids, steps, 0)
+                ids = request.return_token_ids
                 choices.append(CompletionResponseChoice(
                     index=i * request.n + out.index, text=text, logprobs=logprobs,
                     finish_reason=out.finish_reason, stop_reason=out.stop_reason,
-                    prompt_logprobs=prompt_logprobs))
+                    prompt_logprobs=prompt_logprobs,
+                    prompt_token_ids=prompt.token_ids if ids else None,
+                    token_ids=list(out.token_ids) if ids else None))
         return CompletionResponse(
             id=job.request_id, created=job.created, model=self.model_name(request.model),
             choices=choices,
@@ -184,9 +188,15 @@ class OpenAIServingCompletion(OpenAIServing):
         if not text and logprobs is None and not state.finished:
             return None
         state.text_offset += len(text)
-        return {"index": i * request.n + out.index, "text": text,
-                "logprobs": logprobs.model_dump(mode="json") if logprobs is not None else None,
-                "finish_reason": out.finish_reason, "stop_reason": out.stop_reason}
+        choice = {"index": i * request.n + out.index, "text": text,
+                  "logprobs": logprobs.model_dump(mode="json") if logprobs is not None else None,
+                  "finish_reason": out.finish_reason, "stop_reason": out.stop_reason}
+        if request.return_token_ids:   # the prompt's with the first chunk, then the new ids
+            if state.num_ids_sent == 0:
+                choice["prompt_token_ids"] = prompt.token_ids
+            choice["token_ids"] = list(out.token_ids[state.num_ids_sent:])
+            state.num_ids_sent = len(out.token_ids)
+        return choice
 
     @staticmethod
     def _logprob_inputs(prompt: _Prompt, final: RequestOutput, out: CompletionOutput,

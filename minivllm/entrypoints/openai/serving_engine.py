@@ -351,5 +351,8 @@ class ChunkEncoder:
         head = _dumps({"id": request_id, "object": object_name, "created": created, "model": model})
         self._head = f'data: {head[:-1]},"choices":'
 
-    def chunk(self, choices: list[dict[str, Any]], usage: dict[str, int] | None = None) -> str:
-        return f'{self._head}{_dumps(choices)},"usage":{_dumps(usage)}}}\n\n'
+    def chunk(self, choices: list[dict[str, Any]], usage: dict[str, int] | None = None,
+              extra: dict[str, Any] | None = None) -> str:
+        """`extra`: top-level fields of this chunk only (vLLM's prompt_token_ids)."""
+        tail = "".join(f',{_dumps(k)}:{_dumps(v)}' for k, v in extra.items()) if extra else ""
+        return f'{self._head}{_dumps(choices)},"usage":{_dumps(usage)}{tail}}}\n\n'
