@@ -21,6 +21,7 @@ from minivllm.config.compilation import CompilationMode
 from minivllm.config.load import LOAD_FORMATS
 from minivllm.config.model import CONVERT_TYPES, RUNNER_TYPES
 from minivllm.config.pooler import resolve_pooler_config
+from minivllm.config.scheduler import SCHEDULING_POLICIES
 from minivllm.logger import init_logger
 from minivllm.model_executor.layers.quantization import (QUANTIZATION_METHODS,
                                                          get_quantization_config)
@@ -92,6 +93,8 @@ class EngineArgs:
     max_num_batched_tokens: int = _arg(2048, "token budget of a step, shared by decodes and "
                                        "prefill chunks")
     max_num_queued_requests: int = _arg(1024, "server: waiting sequences before HTTP 429")
+    scheduling_policy: str = _arg("fcfs", "fcfs: arrival order; priority: requests' `priority` "
+                                  "(lower first), then arrival", choices=SCHEDULING_POLICIES)
     # NOTE: the scheduler has one token budget and no prefill phase, so prefills are always
     # chunked; the field exists for vLLM's name and rejects False.
     enable_chunked_prefill: bool = _arg(True, "always on in minivllm (False is an error)")
@@ -163,6 +166,7 @@ class EngineArgs:
                 max_num_batched_tokens=max(budget, 1),
                 max_num_seqs=max_num_seqs,
                 max_num_queued_requests=self.max_num_queued_requests,
+                policy=self.scheduling_policy,
                 enable_chunked_prefill=self.enable_chunked_prefill,
                 long_prefill_token_threshold=self.long_prefill_token_threshold),
             device_config=device_config,

@@ -204,8 +204,8 @@ class AsyncLLM:
 
     # ------------------------------------------------------------------ handler side
 
-    def add_request(self, request_id: str, prompt: str | list[int],
-                    params: SamplingParams, lora_request: LoRARequest | None = None) -> RequestStream:
+    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
+                    lora_request: LoRARequest | None = None, priority: int = 0) -> RequestStream:
         """Submits a request (`lora_request`: its adapter, None for the base model); raises
         EngineDeadError, QueueFullError or ValueError (duplicate id).
 
@@ -213,6 +213,9 @@ class AsyncLLM:
         """
         if self.dead_error is not None or self._stop.is_set():
             raise EngineDeadError(f"The engine loop is not running: {self.dead_error or 'stopped'}")
+        if priority and not getattr(getattr(self.engine, "scheduler", None), "by_priority", False):
+            raise ValueError(f"priority {priority} needs priority scheduling; start the server "
+                             "with --scheduling-policy priority.")
         stream = _Stream(asyncio.get_running_loop(), asyncio.Queue(), params.n, time.monotonic())
         with self._lock:
             if request_id in self._streams:
@@ -224,7 +227,7 @@ class AsyncLLM:
                     f"(--max-num-queued-requests={self.max_num_queued_requests}); retry later.")
             self._streams[request_id] = stream
             self._num_pending_seqs += params.n
-            self._commands.append(("add", request_id, prompt, params, lora_request))
+            self._commands.append(("add", request_id, prompt, params, lora_request, priority))
         self._wakeup.set()
         return RequestStream(request_id, stream, self.abort)
 
@@ -316,14 +319,14 @@ class AsyncLLM:
                 self._publish_stats()
 
     def _add_to_engine(self, request_id: str, prompt: str | list[int], params: SamplingParams,
-                       lora_request: LoRARequest | None = None) -> None:
+                       lora_request: LoRARequest | None = None, priority: int = 0) -> None:
         stream = self._streams.get(request_id)
         if stream is None:
             return   # aborted before it reached the engine
         self._num_pending_seqs -= stream.num_seqs
         try:
             self.engine.add_request(request_id, prompt, params, arrival_time=time.time(),
-                                    lora_request=lora_request)
+                                    lora_request=lora_request, priority=priority)
         except ValueError as exc:
             del self._streams[request_id]
             stream.loop.call_soon_threadsafe(stream.queue.put_nowait, exc)

@@ -5,7 +5,7 @@ and the benchmarks build an engine: it validates the VllmConfig, loads the token
 the executor, which the engine then owns (`shutdown()` ends it).
 
 `LLMEngine(vllm_config, executor, tokenizer)` reads only `vllm_config.scheduler_config.
-{max_num_seqs, max_num_batched_tokens, long_prefill_token_threshold (optional)}`,
+{max_num_seqs, max_num_batched_tokens, long_prefill_token_threshold, policy (optional)}`,
 `vllm_config.cache_config.{block_size, enable_prefix_caching}` and
 `vllm_config.model_config.max_model_len` (any object with these attributes works, e.g. a
 SimpleNamespace in tests). The executor provides `num_blocks` and
@@ -29,7 +29,7 @@ from minivllm.engine.scheduler import Scheduler, has_prefix_lm_layers
 from minivllm.inputs import PromptType, prompt_input, truncate_prompt
 from minivllm.lora.request import LoRARequest
 from minivllm.outputs import CompletionOutput, Logprob, RequestOutput
-from minivllm.reasoning import ReasoningParser, get_reasoning_parser
+from minivllm.reasoning import reasoning_parser_for
 from minivllm.sampling_params import SamplingParams
 from minivllm.transformers_utils.tokenizer import get_tokenizer
 from minivllm.v1.core.sched.output import SchedulerOutput
@@ -85,13 +85,14 @@ class LLMEngine:
             enable_prefix_caching=cache.enable_prefix_caching,
             long_prefill_token_threshold=getattr(sched, "long_prefill_token_threshold", 0),
             whole_prefills=has_prefix_lm_layers(vllm_config),
+            policy=getattr(sched, "policy", "fcfs"),
             max_loras=self.lora_config.max_loras if self.lora_config is not None else None)
         self.executor = executor
         self.tokenizer = tokenizer
         if eos_token_id is None and tokenizer is not None:
             eos_token_id = tokenizer.eos_token_id
         self.eos_token_id = eos_token_id
-        self.reasoning_parser = _reasoning_parser(vllm_config, tokenizer)
+        self.reasoning_parser = reasoning_parser_for(vllm_config, tokenizer)
         self._parents: dict[str, _ParentState] = {}
         self._children: dict[str, _ChildState] = {}
 
@@ -112,14 +113,18 @@ class LLMEngine:
 
     def add_request(self, request_id: str, prompt: PromptType,
                     params: SamplingParams | None = None, arrival_time: float | None = None,
-                    lora_request: LoRARequest | None = None) -> None:
+                    lora_request: LoRARequest | None = None, priority: int = 0) -> None:
         """Queues a prompt (text or token ids); n > 1 becomes n child requests.
 
         `lora_request` picks an adapter (None: the base model); one not seen before is loaded
         first (`add_lora`), so a bad adapter is a ValueError here, before anything is queued.
+        `priority` (lower first) needs the priority scheduling policy.
         """
         if request_id in self._parents:
             raise ValueError(f"Request id {request_id!r} is already in use.")
+        if priority and not self.scheduler.by_priority:
+            raise ValueError(f"priority {priority} needs priority scheduling; start the engine "
+                             "with --scheduling-policy priority.")
         if lora_request is not None and lora_request.lora_int_id not in self._lora_requests:
             self.add_lora(lora_request)
         params = params if params is not None else SamplingParams()
@@ -147,7 +152,7 @@ class LLMEngine:
         if params.prompt_logprobs is not None:
             parent.prompt_logprobs = [None]   # nothing predicts the first prompt token
         for index in range(params.n):
-            self._add_child(parent, index, params, arrival_time, lora_request)
+            self._add_child(parent, index, params, arrival_time, lora_request, priority)
         self._parents[request_id] = parent
 
     def step(self) -> list[RequestOutput]:
@@ -281,7 +286,8 @@ class LLMEngine:
         return None, list(prompt)
 
     def _add_child(self, parent: _ParentState, index: int, params: SamplingParams,
-                   arrival_time: float | None, lora_request: LoRARequest | None = None) -> None:
+                   arrival_time: float | None, lora_request: LoRARequest | None = None,
+                   priority: int = 0) -> None:
         n = params.n
         # The engine's own copy, so eos can be added to the stop ids min_tokens masks. Children
         # get distinct seeds (else they would be identical) and only child 0 asks for prompt
@@ -295,7 +301,7 @@ class LLMEngine:
         child_id = parent.request_id if n == 1 else f"{index}_{parent.request_id}"
         request = Request(child_id, parent.prompt_token_ids, child_params,
                           eos_token_id=self.eos_token_id, arrival_time=arrival_time,
-                          lora_request=lora_request)
+                          lora_request=lora_request, priority=priority)
         if params.structured_outputs is not None:
             # Compiles off this thread; the scheduler admits the request once it is ready.
             so_request = self._structured_output_manager().grammar_init(params.structured_outputs)
@@ -391,8 +397,3 @@ class LLMEngine:
             outputs=outputs, finished=finished,
             num_cached_tokens=max(parent.children[0].request.num_cached_tokens, 0))
 
-
-def _reasoning_parser(vllm_config: Any, tokenizer: Any) -> ReasoningParser | None:
-    """The --reasoning-parser for this tokenizer (None without one)."""
-    name = getattr(getattr(vllm_config, "structured_outputs_config", None), "reasoning_parser", "")
-    return get_reasoning_parser(name, tokenizer) if name else None

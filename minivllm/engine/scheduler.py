@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 from collections import deque
 from collections.abc import Iterable
 
@@ -21,12 +22,16 @@ class Scheduler:
     num_computed_tokens` tokens to catch up on. Running requests are served first (in arrival
     order), then waiting ones are admitted while budget, sequence slots and blocks last. When
     blocks run out, the last-arrived running request is preempted by recompute.
+
+    `policy="priority"` (vLLM's): the waiting and the running requests are kept ordered by
+    (priority, arrival), lower first, so the most urgent are served first and the least urgent
+    running request is the one preempted.
     """
 
     def __init__(self, *, max_num_seqs: int, max_num_batched_tokens: int, block_size: int,
                  num_blocks: int, max_model_len: int, enable_prefix_caching: bool = True,
                  long_prefill_token_threshold: int = 0, max_loras: int | None = None,
-                 whole_prefills: bool = False) -> None:
+                 whole_prefills: bool = False, policy: str = "fcfs") -> None:
         for name, value in (("max_num_seqs", max_num_seqs),
                             ("max_num_batched_tokens", max_num_batched_tokens),
                             ("max_model_len", max_model_len)):
@@ -49,6 +54,7 @@ class Scheduler:
         # True: a waiting request's prefill is scheduled whole or waits (vLLM with chunked
         # prefill off); its running requests then never have prefill tokens left.
         self.whole_prefills = whole_prefills
+        self.by_priority = policy == "priority"
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
@@ -89,7 +95,11 @@ class Scheduler:
         if request.request_id in self.requests:
             raise ValueError(f"Request id {request.request_id!r} is already scheduled.")
         self.requests[request.request_id] = request
-        self.waiting.append(request)
+        if self.by_priority:
+            self.waiting.insert(bisect.bisect_right(self.waiting, _order(request), key=_order),
+                                request)
+        else:
+            self.waiting.append(request)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.waiting or self.running)
@@ -234,7 +244,11 @@ class Scheduler:
             if self.kv_cache_manager.allocate_slots(request, num_new_tokens, computed_blocks) is None:
                 break
             self.waiting.popleft()
-            self.running.append(request)
+            if self.by_priority:   # the running list stays in serving (and preemption) order
+                self.running.insert(bisect.bisect_right(self.running, _order(request),
+                                                        key=_order), request)
+            else:
+                self.running.append(request)
             scheduled.append(request)
             request.status = RequestStatus.RUNNING
             request.num_computed_tokens = num_computed
@@ -299,7 +313,11 @@ class Scheduler:
         request.num_computed_tokens = 0
         request.num_preemptions += 1
         self.num_preemptions_total += 1
-        self.waiting.appendleft(request)
+        if self.by_priority:
+            self.waiting.insert(bisect.bisect_left(self.waiting, _order(request), key=_order),
+                                request)
+        else:
+            self.waiting.appendleft(request)
 
     def _new_request_data(self, request: Request) -> NewRequestData:
         return NewRequestData(
@@ -333,6 +351,10 @@ class Scheduler:
         self.kv_cache_manager.free(request)
         self.finished_req_ids.add(request.request_id)
         del self.requests[request.request_id]
+
+
+def _order(request: Request) -> tuple[int, float]:
+    return request.priority, request.arrival_time
 
 
 def has_prefix_lm_layers(vllm_config: object) -> bool:

@@ -45,11 +45,12 @@ class LLM:
     def generate(self, prompts: PromptType | Sequence[PromptType],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
                  *, use_tqdm: bool = True,
-                 lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None
-                 ) -> list[RequestOutput]:
+                 lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
+                 priority: list[int] | None = None) -> list[RequestOutput]:
         """Generate for every prompt; outputs come back in the order of the prompts.
 
-        `lora_request`: one adapter for every prompt, or a list with one (or None) per prompt.
+        `lora_request`: one adapter for every prompt, or a list with one (or None) per prompt;
+        `priority`: one per prompt, lower first (needs `scheduling_policy="priority"`).
         """
         prompt_list = _as_prompt_list(prompts)
         if sampling_params is None:
@@ -63,7 +64,10 @@ class LLM:
             raise ValueError(f"Got {len(prompt_list)} prompts but {len(params_list)} sampling params; "
                              "give one SamplingParams or one per prompt.")
         lora_list = _per_prompt_loras(lora_request, len(prompt_list))
-        return self._run(prompt_list, params_list, lora_list, use_tqdm)
+        if priority is not None and len(priority) != len(prompt_list):
+            raise ValueError(f"Got {len(prompt_list)} prompts but {len(priority)} priorities; "
+                             "give one per prompt.")
+        return self._run(prompt_list, params_list, lora_list, use_tqdm, priority)
 
     def beam_search(self, prompts: PromptType | Sequence[PromptType], params: BeamSearchParams,
                     lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
@@ -202,14 +206,15 @@ class LLM:
         return self._run(prompt_list, pooling_params, loras, use_tqdm)
 
     def _run(self, prompts: list[PromptType], params: list[Any], loras: list[LoRARequest | None],
-             use_tqdm: bool) -> list[Any]:
+             use_tqdm: bool, priority: list[int] | None = None) -> list[Any]:
         """Adds one request per prompt, then steps the engine until all finish. A prompt the
         engine refuses aborts those added before it (as vLLM does), then raises."""
         request_ids: list[str] = []
         try:
-            for prompt, request_params, lora in zip(prompts, params, loras):
+            for i, (prompt, request_params, lora) in enumerate(zip(prompts, params, loras)):
                 request_id = str(next(self._counter))
-                self.llm_engine.add_request(request_id, prompt, request_params, lora_request=lora)
+                self.llm_engine.add_request(request_id, prompt, request_params, lora_request=lora,
+                                            priority=priority[i] if priority else 0)
                 request_ids.append(request_id)
         except BaseException:
             self.llm_engine.abort_request(request_ids)

@@ -122,6 +122,7 @@ class _SamplingRequest(OpenAIBaseModel):
     # vLLM's: the prompt's and each choice's token ids beside the text (streamed: the prompt's
     # with a choice's first chunk, then each chunk's new ids)
     return_token_ids: bool = False
+    priority: int = Field(default=0, ge=-2**63, le=2**63 - 1)   # --scheduling-policy priority
     length_penalty: float = 1.0
 
     def _sampling_params(self, max_tokens: int, logprobs: int | None,

@@ -67,7 +67,8 @@ class OpenAIServingChat(OpenAIServing):
                                                 lora_request)
         else:
             params = self.sampling_params(request, max_tokens, {"max_tokens": param})
-            [stream] = self.add_requests([(request_id, prompt_ids, params)], lora_request)
+            [stream] = self.add_requests([(request_id, prompt_ids, params)], lora_request,
+                                         request.priority)
         created = int(time.time())
         in_reasoning = self.starts_in_reasoning(prompt_ids)
         if request.stream:

@@ -69,7 +69,8 @@ class OpenAIServingCompletion(OpenAIServing):
         else:
             job.streams = self.add_requests(
                 [(f"{job.request_id}-{i}", p.token_ids, self.sampling_params(request, m))
-                 for i, (p, m) in enumerate(zip(job.prompts, max_tokens))], lora_request)
+                 for i, (p, m) in enumerate(zip(job.prompts, max_tokens))], lora_request,
+                request.priority)
         if request.stream:
             return StreamingResponse(self._stream(job), media_type="text/event-stream")
         try:

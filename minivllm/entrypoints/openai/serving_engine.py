@@ -77,7 +77,7 @@ _NOT_WITH_BEAM_SEARCH: dict[str, Any] = {
     "min_tokens": 0, "logit_bias": None, "allowed_token_ids": None, "bad_words": None,
     "structured_outputs": None, "response_format": None, "tools": None, "top_p": None,
     "top_k": None, "min_p": None, "presence_penalty": 0.0, "frequency_penalty": 0.0,
-    "repetition_penalty": None, "prompt_logprobs": None}
+    "repetition_penalty": None, "prompt_logprobs": None, "priority": 0}
 
 
 class OpenAIServing:
@@ -228,7 +228,8 @@ class OpenAIServing:
             if tokenizer is not None else ""
 
     def add_requests(self, requests: list[tuple[str, list[int], SamplingParams]],
-                     lora_request: LoRARequest | None = None) -> list[RequestStream]:
+                     lora_request: LoRARequest | None = None,
+                     priority: int = 0) -> list[RequestStream]:
         """Admits all requests or none (a batch that hits a full queue gets one 429); all use
         `lora_request` (None: the base model)."""
         num_seqs = sum(params.n for _, _, params in requests)
@@ -241,7 +242,7 @@ class OpenAIServing:
         try:
             for request_id, prompt_ids, params in requests:
                 streams.append(self.async_llm.add_request(request_id, prompt_ids, params,
-                                                          lora_request))
+                                                          lora_request, priority))
         except Exception as exc:
             for stream in streams:
                 self.async_llm.abort(stream.request_id)

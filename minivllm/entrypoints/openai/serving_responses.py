@@ -113,7 +113,8 @@ class OpenAIServingResponses(OpenAIServingChat):
         except OpenAIError as exc:   # named by the chat request's fields: use this API's names
             exc.param = _ALIASES.get(exc.param, exc.param)
             raise
-        [stream] = self.add_requests([(job.id, job.prompt_ids, params)], lora_request)
+        [stream] = self.add_requests([(job.id, job.prompt_ids, params)], lora_request,
+                                     request.priority)
         if request.background:
             entry = _Stored(job.response("queued"))
             self.store.put(entry)

@@ -145,6 +145,17 @@ def test_return_token_ids_streamed_and_not(server, client):
     assert plain.choices[0].model_extra["token_ids"] is None
 
 
+def test_priority_needs_priority_scheduling(server):
+    for route, body in (("/v1/completions", {"prompt": PROMPT}),
+                        ("/v1/chat/completions", {"messages": MESSAGES})):
+        r = httpx.post(f"{server.url}{route}", json={"model": MODEL, "max_tokens": 2,
+                                                     "priority": 3, **body})
+        assert r.status_code == 400 and "--scheduling-policy priority" in r.text
+        ok = httpx.post(f"{server.url}{route}", json={"model": MODEL, "max_tokens": 2,
+                                                      "priority": 0, **body})
+        assert ok.status_code == 200
+
+
 def test_completion_length_usage_and_token_prompts(server, client):
     ids = httpx.post(f"{server.url}/tokenize", json={"prompt": PROMPT}).json()["tokens"]
     kwargs = dict(model=MODEL, max_tokens=6, temperature=0.0, extra_body={"ignore_eos": True})

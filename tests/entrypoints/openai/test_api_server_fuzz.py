@@ -24,7 +24,8 @@ COMMON = ["model", "max_tokens", "n", "temperature", "top_p", "stop", "seed", "s
           "response_format", "top_k", "min_p", "repetition_penalty", "ignore_eos", "min_tokens",
           "stop_token_ids", "include_stop_str_in_output", "skip_special_tokens",
           "structured_outputs", "allowed_token_ids", "bad_words", "truncate_prompt_tokens",
-          "use_beam_search", "length_penalty", "prompt_logprobs", "return_token_ids"]
+          "use_beam_search", "length_penalty", "prompt_logprobs", "return_token_ids",
+          "priority"]
 ENDPOINTS = {
     "/v1/completions": ({"prompt": "The quick brown fox", "max_tokens": 3},
                         COMMON + ["prompt", "logprobs", "echo", "suffix", "best_of"]),
