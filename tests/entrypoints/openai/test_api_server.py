@@ -97,65 +97,6 @@ def test_completion_stream_equals_non_stream(client):
         full.usage.prompt_tokens + full.usage.completion_tokens
 
 
-def test_continuous_usage_stats_count_every_chunk(client):
-    """vLLM's stream_options.continuous_usage_stats: each chunk carries the usage so far."""
-    opts = {"include_usage": True, "continuous_usage_stats": True}
-    kwargs = dict(model=MODEL, max_tokens=6, temperature=0.0, extra_body={"ignore_eos": True})
-    for chunks in (list(client.completions.create(prompt=[PROMPT, "Hello world"], stream=True,
-                                                  stream_options=opts, **kwargs)),
-                   list(client.chat.completions.create(messages=MESSAGES, n=2, stream=True,
-                                                       stream_options=opts, **kwargs))):
-        assert all(c.usage is not None for c in chunks)
-        counts = [c.usage.completion_tokens for c in chunks]
-        assert counts == sorted(counts) and counts[-1] == 12 and len(set(counts)) > 3
-        assert chunks[-1].choices == [] and chunks[-1].usage == chunks[-2].usage
-        assert all(c.usage.total_tokens == c.usage.prompt_tokens + c.usage.completion_tokens
-                   for c in chunks)
-    plain = list(client.completions.create(prompt=PROMPT, stream=True, **kwargs))
-    assert all(c.usage is None for c in plain)
-
-
-def test_return_token_ids_streamed_and_not(server, client):
-    """vLLM's return_token_ids: the prompt's ids and each choice's, which decode to its text."""
-    kwargs = dict(model=MODEL, max_tokens=8, temperature=0.0, n=2, seed=0,
-                  extra_body={"return_token_ids": True, "ignore_eos": True})
-    ids = httpx.post(f"{server.url}/tokenize", json={"prompt": PROMPT}).json()["tokens"]
-    chat_ids = httpx.post(f"{server.url}/tokenize", json={"messages": MESSAGES}).json()["tokens"]
-    whole = client.completions.create(prompt=PROMPT, **kwargs)
-    chat = client.chat.completions.create(messages=MESSAGES, **kwargs)
-    assert chat.model_extra["prompt_token_ids"] == chat_ids
-    for choice in whole.choices:
-        assert choice.model_extra["prompt_token_ids"] == ids
-        assert len(choice.model_extra["token_ids"]) == 8
-    assert all(len(c.model_extra["token_ids"]) == 8 for c in chat.choices)
-    for name, chunks, full in (
-            ("completions", client.completions.create(prompt=PROMPT, stream=True, **kwargs), whole),
-            ("chat", client.chat.completions.create(messages=MESSAGES, stream=True, **kwargs), chat)):
-        streamed, prompts = {0: [], 1: []}, []
-        for chunk in chunks:
-            prompts += [chunk.model_extra.get("prompt_token_ids")]
-            for c in chunk.choices:
-                streamed[c.index] += c.model_extra.get("token_ids") or []
-                prompts += [c.model_extra.get("prompt_token_ids")]
-        assert [streamed[c.index] for c in full.choices] == [c.model_extra["token_ids"]
-                                                           for c in full.choices], name
-        sent = [p for p in prompts if p is not None]
-        assert sent == ([ids, ids] if name == "completions" else [chat_ids]), name
-    plain = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=2)
-    assert plain.choices[0].model_extra["token_ids"] is None
-
-
-def test_priority_needs_priority_scheduling(server):
-    for route, body in (("/v1/completions", {"prompt": PROMPT}),
-                        ("/v1/chat/completions", {"messages": MESSAGES})):
-        r = httpx.post(f"{server.url}{route}", json={"model": MODEL, "max_tokens": 2,
-                                                     "priority": 3, **body})
-        assert r.status_code == 400 and "--scheduling-policy priority" in r.text
-        ok = httpx.post(f"{server.url}{route}", json={"model": MODEL, "max_tokens": 2,
-                                                      "priority": 0, **body})
-        assert ok.status_code == 200
-
-
 def test_completion_length_usage_and_token_prompts(server, client):
     ids = httpx.post(f"{server.url}/tokenize", json={"prompt": PROMPT}).json()["tokens"]
     kwargs = dict(model=MODEL, max_tokens=6, temperature=0.0, extra_body={"ignore_eos": True})
