@@ -63,3 +63,18 @@ def truncate_prompt(prompt_token_ids: list[int], k: int | None, max_model_len: i
     if k is None:
         return prompt_token_ids
     return prompt_token_ids[-(max_model_len if k == -1 else k):]
+
+
+def check_prompt_token_ids(token_ids: list[int], vocab_size: int | None,
+                           max_model_len: int | None = None) -> None:
+    """ValueError for an empty prompt, an id outside the vocabulary (naming it) or one longer
+    than max_model_len; the engine and the server check prompts with it."""
+    if not token_ids:
+        raise ValueError("The prompt is empty; give at least one token.")
+    limit = vocab_size if vocab_size is not None else float("inf")
+    bad = next((t for t in token_ids if not 0 <= t < limit), None)
+    if bad is not None:
+        raise ValueError(f"Token id {bad} is out of range: ids must be in [0, {vocab_size}).")
+    if max_model_len is not None and len(token_ids) > max_model_len:
+        raise ValueError(f"The prompt has {len(token_ids)} tokens, more than "
+                         f"max_model_len={max_model_len}.")

@@ -296,6 +296,19 @@ class SamplingParams:
         if eos_token_id is not None and not self.ignore_eos:
             self._all_stop_token_ids.add(eos_token_id)
 
+    def update_from_generation_config(self, generation_config: dict[str, Any],
+                                      model_eos_token_id: int | None = None) -> None:
+        """vLLM's: the model's eos, then the generation config's other eos ids (Llama 3's
+        <|eom_id|>, Qwen's <|endoftext|>, ...) as stop tokens, unless ignore_eos."""
+        self.update_from_eos_token_id(model_eos_token_id)
+        eos = generation_config.get("eos_token_id")
+        extra = ({eos} if isinstance(eos, int) else set(eos or ())) - {model_eos_token_id}
+        if extra:
+            self._all_stop_token_ids.update(extra)
+            if not self.ignore_eos:
+                self.stop_token_ids = [*self.stop_token_ids,
+                                       *sorted(extra - set(self.stop_token_ids))]
+
 
 @dataclass
 class BeamSearchParams:

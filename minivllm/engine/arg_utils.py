@@ -36,6 +36,21 @@ _DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
 _DEVICE_CHOICES = ("cpu", "cuda", "auto")
 
 
+def _parse_json_object(value: str) -> dict[str, Any]:
+    try:
+        return _json_object("", json.loads(value))
+    except (json.JSONDecodeError, ValueError):
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {value!r}") from None
+
+
+def _json_object(name: str, value: Any) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ValueError(f"{name} must be a JSON object (a dict), got {value!r}.")
+    return value
+
+
 def _parse_compilation_config(value: str) -> int | dict[str, Any]:
     """`-O` / `--compilation-config`: a mode (0-3) or a JSON object of CompilationConfig fields."""
     if value.strip().isdigit():
@@ -120,6 +135,12 @@ class EngineArgs:
     pooler_config: str | dict[str, Any] | None = _arg(
         None, "pooling models: JSON such as '{\"pooling_type\": \"MEAN\", \"normalize\": false}' "
         "(default: the checkpoint's sentence-transformers files, else LAST, normalised)", type=str)
+    generation_config: str = _arg("auto", "requests' default sampling settings: auto (the "
+                                  "checkpoint's generation_config.json), vllm (vLLM's defaults) "
+                                  "or a folder holding a generation_config.json")
+    override_generation_config: dict[str, Any] | None = _arg(
+        None, "JSON laid over the generation config, e.g. '{\"temperature\": 0.5}'",
+        type=_parse_json_object)
     enable_lora: bool = _arg(False, "serve LoRA adapters (requests name theirs by LoRARequest)")
     max_loras: int = _arg(1, "LoRA: most distinct adapters in one step (the slot table)")
     max_lora_rank: int = _arg(16, "LoRA: largest adapter rank accepted")
@@ -140,7 +161,11 @@ class EngineArgs:
         model_config = ModelConfig(model=self.model, tokenizer=self.tokenizer, dtype=self.dtype,
                                    max_model_len=self.max_model_len, seed=self.seed,
                                    quantization=self.quantization, runner=self.runner,
-                                   convert=self.convert, pooler_config=self.pooler_config)
+                                   convert=self.convert, pooler_config=self.pooler_config,
+                                   generation_config=self.generation_config,
+                                   override_generation_config=_json_object(
+                                       "override_generation_config",
+                                       self.override_generation_config))
         _check_pooling_model(model_config)
         _apply_class_pooling_default(model_config, self.pooler_config)
         budget, max_num_seqs = _step_limits(model_config, self.max_num_batched_tokens,

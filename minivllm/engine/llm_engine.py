@@ -26,7 +26,7 @@ from minivllm.engine.arg_utils import EngineArgs
 from minivllm.engine.detokenizer import IncrementalDetokenizer
 from minivllm.engine.request import Request, RequestStatus
 from minivllm.engine.scheduler import Scheduler, has_prefix_lm_layers
-from minivllm.inputs import PromptType, prompt_input, truncate_prompt
+from minivllm.inputs import PromptType, check_prompt_token_ids, prompt_input, truncate_prompt
 from minivllm.lora.request import LoRARequest
 from minivllm.outputs import CompletionOutput, Logprob, RequestOutput
 from minivllm.reasoning import reasoning_parser_for
@@ -69,14 +69,17 @@ class LLMEngine:
 
     def __init__(self, vllm_config: Any, executor: Executor, tokenizer: Any | None,
                  eos_token_id: int | None = None) -> None:
-        sched, cache = vllm_config.scheduler_config, vllm_config.cache_config
+        sched, cache, model = (vllm_config.scheduler_config, vllm_config.cache_config,
+                               vllm_config.model_config)
         self.vllm_config = vllm_config
         self.lora_config = getattr(vllm_config, "lora_config", None)
         # lora_int_id -> the adapter registered with add_lora (or by a request's first use)
         self._lora_requests: dict[int, LoRARequest] = {}
-        self.max_model_len: int = vllm_config.model_config.max_model_len
-        get_vocab_size = getattr(vllm_config.model_config, "get_vocab_size", None)
-        self.vocab_size: int | None = get_vocab_size() if get_vocab_size else None
+        self.max_model_len: int = model.max_model_len
+        self.vocab_size: int | None = model.get_vocab_size() if hasattr(model, "get_vocab_size") \
+            else None
+        # generation_config.json's fields: its eos ids stop every request too (vLLM's)
+        self.generation_config_fields = getattr(model, "try_get_generation_config", dict)()
         self.scheduler = Scheduler(
             max_num_seqs=sched.max_num_seqs, max_num_batched_tokens=sched.max_num_batched_tokens,
             block_size=cache.block_size,
@@ -133,13 +136,7 @@ class LLMEngine:
         prompt_text, prompt_token_ids = self._tokenize(prompt)
         prompt_token_ids = truncate_prompt(
             prompt_token_ids, (pooling_params or params).truncate_prompt_tokens, self.max_model_len)
-        if not prompt_token_ids:
-            raise ValueError("The prompt is empty; give at least one token.")
-        if self.vocab_size is not None and not all(0 <= t < self.vocab_size for t in prompt_token_ids):
-            raise ValueError(f"Prompt token ids must be in [0, {self.vocab_size}).")
-        if len(prompt_token_ids) > self.max_model_len:
-            raise ValueError(f"The prompt has {len(prompt_token_ids)} tokens, more than "
-                             f"max_model_len={self.max_model_len}.")
+        check_prompt_token_ids(prompt_token_ids, self.vocab_size, self.max_model_len)
         if params.stop and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer; use stop_token_ids instead.")
         if self.vocab_size is not None:
@@ -296,7 +293,7 @@ class LLMEngine:
             params, n=1,
             seed=params.seed + index if params.seed is not None else None,
             prompt_logprobs=params.prompt_logprobs if index == 0 else None)
-        child_params.update_from_eos_token_id(self.eos_token_id)
+        child_params.update_from_generation_config(self.generation_config_fields, self.eos_token_id)
         child_params.update_from_tokenizer(self.tokenizer)   # bad_words -> token ids
         child_id = parent.request_id if n == 1 else f"{index}_{parent.request_id}"
         request = Request(child_id, parent.prompt_token_ids, child_params,

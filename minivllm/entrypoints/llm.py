@@ -42,6 +42,11 @@ class LLM:
     def get_tokenizer(self):
         return self.tokenizer
 
+    def get_default_sampling_params(self) -> SamplingParams:
+        """SamplingParams with the model's generation-config defaults (vLLM's; what `generate`
+        and `chat` use when given none)."""
+        return SamplingParams(**self.vllm_config.model_config.get_diff_sampling_param())
+
     def generate(self, prompts: PromptType | Sequence[PromptType],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
                  *, use_tqdm: bool = True,
@@ -54,7 +59,7 @@ class LLM:
         """
         prompt_list = _as_prompt_list(prompts)
         if sampling_params is None:
-            sampling_params = SamplingParams()
+            sampling_params = self.get_default_sampling_params()
         params_list = list(sampling_params) if isinstance(sampling_params, Sequence) \
             else [sampling_params] * len(prompt_list)
         if not all(isinstance(p, SamplingParams) for p in params_list):

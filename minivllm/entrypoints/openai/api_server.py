@@ -150,6 +150,9 @@ def build_app(async_llm: AsyncLLM, served_model_name: str | list[str] | None = N
     classification = OpenAIServingClassification(async_llm, served_model_name)
     scores = OpenAIServingScores(async_llm, served_model_name)
     app.state.serving_models = models
+    if chat.default_sampling_params:
+        logger.info("Requests default to the model's generation config: %s (--generation-config "
+                    "vllm turns this off)", chat.default_sampling_params)
     for serving in (completions, chat, responses, tokenization, embedding, classification,
                     scores):
         serving.models = models   # `model` may name a LoRA adapter

@@ -16,6 +16,12 @@ from minivllm.utils.unicode_utils import lone_surrogate_path
 MAX_LOGPROBS = 20
 
 
+# Sampling fields a request may leave unset, with vLLM's defaults (a model's generation config
+# may give others: OpenAIServing.default_sampling_params).
+_SAMPLING_DEFAULTS = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0,
+                      "repetition_penalty": 1.0}
+
+
 def random_uuid() -> str:
     return uuid.uuid4().hex
 
@@ -126,8 +132,10 @@ class _SamplingRequest(OpenAIBaseModel):
     length_penalty: float = 1.0
 
     def _sampling_params(self, max_tokens: int, logprobs: int | None,
-                         prompt_logprobs: int | None = None) -> SamplingParams:
-        """Raises ValueError (from SamplingParams) naming the bad field."""
+                         prompt_logprobs: int | None = None,
+                         defaults: dict[str, Any] | None = None) -> SamplingParams:
+        """Raises ValueError (from SamplingParams) naming the bad field. `defaults`: the model's
+        generation-config values for the sampling fields the request leaves unset."""
         if self.prompt_logprobs is not None:
             if self.stream:
                 raise ValueError("prompt_logprobs is not available when stream is true.")
@@ -135,13 +143,11 @@ class _SamplingRequest(OpenAIBaseModel):
                 raise ValueError("prompt_logprobs cannot be combined with echo and logprobs, "
                                  "which return the prompt's logprobs already.")
             prompt_logprobs = self.prompt_logprobs
+        unset = {**_SAMPLING_DEFAULTS, **(defaults or {})}
+        given = {k: getattr(self, k) for k in _SAMPLING_DEFAULTS}
         return SamplingParams(
             n=self.n, max_tokens=max_tokens, min_tokens=self.min_tokens,
-            temperature=1.0 if self.temperature is None else self.temperature,
-            top_p=1.0 if self.top_p is None else self.top_p,
-            top_k=0 if self.top_k is None else self.top_k,
-            min_p=0.0 if self.min_p is None else self.min_p,
-            repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
+            **{k: unset[k] if v is None else v for k, v in given.items()},
             presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
             seed=self.seed, stop=self.stop, stop_token_ids=self.stop_token_ids,
             ignore_eos=self.ignore_eos, logprobs=logprobs, prompt_logprobs=prompt_logprobs,
@@ -197,7 +203,8 @@ class CompletionRequest(_SamplingRequest):
     suffix: str | None = None
     best_of: int | None = None
 
-    def to_sampling_params(self, max_tokens: int) -> SamplingParams:
+    def to_sampling_params(self, max_tokens: int,
+                           defaults: dict[str, Any] | None = None) -> SamplingParams:
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options is only allowed when stream is true.")
         if self.suffix:
@@ -206,7 +213,7 @@ class CompletionRequest(_SamplingRequest):
             raise ValueError(f"best_of must equal n ({self.n}); best_of > n is not supported.")
         # With echo, the returned logprobs cover the prompt too.
         prompt_logprobs = self.logprobs if self.echo and self.logprobs is not None else None
-        return self._sampling_params(max_tokens, self.logprobs, prompt_logprobs)
+        return self._sampling_params(max_tokens, self.logprobs, prompt_logprobs, defaults)
 
 
 class CompletionLogProbs(OpenAIBaseModel):
@@ -288,13 +295,14 @@ class ChatCompletionRequest(_SamplingRequest):
                              "response_format or structured_outputs.")
         return StructuredOutputsParams(json=schema)
 
-    def to_sampling_params(self, max_tokens: int) -> SamplingParams:
+    def to_sampling_params(self, max_tokens: int,
+                           defaults: dict[str, Any] | None = None) -> SamplingParams:
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options is only allowed when stream is true.")
         if self.top_logprobs and not self.logprobs:
             raise ValueError("top_logprobs needs logprobs=true.")
         logprobs = (self.top_logprobs or 0) if self.logprobs else None
-        return self._sampling_params(max_tokens, logprobs)
+        return self._sampling_params(max_tokens, logprobs, defaults=defaults)
 
     @property
     def requested_max_tokens(self) -> int | None:

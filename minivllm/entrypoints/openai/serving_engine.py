@@ -17,7 +17,7 @@ from minivllm.engine.async_llm import (AsyncLLM, EngineDeadError, QueueFullError
 from minivllm.engine.beam_search_stream import BeamSearchStream
 from minivllm.entrypoints.openai.protocol import (ErrorInfo, ErrorResponse, PromptLogprob,
                                                   PromptLogprobs)
-from minivllm.inputs import truncate_prompt
+from minivllm.inputs import check_prompt_token_ids, truncate_prompt
 from minivllm.lora.request import LoRARequest
 from minivllm.outputs import RequestOutput
 from minivllm.sampling_params import MAX_LOGPROBS, BeamSearchParams, SamplingParams
@@ -88,6 +88,11 @@ class OpenAIServing:
         # An OpenAIServingModels (set by build_app): the base model and its LoRA adapters.
         self.models: Any = None
         self.chat_template: str | None = None   # --chat-template: in place of the tokenizer's
+        # The model's generation-config defaults for what requests leave unset (vLLM's).
+        model_config = getattr(getattr(async_llm.engine, "vllm_config", None), "model_config",
+                               None)
+        self.default_sampling_params: dict[str, Any] = (
+            model_config.get_diff_sampling_param() if model_config is not None else {})
 
     @property
     def tokenizer(self) -> Any:
@@ -111,13 +116,10 @@ class OpenAIServing:
         return self.served_model_name
 
     def check_token_ids(self, token_ids: list[int], param: str = "prompt") -> None:
-        vocab_size = self.async_llm.vocab_size
-        if not token_ids:
-            raise OpenAIError("The prompt is empty; give at least one token.", param=param)
-        bad = [t for t in token_ids if t < 0 or (vocab_size is not None and t >= vocab_size)]
-        if bad:
-            raise OpenAIError(f"Token id {bad[0]} is out of range: ids must be in [0, "
-                              f"{vocab_size}).", param=param)
+        try:   # the length is checked with the completion's (resolve_max_tokens)
+            check_prompt_token_ids(token_ids, self.async_llm.vocab_size)
+        except ValueError as exc:
+            raise OpenAIError(str(exc), param=param) from exc
 
     def truncate_prompt(self, token_ids: list[int], request: Any) -> list[int]:
         """The request's `truncate_prompt_tokens` applied (before the length checks)."""
@@ -157,8 +159,9 @@ class OpenAIServing:
             raise OpenAIError(f"This model's maximum context length is {self.max_model_len} "
                               f"tokens. However, your prompt has {num_prompt_tokens} tokens. "
                               "Please reduce the length of the prompt.", param="prompt")
-        if max_tokens is None:
-            return self.max_model_len - num_prompt_tokens
+        if max_tokens is None:   # the room left, or less where the generation config says
+            return min(self.max_model_len - num_prompt_tokens,
+                       self.default_sampling_params.get("max_tokens", self.max_model_len))
         if max_tokens >= 1 and num_prompt_tokens + max_tokens > self.max_model_len:
             raise OpenAIError(
                 f"This model's maximum context length is {self.max_model_len} tokens. However, "
@@ -173,7 +176,7 @@ class OpenAIServing:
         (the messages start with the field's name). The output constraint is compiled to a
         grammar and checked here, so a bad schema or regex is a 400 before anything streams."""
         try:
-            params = request.to_sampling_params(max_tokens)
+            params = request.to_sampling_params(max_tokens, self.default_sampling_params)
         except ValueError as exc:
             first_word = str(exc).split(" ", 1)[0]
             known = first_word in _SAMPLING_FIELDS or first_word in type(request).model_fields
