@@ -112,12 +112,14 @@ class _OpenAIRoute(APIRoute):
 def build_app(async_llm: AsyncLLM, served_model_name: str | list[str] | None = None, *,
               enable_auto_tool_choice: bool = False, tool_call_parser: str | None = None,
               lora_modules: list[LoRAModulePath] | None = None,
-              api_keys: list[str] | None = None, chat_template: str | None = None) -> FastAPI:
+              api_keys: list[str] | None = None, chat_template: str | None = None,
+              enable_prompt_tokens_details: bool = False) -> FastAPI:
     """The OpenAI-compatible app around a (started or not) AsyncLLM; starts its loop (and loads
     the `lora_modules` adapters) on startup. `tool_choice: "auto"` needs
     `enable_auto_tool_choice` and a `tool_call_parser` name. `api_keys` (else VLLM_API_KEY):
     /v1 routes need one as a bearer token; `chat_template`: the text that replaces the
-    tokenizer's (requests may still pass their own)."""
+    tokenizer's (requests may still pass their own); `enable_prompt_tokens_details`: usage
+    reports the prompt tokens the prefix cache served."""
     if enable_auto_tool_choice and tool_call_parser is None:
         raise ValueError("--enable-auto-tool-choice needs --tool-call-parser (one of "
                          f"{', '.join(TOOL_PARSER_NAMES)}).")
@@ -157,6 +159,7 @@ def build_app(async_llm: AsyncLLM, served_model_name: str | list[str] | None = N
                     scores):
         serving.models = models   # `model` may name a LoRA adapter
         serving.chat_template = chat_template
+        serving.enable_prompt_tokens_details = enable_prompt_tokens_details
     keys = resolve_api_keys(api_keys, envs.VLLM_API_KEY)
     if keys:
         app.add_middleware(APIKeyMiddleware, api_keys=keys)
@@ -295,7 +298,8 @@ def run_server(args: argparse.Namespace) -> int:
     try:
         app = build_app(async_llm, args.served_model_name, enable_auto_tool_choice=args.enable_auto_tool_choice,
                         tool_call_parser=args.tool_call_parser, lora_modules=args.lora_modules,
-                        api_keys=args.api_key, chat_template=chat_template)
+                        api_keys=args.api_key, chat_template=chat_template,
+                        enable_prompt_tokens_details=args.enable_prompt_tokens_details)
     except BaseException:
         async_llm.shutdown()
         sock.close()

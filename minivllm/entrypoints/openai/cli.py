@@ -33,6 +33,9 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
     parser.add_argument("--api-key", nargs="+", default=None, metavar="KEY",
                         help="requests under /v1 must send 'Authorization: Bearer KEY' (one of "
                              "these keys; default: VLLM_API_KEY, else no key)")
+    parser.add_argument("--enable-prompt-tokens-details", action="store_true",
+                        help="usage.prompt_tokens_details.cached_tokens: the prompt tokens the "
+                             "prefix cache served")
     parser.add_argument("--chat-template", default=None,
                         help="a Jinja chat template file (or the template itself) in place of "
                              "the tokenizer's")

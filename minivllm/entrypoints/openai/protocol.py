@@ -73,6 +73,7 @@ class UsageInfo(OpenAIBaseModel):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     total_tokens: int = 0
+    prompt_tokens_details: dict[str, int] | None = None   # --enable-prompt-tokens-details
 
 
 class StreamOptions(OpenAIBaseModel):

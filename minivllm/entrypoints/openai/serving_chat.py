@@ -94,7 +94,9 @@ class OpenAIServingChat(OpenAIServing):
                 stop_reason=out.stop_reason))
         num_completion = sum(len(out.token_ids) for out in final.outputs)
         usage = UsageInfo(prompt_tokens=len(prompt_ids), completion_tokens=num_completion,
-                          total_tokens=len(prompt_ids) + num_completion)
+                          total_tokens=len(prompt_ids) + num_completion,
+                          prompt_tokens_details=self.prompt_tokens_details(
+                              final.num_cached_tokens))
         prompt_logprobs = None if request.prompt_logprobs is None else \
             prompt_logprobs_entries(final, self.decode_tokens)
         response = ChatCompletionResponse(id=request_id, created=created,
@@ -131,8 +133,10 @@ class OpenAIServingChat(OpenAIServing):
         final = None
 
         def usage() -> dict[str, int]:   # the request's so far, all choices
-            return usage_dict(num_prompt_tokens, sum(
-                len(out.token_ids) for out in final.outputs) if final is not None else 0)
+            if final is None:
+                return usage_dict(num_prompt_tokens, 0, self.prompt_tokens_details(0))
+            return usage_dict(num_prompt_tokens, sum(len(out.token_ids) for out in final.outputs),
+                              self.prompt_tokens_details(final.num_cached_tokens))
         try:
             # The role comes first, in a chunk of its own per choice (as OpenAI does).
             yield encoder.chunk([_stream_choice(i, {"role": "assistant", "content": ""})

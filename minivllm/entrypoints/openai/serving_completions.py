@@ -138,7 +138,9 @@ class OpenAIServingCompletion(OpenAIServing):
             id=job.request_id, created=job.created, model=self.model_name(request.model),
             choices=choices,
             usage=UsageInfo(prompt_tokens=num_prompt_tokens, completion_tokens=num_completion_tokens,
-                            total_tokens=num_prompt_tokens + num_completion_tokens))
+                            total_tokens=num_prompt_tokens + num_completion_tokens,
+                            prompt_tokens_details=self.prompt_tokens_details(
+                                sum(f.num_cached_tokens for f in finals))))
 
     async def _stream(self, job: _Job) -> AsyncIterator[str]:
         request, n = job.request, job.request.n
@@ -146,12 +148,15 @@ class OpenAIServingCompletion(OpenAIServing):
         encoder = ChunkEncoder(job.request_id, "text_completion", job.created,
                                self.model_name(request.model))
         num_prompt = sum(len(p.token_ids) for p in job.prompts)
+        cached = [0] * len(job.prompts)   # each prompt's prefix-cache hits
 
-        def usage() -> dict[str, int]:   # the request's so far: all prompts and choices
-            return usage_dict(num_prompt, sum(s.num_completion_tokens for s in states))
+        def usage() -> dict[str, Any]:   # the request's so far: all prompts and choices
+            return usage_dict(num_prompt, sum(s.num_completion_tokens for s in states),
+                              self.prompt_tokens_details(sum(cached)))
         try:
             async with aclosing(merge_streams(job.streams)) as merged:
                 async for i, output in merged:
+                    cached[i] = output.num_cached_tokens
                     if job.echo_only:
                         output = _without_completion(output)
                     for out in output.outputs:

@@ -88,6 +88,7 @@ class OpenAIServing:
         # An OpenAIServingModels (set by build_app): the base model and its LoRA adapters.
         self.models: Any = None
         self.chat_template: str | None = None   # --chat-template: in place of the tokenizer's
+        self.enable_prompt_tokens_details = False   # usage reports the prefix-cached tokens
         # The model's generation-config defaults for what requests leave unset (vLLM's).
         model_config = getattr(getattr(async_llm.engine, "vllm_config", None), "model_config",
                                None)
@@ -114,6 +115,11 @@ class OpenAIServing:
         if self.models is not None and requested in self.models.lora_requests:
             return requested
         return self.served_model_name
+
+    def prompt_tokens_details(self, num_cached_tokens: int) -> dict[str, int] | None:
+        """vLLM's usage.prompt_tokens_details (with --enable-prompt-tokens-details)."""
+        return {"cached_tokens": num_cached_tokens} if self.enable_prompt_tokens_details \
+            else None
 
     def check_token_ids(self, token_ids: list[int], param: str = "prompt") -> None:
         try:   # the length is checked with the completion's (resolve_max_tokens)
@@ -328,10 +334,15 @@ def prompt_logprobs_entries(final: RequestOutput, decode: Any) -> PromptLogprobs
         for token_id, entry in step.items()} for step in final.prompt_logprobs]
 
 
-def usage_dict(num_prompt_tokens: int, num_completion_tokens: int) -> dict[str, int]:
+def usage_dict(num_prompt_tokens: int, num_completion_tokens: int,
+               prompt_tokens_details: dict[str, int] | None = None) -> dict[str, Any]:
     """A UsageInfo as the plain dict ChunkEncoder writes."""
-    return {"prompt_tokens": num_prompt_tokens, "completion_tokens": num_completion_tokens,
-            "total_tokens": num_prompt_tokens + num_completion_tokens}
+    usage: dict[str, Any] = {"prompt_tokens": num_prompt_tokens,
+                             "completion_tokens": num_completion_tokens,
+                             "total_tokens": num_prompt_tokens + num_completion_tokens}
+    if prompt_tokens_details is not None:
+        usage["prompt_tokens_details"] = prompt_tokens_details
+    return usage
 
 
 def sse(payload: dict[str, Any] | str) -> str:

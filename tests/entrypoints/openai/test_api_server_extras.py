@@ -1,10 +1,13 @@
 """vLLM's extras on completions and chat: stream_options.continuous_usage_stats,
-return_token_ids and the priority field (tiny checkpoint behind the shared server fixture)."""
+return_token_ids, the priority field and --enable-prompt-tokens-details (tiny checkpoint behind
+the shared server fixture)."""
 
 import httpx
 
+from tests.entrypoints.openai._helpers import openai_client
 from tests.entrypoints.openai.test_api_server import (MESSAGES, MODEL, PROMPT,  # noqa: F401
-                                                      checkpoint, client, server)
+                                                      checkpoint, client, running_server,
+                                                      server)
 
 
 def test_continuous_usage_stats_count_every_chunk(client):
@@ -64,3 +67,24 @@ def test_priority_needs_priority_scheduling(server):
         ok = httpx.post(f"{server.url}{route}", json={"model": MODEL, "max_tokens": 2,
                                                       "priority": 0, **body})
         assert ok.status_code == 200
+
+
+def test_prompt_tokens_details_report_the_prefix_cache(checkpoint, client):
+    prompt = " ".join([PROMPT] * 12)   # several full blocks of 16 tokens
+    kwargs = dict(model=MODEL, prompt=prompt, max_tokens=2)
+    assert client.completions.create(**kwargs).usage.prompt_tokens_details is None   # flag off
+    with running_server(checkpoint, {"enable_prompt_tokens_details": True}) as detailed:
+        c = openai_client(detailed)
+        first = c.completions.create(**kwargs).usage
+        again = c.completions.create(**kwargs).usage
+        streamed = [ch.usage for ch in c.completions.create(
+            stream=True, stream_options={"include_usage": True}, **kwargs) if ch.usage][-1]
+        chat = [c.chat.completions.create(model=MODEL, max_tokens=2,
+                                          messages=[{"role": "user", "content": prompt}]).usage
+                for _ in range(2)]
+    assert first.prompt_tokens_details.cached_tokens == 0
+    cached = again.prompt_tokens_details.cached_tokens
+    assert 16 <= cached < again.prompt_tokens and cached % 16 == 0
+    assert streamed.prompt_tokens_details.cached_tokens == cached
+    assert chat[0].prompt_tokens_details.cached_tokens == 0
+    assert chat[1].prompt_tokens_details.cached_tokens >= 16
