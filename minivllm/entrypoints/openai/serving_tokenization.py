@@ -7,6 +7,7 @@ from typing import Any
 
 from minivllm.entrypoints.openai.protocol import OpenAIBaseModel
 from minivllm.entrypoints.openai.serving_engine import OpenAIError, OpenAIServing
+from minivllm.entrypoints.openai.tool_parsers import check_tools
 
 
 class TokenizeRequest(OpenAIBaseModel):
@@ -20,6 +21,7 @@ class TokenizeRequest(OpenAIBaseModel):
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
     chat_template: str | None = None
+    tools: list[dict[str, Any]] | None = None   # rendered as chat completions render them
     return_token_strs: bool = False
 
 
@@ -47,7 +49,11 @@ class OpenAIServingTokenization(OpenAIServing):
         if (request.prompt is None) == (request.messages is None):
             raise OpenAIError("Give exactly one of `prompt` and `messages`.", param="prompt")
         if request.messages is not None:
-            ids = self.render_chat(request.messages, request.chat_template,
+            try:
+                check_tools(request.tools)
+            except ValueError as exc:
+                raise OpenAIError(str(exc), param="tools") from exc
+            ids = self.render_chat(request.messages, request.chat_template, tools=request.tools,
                                    add_generation_prompt=request.add_generation_prompt,
                                    continue_final_message=request.continue_final_message,
                                    chat_template_kwargs=request.chat_template_kwargs)

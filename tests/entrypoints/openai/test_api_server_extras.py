@@ -88,3 +88,20 @@ def test_prompt_tokens_details_report_the_prefix_cache(checkpoint, client):
     assert streamed.prompt_tokens_details.cached_tokens == cached
     assert chat[0].prompt_tokens_details.cached_tokens == 0
     assert chat[1].prompt_tokens_details.cached_tokens >= 16
+
+
+def test_tokenize_renders_tools_as_chat_does(server, client):
+    template = ("{% if tools %}tools: {{ tools | tojson }}\n{% endif %}"
+                "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}")
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}}}}]
+    body = {"model": MODEL, "messages": MESSAGES, "chat_template": template}
+    with_tools = httpx.post(f"{server.url}/tokenize", json={**body, "tools": tools}).json()
+    without = httpx.post(f"{server.url}/tokenize", json=body).json()
+    assert with_tools["count"] > without["count"] + 10
+    chat = client.chat.completions.create(model=MODEL, messages=MESSAGES, tools=tools,
+                                          tool_choice="none", max_tokens=1,
+                                          extra_body={"chat_template": template})
+    assert chat.usage.prompt_tokens == with_tools["count"]
+    bad = httpx.post(f"{server.url}/tokenize", json={**body, "tools": [{"type": "function"}]})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "tools"
