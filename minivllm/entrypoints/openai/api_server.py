@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 from contextlib import asynccontextmanager
+from dataclasses import dataclass, fields
 from http import HTTPStatus
 from typing import Any
 
@@ -141,23 +142,10 @@ def build_app(async_llm: AsyncLLM, served_model_name: str | list[str] | None = N
     app.state.async_llm = async_llm
     app.state.served_model_name = served_model_name
     app.state.metrics = metrics = ServerMetrics(async_llm, served_model_name)
-    completions = OpenAIServingCompletion(async_llm, served_model_name)
-    chat = OpenAIServingChat(async_llm, served_model_name,
-                             tool_parser=tool_parser if enable_auto_tool_choice else None)
-    responses = OpenAIServingResponses(
-        async_llm, served_model_name, tool_parser=chat.tool_parser,
-        enable_store=envs.VLLM_ENABLE_RESPONSES_API_STORE)
-    tokenization = OpenAIServingTokenization(async_llm, served_model_name)
-    embedding = OpenAIServingEmbedding(async_llm, served_model_name)
-    classification = OpenAIServingClassification(async_llm, served_model_name)
-    scores = OpenAIServingScores(async_llm, served_model_name)
     app.state.serving_models = models
-    if chat.default_sampling_params:
-        logger.info("Requests default to the model's generation config: %s (--generation-config "
-                    "vllm turns this off)", chat.default_sampling_params)
-    for serving in (completions, chat, responses, tokenization, embedding, classification,
-                    scores):
-        serving.models = models   # `model` may name a LoRA adapter
+    servings = _Servings.create(async_llm, served_model_name, models,
+                                tool_parser if enable_auto_tool_choice else None)
+    for serving in servings.all():
         serving.chat_template = chat_template
         serving.enable_prompt_tokens_details = enable_prompt_tokens_details
     keys = resolve_api_keys(api_keys, envs.VLLM_API_KEY)
@@ -167,25 +155,66 @@ def build_app(async_llm: AsyncLLM, served_model_name: str | list[str] | None = N
         _add_lora_routes(app, models)
     _install_error_handlers(app)
     _add_info_routes(app, async_llm, metrics, served_model_name)
-    _add_tokenizer_routes(app, tokenization)
-    _add_responses_routes(app, async_llm, responses)
-    _add_pooling_routes(app, classification, scores)
+    _add_generate_routes(app, async_llm, servings)
+    _add_tokenizer_routes(app, servings.tokenization)
+    _add_responses_routes(app, async_llm, servings.responses)
+    _add_pooling_routes(app, servings.classification, servings.scores)
+    return app
+
+
+@dataclass
+class _Servings:
+    """One handler object per API, sharing the models (`model` may name a LoRA adapter) and the
+    model's generation-config defaults."""
+    completions: OpenAIServingCompletion
+    chat: OpenAIServingChat
+    responses: OpenAIServingResponses
+    tokenization: OpenAIServingTokenization
+    embedding: OpenAIServingEmbedding
+    classification: OpenAIServingClassification
+    scores: OpenAIServingScores
+
+    @classmethod
+    def create(cls, async_llm: AsyncLLM, name: str, models: OpenAIServingModels,
+               tool_parser: Any) -> _Servings:
+        servings = cls(
+            OpenAIServingCompletion(async_llm, name),
+            OpenAIServingChat(async_llm, name, tool_parser=tool_parser),
+            OpenAIServingResponses(async_llm, name, tool_parser=tool_parser,
+                                   enable_store=envs.VLLM_ENABLE_RESPONSES_API_STORE),
+            OpenAIServingTokenization(async_llm, name), OpenAIServingEmbedding(async_llm, name),
+            OpenAIServingClassification(async_llm, name), OpenAIServingScores(async_llm, name))
+        model_config = getattr(getattr(async_llm.engine, "vllm_config", None), "model_config",
+                               None)
+        defaults = model_config.get_diff_sampling_param() if model_config is not None else {}
+        if defaults:
+            logger.info("Requests default to the model's generation config: %s "
+                        "(--generation-config vllm turns this off)", defaults)
+        for serving in servings.all():
+            serving.models = models
+            serving.default_sampling_params = defaults
+        return servings
+
+    def all(self) -> list[Any]:
+        return [getattr(self, f.name) for f in fields(self)]
+
+
+def _add_generate_routes(app: FastAPI, async_llm: AsyncLLM, servings: _Servings) -> None:
+    """/v1/completions, /v1/chat/completions and /v1/embeddings."""
 
     @app.post("/v1/completions")
     async def create_completion(request: CompletionRequest, raw_request: Request) -> Response:
         check_generate_runner(async_llm, "Completions")
-        return await completions.create_completion(request, raw_request)
+        return await servings.completions.create_completion(request, raw_request)
 
     @app.post("/v1/chat/completions")
     async def create_chat_completion(request: ChatCompletionRequest, raw_request: Request) -> Response:
         check_generate_runner(async_llm, "Chat Completions")
-        return await chat.create_chat_completion(request, raw_request)
+        return await servings.chat.create_chat_completion(request, raw_request)
 
     @app.post("/v1/embeddings")
     async def create_embedding(request: EmbeddingRequest, raw_request: Request) -> Response:
-        return await embedding.create_embedding(request, raw_request)
-
-    return app
+        return await servings.embedding.create_embedding(request, raw_request)
 
 
 def _add_info_routes(app: FastAPI, async_llm: AsyncLLM, metrics: ServerMetrics,

@@ -89,11 +89,9 @@ class OpenAIServing:
         self.models: Any = None
         self.chat_template: str | None = None   # --chat-template: in place of the tokenizer's
         self.enable_prompt_tokens_details = False   # usage reports the prefix-cached tokens
-        # The model's generation-config defaults for what requests leave unset (vLLM's).
-        model_config = getattr(getattr(async_llm.engine, "vllm_config", None), "model_config",
-                               None)
-        self.default_sampling_params: dict[str, Any] = (
-            model_config.get_diff_sampling_param() if model_config is not None else {})
+        # The model's generation-config defaults for what requests leave unset (vLLM's; set by
+        # build_app).
+        self.default_sampling_params: dict[str, Any] = {}
 
     @property
     def tokenizer(self) -> Any:
