@@ -29,6 +29,7 @@ from minivllm.entrypoints.openai.serving_classification import (ClassificationRe
                                                                 OpenAIServingClassification)
 from minivllm.entrypoints.openai.serving_completions import OpenAIServingCompletion
 from minivllm.entrypoints.openai.responses_protocol import ResponsesRequest
+from minivllm.entrypoints.openai.serving_pooling import OpenAIServingPooling, PoolingRequest
 from minivllm.entrypoints.openai.serving_responses import OpenAIServingResponses
 from minivllm.entrypoints.openai.serving_score import (OpenAIServingScores, RerankRequest,
                                                        ScoreRequest)
@@ -158,7 +159,7 @@ def build_app(async_llm: AsyncLLM, served_model_name: str | list[str] | None = N
     _add_generate_routes(app, async_llm, servings)
     _add_tokenizer_routes(app, servings.tokenization)
     _add_responses_routes(app, async_llm, servings.responses)
-    _add_pooling_routes(app, servings.classification, servings.scores)
+    _add_pooling_routes(app, servings)
     return app
 
 
@@ -173,6 +174,7 @@ class _Servings:
     embedding: OpenAIServingEmbedding
     classification: OpenAIServingClassification
     scores: OpenAIServingScores
+    pooling: OpenAIServingPooling
 
     @classmethod
     def create(cls, async_llm: AsyncLLM, name: str, models: OpenAIServingModels,
@@ -183,7 +185,8 @@ class _Servings:
             OpenAIServingResponses(async_llm, name, tool_parser=tool_parser,
                                    enable_store=envs.VLLM_ENABLE_RESPONSES_API_STORE),
             OpenAIServingTokenization(async_llm, name), OpenAIServingEmbedding(async_llm, name),
-            OpenAIServingClassification(async_llm, name), OpenAIServingScores(async_llm, name))
+            OpenAIServingClassification(async_llm, name), OpenAIServingScores(async_llm, name),
+            OpenAIServingPooling(async_llm, name))
         model_config = getattr(getattr(async_llm.engine, "vllm_config", None), "model_config",
                                None)
         defaults = model_config.get_diff_sampling_param() if model_config is not None else {}
@@ -263,24 +266,28 @@ def _add_responses_routes(app: FastAPI, async_llm: AsyncLLM,
         return await responses.cancel(response_id)
 
 
-def _add_pooling_routes(app: FastAPI, classification: OpenAIServingClassification,
-                        scores: OpenAIServingScores) -> None:
-    """vLLM's /classify, /score and /rerank (each also under the paths vLLM serves it)."""
+def _add_pooling_routes(app: FastAPI, servings: _Servings) -> None:
+    """vLLM's /pooling, /classify, /score and /rerank (each also under the paths vLLM serves
+    it)."""
+
+    @app.post("/pooling")
+    async def create_pooling(request: PoolingRequest, raw_request: Request) -> Response:
+        return await servings.pooling.create_pooling(request, raw_request)
 
     @app.post("/classify")
     async def create_classify(request: ClassificationRequest, raw_request: Request) -> Response:
-        return await classification.create_classify(request, raw_request)
+        return await servings.classification.create_classify(request, raw_request)
 
     @app.post("/score")
     @app.post("/v1/score")
     async def create_score(request: ScoreRequest, raw_request: Request) -> Response:
-        return await scores.create_score(request, raw_request)
+        return await servings.scores.create_score(request, raw_request)
 
     @app.post("/rerank")
     @app.post("/v1/rerank")
     @app.post("/v2/rerank")
     async def create_rerank(request: RerankRequest, raw_request: Request) -> Response:
-        return await scores.create_rerank(request, raw_request)
+        return await servings.scores.create_rerank(request, raw_request)
 
 
 def _add_lora_routes(app: FastAPI, models: OpenAIServingModels) -> None:

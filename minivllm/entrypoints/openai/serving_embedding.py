@@ -22,10 +22,16 @@ from minivllm.pooling_params import PoolingParams
 
 
 class EmbeddingRequest(OpenAIBaseModel):
-    """OpenAI's body, plus vLLM's `truncate_prompt_tokens` and `add_special_tokens`."""
+    """OpenAI's body, plus vLLM's `truncate_prompt_tokens` and `add_special_tokens`, and its
+    chat form: `messages` (instead of `input`) through the chat template, one embedding."""
 
     model: str | None = None
-    input: str | list[str] | list[int] | list[list[int]]
+    input: str | list[str] | list[int] | list[list[int]] | None = None
+    messages: list[dict[str, Any]] | None = None
+    add_generation_prompt: bool = False
+    continue_final_message: bool = False
+    chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = Field(default=None, ge=1)
     user: str | None = None
@@ -111,8 +117,22 @@ class OpenAIServingEmbedding(OpenAIServing):
 
     def input_prompts(self, request: Any) -> list[list[int]]:
         """Token ids per input of a pooling request (its `input`, `add_special_tokens`,
-        `truncate_prompt_tokens`): a string, strings, token ids, or lists of token ids."""
+        `truncate_prompt_tokens`): a string, strings, token ids, or lists of token ids; or
+        one conversation (`messages`) through the chat template."""
+        if getattr(request, "messages", None) is not None:
+            if request.input is not None:
+                raise OpenAIError("Give `input` or `messages`, not both.", param="messages")
+            ids = self.render_chat(request.messages, request.chat_template,
+                                   add_generation_prompt=request.add_generation_prompt,
+                                   continue_final_message=request.continue_final_message,
+                                   chat_template_kwargs=request.chat_template_kwargs)
+            if request.truncate_prompt_tokens is not None:
+                ids = ids[-request.truncate_prompt_tokens:]
+            self.check_length(ids, param="messages")
+            return [ids]
         value = request.input
+        if value is None:
+            raise OpenAIError("Give `input` (or `messages` for a chat).", param="input")
         items = [value] if isinstance(value, str) or (value and isinstance(value[0], int)) \
             else list(value)
         if not items:
