@@ -11,6 +11,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -22,7 +23,8 @@ from minivllm.engine.async_llm import AsyncLLM
 from minivllm.entrypoints.openai.cli_args import LoRAModulePath
 from minivllm.entrypoints.openai.metrics import CONTENT_TYPE, ServerMetrics
 from minivllm.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
-from minivllm.entrypoints.openai.server_options import (APIKeyMiddleware, bind_listen_socket,
+from minivllm.entrypoints.openai.server_options import (APIKeyMiddleware, CORSOptions,
+                                                        bind_listen_socket,
                                                         load_chat_template, resolve_api_keys)
 from minivllm.entrypoints.openai.serving_chat import OpenAIServingChat
 from minivllm.entrypoints.openai.serving_classification import (ClassificationRequest,
@@ -115,13 +117,15 @@ def build_app(async_llm: AsyncLLM, served_model_name: str | list[str] | None = N
               enable_auto_tool_choice: bool = False, tool_call_parser: str | None = None,
               lora_modules: list[LoRAModulePath] | None = None,
               api_keys: list[str] | None = None, chat_template: str | None = None,
-              enable_prompt_tokens_details: bool = False) -> FastAPI:
+              enable_prompt_tokens_details: bool = False,
+              cors: CORSOptions | None = None) -> FastAPI:
     """The OpenAI-compatible app around a (started or not) AsyncLLM; starts its loop (and loads
     the `lora_modules` adapters) on startup. `tool_choice: "auto"` needs
     `enable_auto_tool_choice` and a `tool_call_parser` name. `api_keys` (else VLLM_API_KEY):
     /v1 routes need one as a bearer token; `chat_template`: the text that replaces the
     tokenizer's (requests may still pass their own); `enable_prompt_tokens_details`: usage
-    reports the prompt tokens the prefix cache served."""
+    reports the prompt tokens the prefix cache served; `cors`: who may call from a browser
+    (vLLM's default: any origin)."""
     if enable_auto_tool_choice and tool_call_parser is None:
         raise ValueError("--enable-auto-tool-choice needs --tool-call-parser (one of "
                          f"{', '.join(TOOL_PARSER_NAMES)}).")
@@ -154,6 +158,8 @@ def build_app(async_llm: AsyncLLM, served_model_name: str | list[str] | None = N
         app.add_middleware(APIKeyMiddleware, api_keys=keys)
     if envs.VLLM_ALLOW_RUNTIME_LORA_UPDATING:
         _add_lora_routes(app, models)
+    # Added last, so outermost: a preflight is answered before the API-key check.
+    app.add_middleware(CORSMiddleware, **(cors or CORSOptions()).middleware_kwargs())
     _install_error_handlers(app)
     _add_info_routes(app, async_llm, metrics, served_model_name)
     _add_generate_routes(app, async_llm, servings)
@@ -335,7 +341,9 @@ def run_server(args: argparse.Namespace) -> int:
         app = build_app(async_llm, args.served_model_name, enable_auto_tool_choice=args.enable_auto_tool_choice,
                         tool_call_parser=args.tool_call_parser, lora_modules=args.lora_modules,
                         api_keys=args.api_key, chat_template=chat_template,
-                        enable_prompt_tokens_details=args.enable_prompt_tokens_details)
+                        enable_prompt_tokens_details=args.enable_prompt_tokens_details,
+                        cors=CORSOptions(args.allowed_origins, args.allow_credentials,
+                                         args.allowed_methods, args.allowed_headers))
     except BaseException:
         async_llm.shutdown()
         sock.close()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from minivllm.engine.arg_utils import EngineArgs
-from minivllm.entrypoints.openai.cli_args import parse_lora_module
+from minivllm.entrypoints.openai.cli_args import json_string_list, parse_lora_module
 from minivllm.entrypoints.openai.tool_parsers import TOOL_PARSER_NAMES
 
 
@@ -33,6 +33,14 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
     parser.add_argument("--api-key", nargs="+", default=None, metavar="KEY",
                         help="requests under /v1 must send 'Authorization: Bearer KEY' (one of "
                              "these keys; default: VLLM_API_KEY, else no key)")
+    for flag, what in (("--allowed-origins", "origins"), ("--allowed-methods", "methods"),
+                       ("--allowed-headers", "headers")):
+        parser.add_argument(flag, type=json_string_list, default=["*"],
+                            help=f"CORS: the {what} a browser may call from, as a JSON list "
+                                 '(default ["*"])')
+    parser.add_argument("--allow-credentials", action="store_true",
+                        help="CORS: allow credentials (cookies, auth headers) on cross-origin "
+                             "calls")
     parser.add_argument("--enable-prompt-tokens-details", action="store_true",
                         help="usage.prompt_tokens_details.cached_tokens: the prompt tokens the "
                              "prefix cache served")

@@ -36,3 +36,15 @@ def parse_lora_module(value: str) -> LoRAModulePath:
         raise argparse.ArgumentTypeError(f"--lora-modules {value!r}: expected name=path or a JSON "
                                          'object such as \'{"name": "a", "path": "/adapters/a"}\'')
     return LoRAModulePath(name, path)
+
+
+def json_string_list(value: str) -> list[str]:
+    """A CORS flag's value: a JSON list of strings, e.g. '["http://localhost:3000"]'."""
+    try:
+        parsed = json.loads(value)
+    except json.JSONDecodeError:
+        parsed = None
+    if not isinstance(parsed, list) or not all(isinstance(v, str) for v in parsed):
+        raise argparse.ArgumentTypeError(f"expected a JSON list of strings such as "
+                                         f"'[\"http://localhost:3000\"]', got {value!r}")
+    return parsed

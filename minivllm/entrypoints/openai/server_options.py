@@ -1,5 +1,6 @@
-"""Deployment options of `minivllm serve` as vLLM names them: `--api-key` (or VLLM_API_KEY) and
-`--chat-template` (a file, or the template itself)."""
+"""Deployment options of `minivllm serve` as vLLM names them: `--api-key` (or VLLM_API_KEY),
+`--chat-template` (a file, or the template itself) and the CORS settings (`--allowed-origins`,
+...), so a browser page on another origin may call the server."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import json
 import os
 import socket
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Any
 
@@ -45,6 +47,19 @@ class APIKeyMiddleware:
         header = next((v for k, v in scope.get("headers", ()) if k == b"authorization"), b"")
         # compare_digest: the time taken does not tell how much of a key matched
         return any(hmac.compare_digest(header, accepted) for accepted in self._accepted)
+
+
+@dataclass
+class CORSOptions:
+    """vLLM's defaults: any origin, method and header; no credentials."""
+    allowed_origins: list[str] = field(default_factory=lambda: ["*"])
+    allow_credentials: bool = False
+    allowed_methods: list[str] = field(default_factory=lambda: ["*"])
+    allowed_headers: list[str] = field(default_factory=lambda: ["*"])
+
+    def middleware_kwargs(self) -> dict[str, Any]:
+        return {"allow_origins": self.allowed_origins, "allow_credentials": self.allow_credentials,
+                "allow_methods": self.allowed_methods, "allow_headers": self.allowed_headers}
 
 
 def resolve_api_keys(api_keys: list[str] | None, env_key: str | None) -> list[str]:

@@ -1,4 +1,5 @@
-"""`--api-key` / VLLM_API_KEY and `--chat-template` on a real server with the openai client."""
+"""`--api-key` / VLLM_API_KEY, `--chat-template` and the CORS flags on a real server with the
+openai client."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import openai
 import pytest
 
 from minivllm.entrypoints.cli import build_parser
-from minivllm.entrypoints.openai.server_options import load_chat_template, resolve_api_keys
+from minivllm.entrypoints.openai.server_options import (CORSOptions, load_chat_template,
+                                                        resolve_api_keys)
 from tests.entrypoints.openai._helpers import make_tokenizer, write_tiny_checkpoint
 from tests.entrypoints.openai.test_api_server import running_server
 
@@ -106,3 +108,34 @@ def test_a_port_in_use_fails_before_the_model_loads(checkpoint, monkeypatch):
         with pytest.raises(ValueError, match=f"Cannot listen on 127.0.0.1:{port}: .*pick another "
                                              "--port"):
             run_server(args)
+
+
+PREFLIGHT = {"Origin": "http://ui.example", "Access-Control-Request-Method": "POST",
+             "Access-Control-Request-Headers": "authorization, content-type"}
+
+
+def test_cors_lets_browser_pages_call_the_server(checkpoint, monkeypatch):
+    monkeypatch.delenv("VLLM_API_KEY", raising=False)
+    with server_with(checkpoint, api_keys=["k"]) as server:   # vLLM's default: any origin
+        url = f"{server.url}/v1/completions"
+        preflight = httpx.options(url, headers=PREFLIGHT)   # no key: answered before the check
+        assert preflight.status_code == 200
+        assert preflight.headers["access-control-allow-origin"] == "*"
+        assert "POST" in preflight.headers["access-control-allow-methods"]
+        done = httpx.post(url, headers={"Origin": "http://ui.example", "Authorization": "Bearer k"},
+                          json={"model": MODEL, "prompt": "Hello", "max_tokens": 2})
+        assert done.status_code == 200 and done.headers["access-control-allow-origin"] == "*"
+    only = CORSOptions(allowed_origins=["http://ui.example"])
+    with server_with(checkpoint, cors=only) as server:
+        url = f"{server.url}/v1/completions"
+        ok = httpx.options(url, headers=PREFLIGHT)
+        other = httpx.options(url, headers={**PREFLIGHT, "Origin": "http://evil.example"})
+        assert ok.headers["access-control-allow-origin"] == "http://ui.example"
+        assert other.status_code == 400 and "access-control-allow-origin" not in other.headers
+
+
+def test_cors_flags_parse_json_lists():
+    args = build_parser().parse_args(["serve", "--allowed-origins", '["http://a.example"]'])
+    assert args.allowed_origins == ["http://a.example"] and args.allowed_methods == ["*"]
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--allowed-origins", "http://a.example"])
