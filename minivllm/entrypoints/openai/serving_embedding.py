@@ -128,7 +128,7 @@ class OpenAIServingEmbedding(OpenAIServing):
                                    chat_template_kwargs=request.chat_template_kwargs)
             if request.truncate_prompt_tokens is not None:
                 ids = ids[-request.truncate_prompt_tokens:]
-            self.check_length(ids, param="messages")
+            self.check_token_ids(ids, param="messages", whole=True)
             return [ids]
         value = request.input
         if value is None:
@@ -142,18 +142,11 @@ class OpenAIServingEmbedding(OpenAIServing):
         for item in items:
             ids = list(self.tokenizer.encode(item, add_special_tokens=request.add_special_tokens)) \
                 if isinstance(item, str) else list(item)
-            self.check_token_ids(ids, param="input")
             if request.truncate_prompt_tokens is not None:
                 ids = ids[-request.truncate_prompt_tokens:]
-            self.check_length(ids)
+            self.check_token_ids(ids, param="input", whole=True)
             prompts.append(ids)
         return prompts
-
-    def check_length(self, ids: list[int], param: str = "input") -> None:
-        if len(ids) > self.max_model_len:
-            raise OpenAIError(f"This model's maximum context length is {self.max_model_len} "
-                              f"tokens. However, an input has {len(ids)} tokens. Please "
-                              "reduce the length of the input.", param=param)
 
     def _response(self, request: EmbeddingRequest, request_id: str,
                   finals: list[PoolingRequestOutput]) -> EmbeddingResponse:

@@ -119,9 +119,14 @@ class OpenAIServing:
         return {"cached_tokens": num_cached_tokens} if self.enable_prompt_tokens_details \
             else None
 
-    def check_token_ids(self, token_ids: list[int], param: str = "prompt") -> None:
-        try:   # the length is checked with the completion's (resolve_max_tokens)
-            check_prompt_token_ids(token_ids, self.async_llm.vocab_size)
+    def check_token_ids(self, token_ids: list[int], param: str = "prompt",
+                        whole: bool = False) -> None:
+        """Empty or out-of-vocabulary ids are a 400. `whole`: the prompt is all the request
+        runs (pooling), so it must fit max_model_len itself; a generation's length is checked
+        with its completion's (resolve_max_tokens)."""
+        try:
+            check_prompt_token_ids(token_ids, self.async_llm.vocab_size,
+                                   self.max_model_len if whole else None)
         except ValueError as exc:
             raise OpenAIError(str(exc), param=param) from exc
 

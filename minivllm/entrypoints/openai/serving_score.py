@@ -136,6 +136,5 @@ class OpenAIServingScores(OpenAIServingEmbedding):
     def _prompt(self, ids: list[int], request: Any) -> list[int]:
         if request.truncate_prompt_tokens is not None:
             ids = ids[-request.truncate_prompt_tokens:]
-        self.check_token_ids(ids, param="text_1")
-        self.check_length(ids, param="text_2")
+        self.check_token_ids(ids, param=None, whole=True)   # a pair: no one field to name
         return ids
