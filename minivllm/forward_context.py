@@ -37,6 +37,10 @@ class ForwardContext:
     skip_compiled: bool = False                # run the compiled model eagerly for this step
     # hybrid models: where each sequence's recurrent state lives (ShortConvAttentionMetadata)
     state_metadata: Any = None
+    # minivllm: every request brings only its last token and its draft tokens (a decode step
+    # of speculative decoding); kernels that treat decode steps apart read it
+    # (`is_decode_only_step`)
+    decode_with_drafts: bool = False
 
 
 _forward_context: ForwardContext | None = None
@@ -68,14 +72,16 @@ def set_forward_context(attn_metadata: Any, vllm_config: VllmConfig, num_tokens:
                         cudagraph_runtime_mode: CUDAGraphMode = CUDAGraphMode.NONE,
                         batch_descriptor: Any = None, ubatch_slices: Any = None,
                         slot_mapping: Any = None, skip_compiled: bool = False,
-                        is_padding: Any = None, state_metadata: Any = None) -> Iterator[None]:
+                        is_padding: Any = None, state_metadata: Any = None,
+                        decode_with_drafts: bool = False) -> Iterator[None]:
     """Publish one step's metadata to every layer for the duration of the forward pass."""
     assert _forward_context is None, "set_forward_context must not be nested"
     ctx = create_forward_context(attn_metadata, vllm_config, slot_mapping=slot_mapping,
                                  skip_compiled=skip_compiled, is_padding=is_padding,
                                  cudagraph_runtime_mode=cudagraph_runtime_mode,
                                  batch_descriptor=batch_descriptor, ubatch_slices=ubatch_slices,
-                                 state_metadata=state_metadata)
+                                 state_metadata=state_metadata,
+                                 decode_with_drafts=decode_with_drafts)
     with override_forward_context(ctx):
         yield
 
@@ -91,10 +97,14 @@ def is_forward_context_available() -> bool:
 
 
 def is_decode_only_step() -> bool:
-    """True inside a forward pass whose requests each bring one token (a decode step)."""
+    """True inside a forward pass whose requests each bring one token (a decode step), or
+    their last token and their draft tokens (a decode step with speculation)."""
     ctx = _forward_context
-    batch = None if ctx is None else ctx.batch_descriptor
-    return batch is not None and batch.uniform and batch.num_tokens == batch.num_reqs
+    if ctx is None:
+        return False
+    batch = ctx.batch_descriptor
+    return ctx.decode_with_drafts or (batch is not None and batch.uniform
+                                      and batch.num_tokens == batch.num_reqs)
 
 
 def in_piecewise_cudagraph() -> bool:

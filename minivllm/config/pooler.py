@@ -13,6 +13,8 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from minivllm.config.utils import check_config_keys
+
 SEQ_POOLING_TYPES = ("LAST", "MEAN", "CLS")   # one vector per sequence
 TOK_POOLING_TYPES = ("ALL",)                  # one vector per token
 POOLING_TYPES = SEQ_POOLING_TYPES + TOK_POOLING_TYPES
@@ -81,10 +83,7 @@ class PoolerConfig:
         if not isinstance(value, dict):
             raise ValueError("pooler_config must be a JSON object such as "
                              '\'{"pooling_type": "MEAN", "normalize": false}\'')
-        names = [f.name for f in dataclasses.fields(cls)]
-        unknown = sorted(set(value) - set(names))
-        if unknown:
-            raise ValueError(f"Unknown pooler_config key(s) {unknown}; valid keys: {', '.join(names)}")
+        check_config_keys(cls, value, "pooler_config")
         return cls(**value)
 
 

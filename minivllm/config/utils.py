@@ -1,5 +1,6 @@
 """Helpers vLLM's model files use to read configs (vLLM's `config.utils`)."""
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -20,3 +21,12 @@ def getattr_iter(object: object, names: Sequence[str], default: Any | None = Non
                                type(object).__name__, name, names[0])
             return getattr(object, name)
     return default_factory() if default_factory is not None else default
+
+
+def check_config_keys(config_cls: type, values: dict[str, Any], what: str) -> None:
+    """A ValueError naming the valid keys when `values` (a user's JSON object for the
+    dataclass `config_cls`, called `what`) has keys the dataclass does not take."""
+    names = [f.name for f in dataclasses.fields(config_cls) if f.init]   # in field order
+    unknown = sorted(set(values) - set(names))
+    if unknown:
+        raise ValueError(f"Unknown {what} key(s) {unknown}; valid keys: {', '.join(names)}")

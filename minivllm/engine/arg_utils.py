@@ -22,6 +22,8 @@ from minivllm.config.load import LOAD_FORMATS
 from minivllm.config.model import CONVERT_TYPES, RUNNER_TYPES
 from minivllm.config.pooler import resolve_pooler_config
 from minivllm.config.scheduler import SCHEDULING_POLICIES
+from minivllm.config.speculative import SpeculativeConfig
+from minivllm.config.utils import check_config_keys
 from minivllm.logger import init_logger
 from minivllm.model_executor.layers.quantization import (QUANTIZATION_METHODS,
                                                          get_quantization_config)
@@ -150,6 +152,9 @@ class EngineArgs:
                                         "its reasoning from its content, and structured outputs "
                                         "apply once the reasoning ends",
                                         choices=sorted(ReasoningParserManager.reasoning_parsers))
+    speculative_config: dict[str, Any] | SpeculativeConfig | None = _arg(
+        None, "speculative decoding as JSON, e.g. '{\"method\": \"ngram\", "
+        "\"num_speculative_tokens\": 4, \"prompt_lookup_max\": 4}'", type=_parse_json_object)
 
     def create_engine_config(self) -> VllmConfig:
         """Validate every part once and assemble the VllmConfig."""
@@ -199,7 +204,19 @@ class EngineArgs:
             compilation_config=self._compilation_config(),
             quant_config=get_quant_config(model_config, load_config, device_config.device),
             lora_config=self._lora_config(),
+            speculative_config=self._speculative_config(model_config),
             structured_outputs_config=structured_outputs_config)
+
+    def _speculative_config(self, model_config: ModelConfig) -> SpeculativeConfig | None:
+        spec = self.speculative_config
+        if spec is None or isinstance(spec, SpeculativeConfig):
+            return spec
+        spec = SpeculativeConfig.from_dict(spec)
+        if model_config.runner_type == "pooling":
+            raise ValueError("speculative_config applies to text generation; this engine runs "
+                             "the pooling runner (embeddings, classification), which samples "
+                             "no tokens")
+        return spec
 
     def _lora_config(self) -> LoRAConfig | None:
         if not self.enable_lora:
@@ -216,11 +233,7 @@ class EngineArgs:
             mode = CompilationMode.NONE if self.enforce_eager else CompilationMode.VLLM_COMPILE
             return CompilationConfig(mode=mode)
         if isinstance(cc, dict):
-            names = sorted(f.name for f in dataclasses.fields(CompilationConfig) if f.init)
-            unknown = sorted(set(cc) - set(names))
-            if unknown:
-                raise ValueError(f"Unknown compilation_config key(s) {unknown}; valid keys: "
-                                 f"{', '.join(names)}")
+            check_config_keys(CompilationConfig, cc, "compilation_config")
             _check_mode(cc.get("mode", CompilationMode.NONE))
             return CompilationConfig(**cc)
         return CompilationConfig(mode=_check_mode(cc))

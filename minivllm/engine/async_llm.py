@@ -25,6 +25,7 @@ from minivllm.lora.request import LoRARequest
 from minivllm.logger import init_logger
 from minivllm.outputs import RequestOutput
 from minivllm.sampling_params import SamplingParams
+from minivllm.v1.spec_decode.metrics import SpecDecodingStats
 
 logger = init_logger(__name__)
 
@@ -50,6 +51,7 @@ class EngineStats:
     num_running: int = 0
     num_waiting: int = 0          # sequences waiting in the scheduler
     kv_cache_usage: float = 0.0   # fraction of KV blocks held by requests
+    spec_decoding: SpecDecodingStats | None = None   # totals, when the engine speculates
 
 
 class StatLogger(Protocol):
@@ -340,7 +342,8 @@ class AsyncLLM:
         scheduler = self.engine.scheduler
         self.stats = EngineStats(num_running=scheduler.num_running,
                                  num_waiting=scheduler.num_waiting,
-                                 kv_cache_usage=scheduler.kv_cache_usage)
+                                 kv_cache_usage=scheduler.kv_cache_usage,
+                                 spec_decoding=copy.deepcopy(scheduler.spec_stats))
 
     def _dispatch(self, outputs: list[RequestOutput], now: float) -> None:
         """Hands each output to its request's queue: one thread-safe call per event loop."""

@@ -84,7 +84,8 @@ class KVCacheManager:
         new_blocks = self.block_pool.get_new_blocks(max(num_required, 0))
         req_blocks.extend(new_blocks)
         if self.enable_caching:
-            self._cache_blocks(request, num_total_tokens)
+            # Draft tokens are not known tokens yet: blocks they fill are cached once verified.
+            self._cache_blocks(request, min(num_total_tokens, request.num_tokens))
         return [b.block_id for b in new_blocks]
 
     def free(self, request: Request) -> None:

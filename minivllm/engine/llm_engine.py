@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from tqdm import tqdm
@@ -24,8 +23,11 @@ from tqdm import tqdm
 from minivllm.engine import pooling
 from minivllm.engine.arg_utils import EngineArgs
 from minivllm.engine.detokenizer import IncrementalDetokenizer
+from minivllm.engine.output_processor import (ChildState, ParentState, process_child,
+                                              to_logprob_dict)
 from minivllm.engine.request import Request, RequestStatus
-from minivllm.engine.scheduler import Scheduler, has_prefix_lm_layers
+from minivllm.engine.sched_utils import has_prefix_lm_layers
+from minivllm.engine.scheduler import Scheduler
 from minivllm.inputs import PromptType, check_prompt_token_ids, prompt_input, truncate_prompt
 from minivllm.lora.request import LoRARequest
 from minivllm.outputs import CompletionOutput, Logprob, RequestOutput
@@ -40,28 +42,6 @@ class Executor(Protocol):
     num_blocks: int
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput: ...
-
-
-@dataclass
-class _ParentState:
-    request_id: str
-    prompt: str | None
-    prompt_token_ids: list[int]
-    children: list[_ChildState] = field(default_factory=list)
-    prompt_logprobs: list[dict[int, Logprob] | None] | None = None
-    pooling_params: Any = None   # a pooling request: PoolingParams, then the runner's vector
-    pooled: Any = None
-
-
-@dataclass
-class _ChildState:
-    request: Request
-    parent: _ParentState
-    index: int
-    detokenizer: IncrementalDetokenizer | None
-    num_processed_tokens: int = 0
-    logprobs: list[dict[int, Logprob]] | None = None
-    cumulative_logprob: float | None = None
 
 
 class LLMEngine:
@@ -89,6 +69,7 @@ class LLMEngine:
             long_prefill_token_threshold=getattr(sched, "long_prefill_token_threshold", 0),
             whole_prefills=has_prefix_lm_layers(vllm_config),
             policy=getattr(sched, "policy", "fcfs"),
+            num_spec_tokens=_num_spec_tokens(vllm_config),
             max_loras=self.lora_config.max_loras if self.lora_config is not None else None)
         self.executor = executor
         self.tokenizer = tokenizer
@@ -96,8 +77,8 @@ class LLMEngine:
             eos_token_id = tokenizer.eos_token_id
         self.eos_token_id = eos_token_id
         self.reasoning_parser = reasoning_parser_for(vllm_config, tokenizer)
-        self._parents: dict[str, _ParentState] = {}
-        self._children: dict[str, _ChildState] = {}
+        self._parents: dict[str, ParentState] = {}
+        self._children: dict[str, ChildState] = {}
 
     @classmethod
     def from_engine_args(cls, engine_args: EngineArgs) -> LLMEngine:
@@ -144,7 +125,7 @@ class LLMEngine:
         if params.structured_outputs is not None:
             # Validates the constraint (ValueError) before any child is queued.
             self._structured_output_manager().grammar_init(params.structured_outputs)
-        parent = _ParentState(request_id, prompt_text, prompt_token_ids,
+        parent = ParentState(request_id, prompt_text, prompt_token_ids,
                               pooling_params=pooling_params)
         if params.prompt_logprobs is not None:
             parent.prompt_logprobs = [None]   # nothing predicts the first prompt token
@@ -162,7 +143,7 @@ class LLMEngine:
         self._record_prompt_logprobs(runner_output)
         pooling.record_pooled(self._children, runner_output)
         row_of = {req_id: i for i, req_id in enumerate(runner_output.req_ids)}
-        touched: dict[str, _ParentState] = {}
+        touched: dict[str, ParentState] = {}
         for request in updated:
             child = self._children.get(request.request_id)
             if child is None:
@@ -282,7 +263,7 @@ class LLMEngine:
             return prompt, list(self.tokenizer.encode(prompt))
         return None, list(prompt)
 
-    def _add_child(self, parent: _ParentState, index: int, params: SamplingParams,
+    def _add_child(self, parent: ParentState, index: int, params: SamplingParams,
                    arrival_time: float | None, lora_request: LoRARequest | None = None,
                    priority: int = 0) -> None:
         n = params.n
@@ -310,28 +291,17 @@ class LLMEngine:
         detokenizer = None
         if self.tokenizer is not None and params.detokenize:
             detokenizer = IncrementalDetokenizer(self.tokenizer, parent.prompt_token_ids, child_params)
-        child = _ChildState(request, parent, index, detokenizer)
+        child = ChildState(request, parent, index, detokenizer)
         if params.logprobs is not None:
             child.logprobs, child.cumulative_logprob = [], 0.0
         self.scheduler.add_request(request)
         parent.children.append(child)
         self._children[child_id] = child
 
-    def _process_child(self, child: _ChildState, row_logprobs: list[LogprobEntry] | None) -> None:
+    def _process_child(self, child: ChildState,
+                       token_logprobs: list[list[LogprobEntry]] | None) -> None:
         request = child.request
-        new_token_ids = request.output_token_ids[child.num_processed_tokens:]
-        child.num_processed_tokens = request.num_output_tokens
-        if child.logprobs is not None and row_logprobs is not None:
-            child.logprobs.append(self._to_logprob_dict(row_logprobs))
-            child.cumulative_logprob += row_logprobs[0][1]
-        if child.detokenizer is None:
-            return
-        params = request.sampling_params
-        if (request.status == RequestStatus.FINISHED_STOPPED and new_token_ids
-                and not params.include_stop_str_in_output
-                and new_token_ids[-1] in params.all_stop_token_ids):
-            new_token_ids = new_token_ids[:-1]   # the eos / stop token stays out of the text
-        stop_string = child.detokenizer.update(new_token_ids)
+        stop_string = process_child(child, token_logprobs, self.tokenizer)
         if stop_string is not None and request.stop_reason != stop_string:
             # A stop string overrides a length cap reached by the same token.
             request.stop_reason = stop_string
@@ -357,19 +327,10 @@ class LLMEngine:
             child = self._children.get(req_id)
             if child is None or child.parent.prompt_logprobs is None:
                 continue
-            child.parent.prompt_logprobs.extend(self._to_logprob_dict(p) for p in positions)
+            child.parent.prompt_logprobs.extend(to_logprob_dict(p, self.tokenizer)
+                                               for p in positions)
 
-    def _to_logprob_dict(self, entries: list[LogprobEntry]) -> dict[int, Logprob]:
-        return {token_id: Logprob(logprob, rank, self._decode_token(token_id))
-                for token_id, logprob, rank in entries}
-
-    def _decode_token(self, token_id: int) -> str | None:
-        if self.tokenizer is None:
-            return None
-        token = self.tokenizer.convert_ids_to_tokens(token_id)
-        return self.tokenizer.convert_tokens_to_string([token]) if token is not None else None
-
-    def _make_output(self, parent: _ParentState) -> RequestOutput:
+    def _make_output(self, parent: ParentState) -> RequestOutput:
         outputs = []
         for child in parent.children:
             request = child.request
@@ -394,3 +355,8 @@ class LLMEngine:
             outputs=outputs, finished=finished,
             num_cached_tokens=max(parent.children[0].request.num_cached_tokens, 0))
 
+
+
+def _num_spec_tokens(vllm_config: Any) -> int:
+    spec = getattr(vllm_config, "speculative_config", None)
+    return spec.num_speculative_tokens if spec is not None else 0

@@ -69,6 +69,8 @@ class Request:
         # A StructuredOutputRequest (v1/structured_output) when the output is constrained.
         self.structured_output_request = None
         self.lora_request = lora_request
+        # Speculative decoding: tokens proposed for the next step, verified by the model then.
+        self.spec_token_ids: list[int] = []
 
     @property
     def lora_int_id(self) -> int:
@@ -104,6 +106,12 @@ class Request:
             token_ids = [token_ids]
         self.output_token_ids.extend(token_ids)
         self._all_token_ids.extend(token_ids)
+
+    def drop_last_output_tokens(self, num_tokens: int) -> None:
+        """Forgets the last output tokens (a stop string ended the text before them)."""
+        if num_tokens > 0:
+            del self.output_token_ids[-num_tokens:]
+            del self._all_token_ids[-num_tokens:]
 
     def get_finished_reason(self) -> str | None:
         """"stop", "length", "abort", or None while the request runs."""

@@ -8,9 +8,11 @@ from collections.abc import Iterable
 
 from minivllm.engine.kv_cache_manager import KVCacheManager
 from minivllm.engine.request import Request, RequestStatus
+from minivllm.engine.sched_utils import check_stop
 from minivllm.logger import init_logger
 from minivllm.v1.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
 from minivllm.v1.outputs import ModelRunnerOutput
+from minivllm.v1.spec_decode.metrics import SpecDecodingStats
 
 logger = init_logger(__name__)
 
@@ -31,7 +33,8 @@ class Scheduler:
     def __init__(self, *, max_num_seqs: int, max_num_batched_tokens: int, block_size: int,
                  num_blocks: int, max_model_len: int, enable_prefix_caching: bool = True,
                  long_prefill_token_threshold: int = 0, max_loras: int | None = None,
-                 whole_prefills: bool = False, policy: str = "fcfs") -> None:
+                 whole_prefills: bool = False, policy: str = "fcfs",
+                 num_spec_tokens: int = 0) -> None:
         for name, value in (("max_num_seqs", max_num_seqs),
                             ("max_num_batched_tokens", max_num_batched_tokens),
                             ("max_model_len", max_model_len)):
@@ -78,6 +81,8 @@ class Scheduler:
         self.structured_output_manager = None
         self._grammar_failed: list[Request] = []   # reported by the next update_from_output
         self._grammar_pending: list[Request] = []  # waiting for their grammar this step
+        # Speculative decoding: a running request's drafts are scheduled after its last token.
+        self.spec_stats = SpecDecodingStats(num_spec_tokens) if num_spec_tokens else None
 
     @property
     def num_running(self) -> int:
@@ -111,7 +116,9 @@ class Scheduler:
         """Plans one step and advances `num_computed_tokens` of every scheduled request."""
         num_scheduled_tokens: dict[str, int] = {}
         new_block_ids: dict[str, list[int]] = {}
-        running_reqs, preempted = self._schedule_running(num_scheduled_tokens, new_block_ids)
+        spec_tokens: dict[str, list[int]] = {}
+        running_reqs, preempted = self._schedule_running(num_scheduled_tokens, new_block_ids,
+                                                         spec_tokens)
         new_reqs: list[Request] = []
         # NOTE: a step that had to preempt admits no one, or the victim could come straight
         # back and thrash.
@@ -129,7 +136,8 @@ class Scheduler:
             num_scheduled_tokens=num_scheduled_tokens,
             total_num_scheduled_tokens=sum(num_scheduled_tokens.values()),
             finished_req_ids=self.finished_req_ids,
-            preempted_req_ids={r.request_id for r in preempted})
+            preempted_req_ids={r.request_id for r in preempted},
+            scheduled_spec_decode_tokens=spec_tokens)
         assert output.total_num_scheduled_tokens <= self.max_num_batched_tokens
         # The runner reads the pre-step counters above; the scheduler moves on right away.
         for req_id, num_tokens in num_scheduled_tokens.items():
@@ -138,7 +146,8 @@ class Scheduler:
             # Constrained requests whose chunk reaches their last token sample this step.
             sampling = [self.requests[i] for i in num_scheduled_tokens
                         if self.requests[i].num_computed_tokens >= self.requests[i].num_tokens]
-            output.grammar_output = self.structured_output_manager.grammar_bitmask(sampling)
+            output.grammar_output = self.structured_output_manager.grammar_bitmask(
+                sampling, spec_tokens)
         self.finished_req_ids = set()
         return output
 
@@ -155,9 +164,15 @@ class Scheduler:
             request = self.requests.get(req_id)
             if request is None or request.is_finished or not token_ids:
                 continue   # aborted meanwhile, or a partial prefill
+            drafts = scheduler_output.scheduled_spec_decode_tokens.get(req_id)
+            if drafts:
+                # The KV of rejected drafts is stale: the next step rewrites those slots.
+                num_accepted = len(token_ids) - 1
+                request.num_computed_tokens -= len(drafts) - num_accepted
+                self.spec_stats.observe_draft(len(drafts), num_accepted)
             for token_id in token_ids:
                 request.append_output_token_ids(token_id)
-                if self._check_stop(request) or self._advance_grammar(request, token_id):
+                if check_stop(request, self.max_model_len) or self._advance_grammar(request, token_id):
                     stopped.add(req_id)
                     break
             updated.append(request)
@@ -167,7 +182,27 @@ class Scheduler:
             self.running = [r for r in self.running if r.request_id not in stopped]
             for req_id in stopped:
                 self._free_request(self.requests[req_id])
+        if model_runner_output.spec_token_ids is not None:
+            for req_id, drafts in zip(model_runner_output.req_ids,
+                                      model_runner_output.spec_token_ids):
+                request = self.requests.get(req_id)
+                if request is not None and drafts and not request.is_finished:
+                    request.spec_token_ids = self._fit_drafts(request, drafts)
         return updated
+
+    def _fit_drafts(self, request: Request, drafts: list[int]) -> list[int]:
+        """The drafts worth verifying: within max_model_len, one short of max_tokens (the step
+        adds the target's own token), and the prefix the request's grammar accepts."""
+        room = self.max_model_len - request.num_tokens
+        if request.max_tokens is not None:
+            room = min(room, request.max_tokens - request.num_output_tokens - 1)
+        drafts = drafts[:max(room, 0)]
+        so_request = request.structured_output_request
+        if so_request is not None and drafts:
+            if not so_request.reasoning_ended:
+                return []      # where the grammar would start inside the drafts is unknown
+            drafts = drafts[:so_request.grammar.validate_tokens(drafts)]
+        return drafts
 
     def finish_requests(self, request_ids: str | Iterable[str], finished_status: RequestStatus) -> None:
         """Finishes requests from outside (abort, stop strings) and frees their blocks."""
@@ -189,8 +224,10 @@ class Scheduler:
         return self.kv_cache_manager.reset_prefix_cache()
 
     def _schedule_running(self, num_scheduled_tokens: dict[str, int],
-                          new_block_ids: dict[str, list[int]]) -> tuple[list[Request], list[Request]]:
-        """Serves running requests in order; returns (scheduled, preempted)."""
+                          new_block_ids: dict[str, list[int]], spec_tokens: dict[str, list[int]]
+                          ) -> tuple[list[Request], list[Request]]:
+        """Serves running requests in order (with their drafts, as far as the budget goes);
+        returns (scheduled, preempted)."""
         scheduled: list[Request] = []
         preempted: list[Request] = []
         budget = self.max_num_batched_tokens
@@ -215,6 +252,10 @@ class Scheduler:
             if block_ids is None:
                 break
             scheduled.append(request)
+            num_drafts = request.num_computed_tokens + num_new_tokens - request.num_tokens
+            if num_drafts > 0:
+                spec_tokens[request.request_id] = request.spec_token_ids[:num_drafts]
+            request.spec_token_ids = []
             new_block_ids[request.request_id] = block_ids
             num_scheduled_tokens[request.request_id] = num_new_tokens
             budget -= num_new_tokens
@@ -301,16 +342,17 @@ class Scheduler:
         return False
 
     def _num_new_tokens(self, request: Request, num_computed_tokens: int, budget: int) -> int:
-        num_new_tokens = request.num_tokens - num_computed_tokens
+        num_new_tokens = request.num_tokens + len(request.spec_token_ids) - num_computed_tokens
         if 0 < self.long_prefill_token_threshold < num_new_tokens:
             num_new_tokens = self.long_prefill_token_threshold
-        return min(num_new_tokens, budget)
+        return max(min(num_new_tokens, budget), 0)
 
     def _preempt(self, request: Request) -> None:
         """Preemption by recompute: drop the KV and requeue at the front of the waiting queue."""
         self.kv_cache_manager.free(request)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
+        request.spec_token_ids = []
         request.num_preemptions += 1
         self.num_preemptions_total += 1
         if self.by_priority:
@@ -329,24 +371,6 @@ class Scheduler:
             num_computed_tokens=request.num_computed_tokens,
             lora_request=request.lora_request)
 
-    def _check_stop(self, request: Request) -> bool:
-        """Token-level stop conditions, in vLLM's order; stop strings are the engine's."""
-        params = request.sampling_params
-        if request.num_output_tokens >= params.min_tokens:
-            last_token_id = request.output_token_ids[-1]
-            if not params.ignore_eos and last_token_id == request.eos_token_id:
-                request.status = RequestStatus.FINISHED_STOPPED
-                return True
-            if last_token_id in params.stop_token_ids:
-                request.status = RequestStatus.FINISHED_STOPPED
-                request.stop_reason = last_token_id
-                return True
-        if ((params.max_tokens is not None and request.num_output_tokens >= params.max_tokens)
-                or request.num_tokens >= self.max_model_len):
-            request.status = RequestStatus.FINISHED_LENGTH_CAPPED
-            return True
-        return False
-
     def _free_request(self, request: Request) -> None:
         self.kv_cache_manager.free(request)
         self.finished_req_ids.add(request.request_id)
@@ -355,13 +379,3 @@ class Scheduler:
 
 def _order(request: Request) -> tuple[int, float]:
     return request.priority, request.arrival_time
-
-
-def has_prefix_lm_layers(vllm_config: object) -> bool:
-    """Whether the model built in this process has prefix-LM (`non_causal`) attention layers,
-    whose prefills must run whole; the engine then builds its scheduler with `whole_prefills`.
-    NOTE: with TP or PP > 1 the layers live in the worker processes and this is False; those
-    layers refuse a split prefill themselves."""
-    compilation_config = getattr(vllm_config, "compilation_config", None)
-    layers = getattr(compilation_config, "static_forward_context", None) or {}
-    return any(getattr(layer, "non_causal", False) for layer in layers.values())

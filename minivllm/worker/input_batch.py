@@ -1,5 +1,6 @@
 """Per-request state the model runner keeps across steps, and the flat inputs of one step."""
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,7 +36,10 @@ class StepInputs:
     seq_lens_list: list[int]
     num_computed: list[int]
     sample_rows: list[int]         # batch rows whose chunk reaches the last known token
-    logits_indices: torch.Tensor   # [len(sample_rows)] token index of each sampling row's last token
+    # [S] token index of each sampling row's last known token; with draft tokens, that and
+    # each draft's index: num_draft_tokens[i] + 1 entries for sampling row i
+    logits_indices: torch.Tensor
+    num_draft_tokens: list[int] | None = None   # per sampling row; None: no drafts this step
 
 
 def update_states(states: dict[str, CachedRequestState], so: SchedulerOutput) -> None:
@@ -78,16 +82,21 @@ def _prepare_chunks(states: dict[str, CachedRequestState], so: SchedulerOutput,
     # NOTE: one Python pass over requests (not tokens) gathers their list slices.
     flat_ids: list[int] = []
     query_lens, num_computed, seq_lens, sample_rows, tables = [], [], [], [], []
+    spec = so.scheduled_spec_decode_tokens
+    num_drafts: list[int] = []
     for row, req_id in enumerate(req_ids):
         state = states[req_id]
         n, start = so.num_scheduled_tokens[req_id], state.num_computed_tokens
-        flat_ids += state.token_ids[start:start + n]
+        drafts = spec.get(req_id, ())
+        # Drafts follow the known tokens (a request with drafts runs its last known token).
+        flat_ids += (state.token_ids[start:] + drafts)[:n] if drafts else state.token_ids[start:start + n]
         query_lens.append(n)
         num_computed.append(start)
         seq_lens.append(start + n)
         tables.append(state.block_ids)
-        if start + n == len(state.token_ids):
+        if start + n == len(state.token_ids) + len(drafts):
             sample_rows.append(row)
+            num_drafts.append(len(drafts))
     q_lens = torch.tensor(query_lens, dtype=torch.int64)
     query_start_loc = torch.zeros(len(req_ids) + 1, dtype=torch.int64)
     torch.cumsum(q_lens, 0, out=query_start_loc[1:])
@@ -101,12 +110,24 @@ def _prepare_chunks(states: dict[str, CachedRequestState], so: SchedulerOutput,
     slot_mapping = (block_table[rows, positions // block_size].to(torch.int64) * block_size
                     + positions % block_size)
     logits_indices = query_start_loc[1:][sample_rows] - 1
+    if spec:
+        logits_indices = _with_draft_rows(logits_indices, num_drafts)
     return StepInputs(req_ids=req_ids, input_ids=torch.tensor(flat_ids, dtype=torch.int64),
                       positions=positions, query_start_loc=query_start_loc.to(torch.int32),
                       seq_lens=torch.tensor(seq_lens, dtype=torch.int32), block_table=block_table,
                       slot_mapping=slot_mapping, query_lens=query_lens, seq_lens_list=seq_lens,
                       num_computed=num_computed, sample_rows=sample_rows,
-                      logits_indices=logits_indices)
+                      logits_indices=logits_indices,
+                      num_draft_tokens=num_drafts if spec else None)
+
+
+def _with_draft_rows(last_indices: torch.Tensor, num_drafts: list[int]) -> torch.Tensor:
+    """[S] index of each sampling row's last token -> [sum(d + 1)]: row i's d = num_drafts[i]
+    drafts sit at its last d indices, after its last known token (index last - d)."""
+    counts = torch.tensor(num_drafts, dtype=torch.int64) + 1                 # [S]
+    first = torch.repeat_interleave(last_indices - counts + 1, counts)      # [R]
+    group_start = torch.repeat_interleave(torch.cumsum(counts, 0) - counts, counts)
+    return first + torch.arange(int(counts.sum())) - group_start
 
 
 def _prepare_one_token_each(states: dict[str, CachedRequestState], req_ids: list[str],
@@ -137,3 +158,26 @@ def _prepare_one_token_each(states: dict[str, CachedRequestState], req_ids: list
                       query_lens=[1] * num_reqs, seq_lens_list=seq_lens, num_computed=positions,
                       sample_rows=sample_rows,
                       logits_indices=torch.tensor(sample_rows, dtype=torch.int64))
+
+
+def is_decode_with_drafts(inputs: StepInputs) -> bool:
+    """Every request of the step runs its last known token and its draft tokens."""
+    drafts = inputs.num_draft_tokens
+    return (drafts is not None and len(inputs.sample_rows) == len(inputs.req_ids)
+            and len(inputs.input_ids) == len(inputs.req_ids) + sum(drafts))
+
+
+def as_decode_rows(inputs: StepInputs) -> StepInputs:
+    """A decode step with drafts as a decode step of its T token rows: row t is a one-token
+    sequence with positions[t] + 1 keys through its request's block table, which is how the
+    attention backend runs such rows (`max_decode_query_len`); sampling keeps `inputs`."""
+    q_lens = torch.tensor(inputs.query_lens)
+    rows = torch.repeat_interleave(torch.arange(len(inputs.req_ids)), q_lens)   # [T]
+    seq_lens = (inputs.positions + 1).to(torch.int32)
+    return dataclasses.replace(
+        inputs, req_ids=[inputs.req_ids[r] for r in rows.tolist()],
+        query_start_loc=torch.arange(len(rows) + 1, dtype=torch.int32), seq_lens=seq_lens,
+        block_table=inputs.block_table.index_select(0, rows), query_lens=[1] * len(rows),
+        seq_lens_list=seq_lens.tolist(), num_computed=inputs.positions.tolist(),
+        sample_rows=list(range(len(rows))), logits_indices=torch.arange(len(rows)),
+        num_draft_tokens=None)

@@ -15,11 +15,13 @@ from minivllm.model_executor.models.interfaces import needs_state_slots
 from minivllm.sequence import IntermediateTensors
 from minivllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
 from minivllm.v1.outputs import ModelRunnerOutput
+from minivllm.v1.spec_decode.ngram_proposer import NgramProposer
 from minivllm.worker import hugepages
 from minivllm.worker.cpu_graph_runner import CPUGraphRunner
-from minivllm.worker.input_batch import (CachedRequestState, StepInputs, prepare_inputs,
-                                         update_states)
+from minivllm.worker.input_batch import (CachedRequestState, StepInputs, as_decode_rows,
+                                         is_decode_with_drafts, prepare_inputs, update_states)
 from minivllm.worker.pooling import PoolingRunner
+from minivllm.worker.rejection_sampler import verify_drafts
 from minivllm.worker.sampler import RequestSamplingStates, Sampler
 from minivllm.worker.state_slots import StateSlots
 
@@ -50,6 +52,7 @@ class ModelRunner:
         self.lora_manager: WorkerLoRAManager | None = None
         self.pooling: PoolingRunner | None = None   # set for pooling models: pool, never sample
         self.state_slots: StateSlots | None = None   # models with recurrent state
+        self.drafter: NgramProposer | None = None    # speculative decoding's proposer
 
     def load_model(self) -> None:
         self.model = get_model(vllm_config=self.vllm_config)
@@ -67,6 +70,14 @@ class ModelRunner:
             self.state_slots = StateSlots(self.vllm_config.scheduler_config.max_num_seqs)
             for layer in self.mamba_layers.values():    # vLLM-style layers: states on kv_cache
                 layer.bind_state_slots(self.state_slots.num_slots, self.device)
+        spec = self.vllm_config.speculative_config
+        if spec is not None:
+            if self.state_slots is not None:
+                raise ValueError("speculative decoding needs a model whose layers keep their "
+                                 "state in the paged KV cache; this one has recurrent-state "
+                                 "layers, which cannot take back rejected drafts")
+            self.drafter = NgramProposer(spec.num_speculative_tokens, spec.prompt_lookup_min,
+                                         spec.prompt_lookup_max)
 
     def lora_manager_or_raise(self) -> WorkerLoRAManager:
         if self.lora_manager is None:
@@ -187,7 +198,7 @@ class ModelRunner:
             return hidden
         if self.pooling is not None:
             return self.pooling.pool(inputs, hidden)
-        return self.sample(inputs, hidden, so.grammar_output)
+        return self.sample(inputs, hidden, so.grammar_output, so.scheduled_spec_decode_tokens)
 
     def _update_states(self, so: SchedulerOutput) -> None:
         for req_id in so.finished_req_ids:
@@ -196,6 +207,8 @@ class ModelRunner:
             self.pooling.drop(so.finished_req_ids | so.preempted_req_ids)
         if self.state_slots is not None:
             self.state_slots.release(so.finished_req_ids | so.preempted_req_ids)
+        if self.drafter is not None:
+            self.drafter.remove(so.finished_req_ids | so.preempted_req_ids)
         update_states(self.states, so)
         for new in so.scheduled_new_reqs:
             # A request resumed after preemption keeps its sampling state (seeded generator).
@@ -204,14 +217,20 @@ class ModelRunner:
                                          new.output_token_ids)
 
     def _forward(self, inputs: StepInputs, intermediate_tensors: IntermediateTensors | None):
+        # Every request runs its last token and its drafts (the rows it samples): decode-like.
+        with_drafts = is_decode_with_drafts(inputs)
+        # Attention sees each row of a decode step with drafts as a one-token sequence of its
+        # own length (the native decode kernel re-reads a few rows' keys instead of gathering
+        # them for SDPA); so the decode graph of that many rows replays the step.
+        rows = as_decode_rows(inputs) if with_drafts else inputs
         graphs = self.cpu_graphs
-        if graphs is not None and intermediate_tensors is None and graphs.can_run(inputs):
-            return graphs.run(self.model, inputs)     # CPU, one rank: checked by can_run
+        if graphs is not None and intermediate_tensors is None and graphs.can_run(rows):
+            return graphs.run(self.model, rows)     # CPU, one rank: checked by can_run
         common = CommonAttentionMetadata(
-            query_start_loc=inputs.query_start_loc, seq_lens=inputs.seq_lens,
-            block_table=inputs.block_table, slot_mapping=inputs.slot_mapping,
-            num_actual_tokens=len(inputs.input_ids), max_query_len=max(inputs.query_lens),
-            max_seq_len=max(inputs.seq_lens_list))
+            query_start_loc=rows.query_start_loc, seq_lens=rows.seq_lens,
+            block_table=rows.block_table, slot_mapping=inputs.slot_mapping,
+            num_actual_tokens=len(inputs.input_ids), max_query_len=max(rows.query_lens),
+            max_seq_len=max(rows.seq_lens_list))
         attn_metadata = self.attn_builder.build(common)
         slot_mapping = {name: inputs.slot_mapping for name in self.attn_layers}
         num_tokens, num_reqs = len(inputs.input_ids), len(inputs.req_ids)
@@ -222,7 +241,8 @@ class ModelRunner:
         if state is not None and self.mamba_layers:
             attn_metadata = self._per_layer_metadata(attn_metadata, state)
         with set_forward_context(attn_metadata, self.vllm_config, slot_mapping=slot_mapping,
-                                 batch_descriptor=batch, state_metadata=state):
+                                 batch_descriptor=batch, state_metadata=state,
+                                 decode_with_drafts=with_drafts):
             return self.model(input_ids=inputs.input_ids.to(self.device),
                               positions=inputs.positions.to(self.device),
                               intermediate_tensors=intermediate_tensors)
@@ -241,33 +261,57 @@ class ModelRunner:
         return per_layer
 
     def sample(self, inputs: StepInputs, hidden: torch.Tensor,
-               grammar: GrammarOutput | None = None) -> ModelRunnerOutput:
-        """Logits for the rows that sample, then one token each (within the grammars' bitmask
-        where requests are constrained); prompt logprobs if asked."""
+               grammar: GrammarOutput | None = None,
+               spec_tokens: dict[str, list[int]] | None = None) -> ModelRunnerOutput:
+        """Logits for the rows that sample, then their tokens (within the grammars' bitmask
+        where requests are constrained; drafts verified where scheduled); prompt logprobs if
+        asked; the next step's drafts when speculating."""
         sample_ids = [inputs.req_ids[r] for r in inputs.sample_rows]
         sampled_lists: dict[str, list[int]] = {}
         logprob_lists: dict[str, list | None] = {}
         if sample_ids:
             logits = self.model.compute_logits(hidden[inputs.logits_indices])  # [S, V]
-            metadata = self.sampling_states.make_metadata(sample_ids, logits.shape[-1])
-            if grammar is not None:
-                row_of = {req_id: i for i, req_id in enumerate(sample_ids)}
-                metadata.grammar_rows = torch.tensor(
-                    [row_of[r] for r in grammar.structured_output_request_ids])
-                metadata.grammar_bitmask = torch.from_numpy(grammar.grammar_bitmask)
-            out = self.sampler(logits, metadata)
-            tokens = out.sampled_token_ids.tolist()
-            if out.logprobs_tensors is not None:
-                logprob_lists = dict(zip(sample_ids, out.logprobs_tensors.tolists(metadata.num_logprobs)))
-            for req_id, token in zip(sample_ids, tokens):
-                sampled_lists[req_id] = [token]
-                self.states[req_id].token_ids.append(token)
-                self.sampling_states.append(req_id, token)
+            if inputs.num_draft_tokens is not None:
+                drafts = [(spec_tokens or {}).get(r, []) for r in sample_ids]
+                tokens, logprobs = verify_drafts(self.sampler, self.sampling_states, logits,
+                                                 sample_ids, drafts, grammar)
+            else:
+                tokens, logprobs = self._sample_tokens(logits, sample_ids, grammar)
+            sampled_lists = dict(zip(sample_ids, tokens))
+            if logprobs is not None:
+                logprob_lists = dict(zip(sample_ids, logprobs))
+            for req_id, ids in sampled_lists.items():
+                self.states[req_id].token_ids.extend(ids)
+        drafts_out = None
+        if self.drafter is not None:
+            proposed = dict(zip(sample_ids, self.drafter.propose(
+                sample_ids, [self.states[r].token_ids for r in sample_ids])))
+            drafts_out = [proposed.get(r, []) for r in inputs.req_ids]
         return ModelRunnerOutput(
             req_ids=inputs.req_ids,
             sampled_token_ids=[sampled_lists.get(r, []) for r in inputs.req_ids],
             logprobs=[logprob_lists.get(r) for r in inputs.req_ids] if logprob_lists else None,
-            prompt_logprobs=self._prompt_logprobs(inputs, hidden))
+            prompt_logprobs=self._prompt_logprobs(inputs, hidden), spec_token_ids=drafts_out)
+
+    def _sample_tokens(self, logits: torch.Tensor, sample_ids: list[str],
+                       grammar: GrammarOutput | None) -> tuple[list[list[int]], list | None]:
+        """One token per row of logits [S, V] (and its logprobs, as a one-token list per row,
+        where asked); the sampling states learn the tokens."""
+        metadata = self.sampling_states.make_metadata(sample_ids, logits.shape[-1])
+        if grammar is not None:
+            row_of = {req_id: i for i, req_id in enumerate(sample_ids)}
+            metadata.grammar_rows = torch.tensor(
+                [row_of[r] for r in grammar.structured_output_request_ids])
+            metadata.grammar_bitmask = torch.from_numpy(grammar.grammar_bitmask)
+        out = self.sampler(logits, metadata)
+        tokens = out.sampled_token_ids.tolist()
+        for req_id, token in zip(sample_ids, tokens):
+            self.sampling_states.append(req_id, token)
+        logprobs = None
+        if out.logprobs_tensors is not None:
+            logprobs = [None if lp is None else [lp]
+                        for lp in out.logprobs_tensors.tolists(metadata.num_logprobs)]
+        return [[t] for t in tokens], logprobs
 
     def _prompt_logprobs(self, inputs: StepInputs, hidden: torch.Tensor) -> dict[str, list]:
         """For prompt positions p of this chunk with p + 1 < prompt length: logprob of token p+1."""

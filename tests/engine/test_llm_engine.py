@@ -50,7 +50,7 @@ class FakeExecutor:
             out.sampled_token_ids.append([token] if token is not None else [])
             want = state["params"].logprobs
             out.logprobs.append(None if want is None or token is None
-                                else [(token, -0.5, 1)] + [(token, -0.5, 1), (3, -1.5, 2)][:want])
+                                else [[(token, -0.5, 1)] + [(token, -0.5, 1), (3, -1.5, 2)][:want]])
         return out
 
 

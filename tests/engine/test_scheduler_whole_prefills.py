@@ -3,7 +3,7 @@ whole or waits, prefix caching is off, and a budget that could never hold a prom
 
 import pytest
 
-from minivllm.engine.scheduler import has_prefix_lm_layers
+from minivllm.engine.sched_utils import has_prefix_lm_layers
 from tests.engine.test_scheduler import (FakeRunner, make_request, make_scheduler, prompt_of,
                                          run_to_completion, script_token)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram,
                                generate_latest)
+from prometheus_client.core import CounterMetricFamily
 
 from minivllm.engine.async_llm import AsyncLLM
 
@@ -51,6 +52,7 @@ class ServerMetrics:
         self._success = Counter("vllm:request_success", "Finished requests, by finish reason.",
                                 names + ["finished_reason"], registry=self.registry)
         self._labels = labels
+        self.registry.register(_SpecDecodingCollector(async_llm, model_name))
         async_llm.stat_loggers.append(self)
 
     # StatLogger interface (called from the engine loop thread; prometheus_client is thread-safe).
@@ -71,3 +73,32 @@ class ServerMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _SpecDecodingCollector:
+    """vLLM's speculative-decoding counters, read from the engine's snapshot at scrape time
+    (nothing when the engine does not speculate)."""
+
+    def __init__(self, async_llm: AsyncLLM, model_name: str) -> None:
+        self.async_llm = async_llm
+        self.model_name = model_name
+
+    def collect(self):
+        stats = self.async_llm.stats.spec_decoding
+        if stats is None:
+            return
+        for name, doc, value in (
+                ("vllm:spec_decode_num_drafts", "Draft sequences verified.", stats.num_drafts),
+                ("vllm:spec_decode_num_draft_tokens", "Draft tokens verified.",
+                 stats.num_draft_tokens),
+                ("vllm:spec_decode_num_accepted_tokens", "Draft tokens accepted.",
+                 stats.num_accepted_tokens)):
+            family = CounterMetricFamily(name, doc, labels=["model_name"])
+            family.add_metric([self.model_name], value)
+            yield family
+        family = CounterMetricFamily("vllm:spec_decode_num_accepted_tokens_per_pos",
+                                     "Draft tokens accepted, by position in the draft.",
+                                     labels=["model_name", "position"])
+        for pos, value in enumerate(stats.num_accepted_tokens_per_pos):
+            family.add_metric([self.model_name, str(pos)], value)
+        yield family

@@ -61,17 +61,40 @@ class StructuredOutputManager:
             self._compiled.move_to_end(key)
         return StructuredOutputRequest(params, future)
 
-    def grammar_bitmask(self, requests: list[Any]) -> GrammarOutput | None:
-        """The bitmask rows of the requests (with a ready grammar) that sample this step."""
+    def grammar_bitmask(self, requests: list[Any],
+                        spec_tokens: dict[str, list[int]] | None = None) -> GrammarOutput | None:
+        """The bitmask rows of the requests (with a ready grammar) that sample this step.
+
+        A request with draft tokens samples at each draft position too: position p's row is the
+        mask after its first p drafts, which are accepted here for the mask and rolled back
+        (the drafts were validated against the grammar when they were proposed). Rows go
+        position by position, each position's rows filled in one call.
+        """
         constrained = [r for r in requests if r.structured_output_request is not None
                        and r.structured_output_request.reasoning_ended]
         if not constrained:
             return None
+        spec_tokens = spec_tokens or {}
+        drafts = [spec_tokens.get(r.request_id, []) for r in constrained]
         grammars = [r.structured_output_request.grammar for r in constrained]
-        bitmask = np.empty((len(grammars), (self.vocab_size + 31) // 32), dtype=np.int32)
-        fill_bitmask(self._get_executor(), grammars, torch.from_numpy(bitmask))   # shares memory
-        return GrammarOutput(structured_output_request_ids=[r.request_id for r in constrained],
-                             grammar_bitmask=bitmask)
+        width = (self.vocab_size + 31) // 32
+        ids: list[str] = []
+        blocks: list[np.ndarray] = []
+        for pos in range(max(len(d) for d in drafts) + 1):
+            rows = [i for i, d in enumerate(drafts) if len(d) >= pos]
+            block = np.empty((len(rows), width), dtype=np.int32)
+            if pos:
+                for i in rows:
+                    grammars[i].accept_tokens(constrained[i].request_id, [drafts[i][pos - 1]])
+            fill_bitmask(self._get_executor(), [grammars[i] for i in rows],
+                         torch.from_numpy(block))   # shares memory
+            ids += [constrained[i].request_id for i in rows]
+            blocks.append(block)
+        for grammar, d in zip(grammars, drafts):
+            if d:
+                grammar.rollback(len(d))
+        bitmask = blocks[0] if len(blocks) == 1 else np.concatenate(blocks)
+        return GrammarOutput(structured_output_request_ids=ids, grammar_bitmask=bitmask)
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

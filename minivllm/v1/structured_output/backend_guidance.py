@@ -141,6 +141,14 @@ class GuidanceGrammar:
                        token_ids, self.matcher.get_error())
         return False
 
+    def validate_tokens(self, token_ids: list[int]) -> int:
+        """How many of `token_ids` the grammar accepts in a row from here (state unchanged)."""
+        return self.matcher.validate_tokens(token_ids)
+
+    def rollback(self, num_tokens: int) -> None:
+        """Undoes the last `num_tokens` accepted tokens (draft positions' masks)."""
+        self.matcher.rollback(num_tokens)
+
     def is_terminated(self) -> bool:
         """No token but EOS can follow (the constraint is complete, or the matcher failed)."""
         return self.matcher.is_stopped()

@@ -37,7 +37,11 @@ class CachedRequestData:
 
 @dataclass
 class GrammarOutput:
-    """The token bitmask of the structured-output requests that sample this step."""
+    """The token bitmask of the structured-output requests that sample this step.
+
+    With draft tokens a request samples at several positions: its id then appears once per
+    position, in position order (row of its k-th occurrence: the mask after k drafts).
+    """
 
     structured_output_request_ids: list[str]   # row i of grammar_bitmask
     # [len(ids), ceil(V / 32)] int32; bit t of word w allows 32w + t. NOTE: numpy, as vLLM's,
@@ -62,3 +66,6 @@ class SchedulerOutput:
     finished_req_ids: set[str]             # finished/aborted since last step: drop their state
     preempted_req_ids: set[str]            # drop their state too; they come back as new requests
     grammar_output: GrammarOutput | None = None   # None when no constrained request samples
+    # Speculative decoding: req_id -> the draft tokens scheduled after its last known token
+    # (they are part of num_scheduled_tokens); the runner verifies them.
+    scheduled_spec_decode_tokens: dict[str, list[int]] = field(default_factory=dict)

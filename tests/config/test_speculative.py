@@ -1,0 +1,56 @@
+"""SpeculativeConfig as vLLM reads it: methods, the n-gram window's defaults, clear errors."""
+
+import argparse
+
+import pytest
+
+from minivllm.config import SpeculativeConfig
+from minivllm.engine.arg_utils import EngineArgs
+
+
+def test_ngram_window_defaults_as_vllm():
+    both = SpeculativeConfig(method="ngram", num_speculative_tokens=3)
+    assert (both.prompt_lookup_min, both.prompt_lookup_max) == (5, 5)
+    only_max = SpeculativeConfig(method="ngram", num_speculative_tokens=3, prompt_lookup_max=4)
+    assert (only_max.prompt_lookup_min, only_max.prompt_lookup_max) == (4, 4)
+    only_min = SpeculativeConfig(method="ngram", num_speculative_tokens=3, prompt_lookup_min=2)
+    assert (only_min.prompt_lookup_min, only_min.prompt_lookup_max) == (2, 2)
+    # vLLM's older spelling: the "model" names the n-gram proposer.
+    assert SpeculativeConfig(model="[ngram]", num_speculative_tokens=2).method == "ngram"
+
+
+@pytest.mark.parametrize("values, message", [
+    ({"num_speculative_tokens": 2}, "needs a method; supported: ngram"),
+    ({"method": "eagle", "num_speculative_tokens": 2}, "'eagle' is not supported by minivllm"),
+    ({"method": "magic", "num_speculative_tokens": 2}, "not a speculative decoding method"),
+    ({"method": "ngram"}, "num_speculative_tokens must be a positive integer"),
+    ({"method": "ngram", "num_speculative_tokens": 0}, "positive integer, got 0"),
+    ({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 4,
+      "prompt_lookup_max": 2}, "prompt_lookup_min (4) must not exceed prompt_lookup_max (2)"),
+    ({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 0},
+     "prompt_lookup_max must be a positive integer"),
+    ({"method": "ngram", "num_speculative_tokens": 2, "lookahead": 3},
+     "Unknown speculative_config key(s) ['lookahead']; valid keys: method"),
+])
+def test_bad_configs_name_what_is_valid(values, message):
+    with pytest.raises(ValueError) as info:
+        SpeculativeConfig.from_dict(values)
+    assert message in str(info.value)
+
+
+def test_cli_flag_parses_json_into_the_engine_config(tiny_llama_factory):
+    parser = EngineArgs.add_cli_args(argparse.ArgumentParser())
+    args = parser.parse_args(["--model", tiny_llama_factory(), "--speculative-config",
+                              '{"method": "ngram", "num_speculative_tokens": 3}'])
+    config = EngineArgs.from_cli_args(args).create_engine_config()
+    assert config.speculative_config == SpeculativeConfig(
+        method="ngram", num_speculative_tokens=3, prompt_lookup_min=5, prompt_lookup_max=5)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--speculative-config", "[1, 2]"])
+
+
+def test_pooling_engines_refuse_speculation(tiny_llama_factory):
+    args = EngineArgs(model=tiny_llama_factory(), runner="pooling",
+                      speculative_config={"method": "ngram", "num_speculative_tokens": 2})
+    with pytest.raises(ValueError, match="pooling runner"):
+        args.create_engine_config()
