@@ -1,4 +1,4 @@
-"""`minivllm bench {throughput,latency,moe,startup,serve,make-gguf}`: the parsers, under the `minivllm` command."""
+"""`minivllm bench {throughput,latency,spec-decode,moe,startup,serve,make-gguf}`: the parsers, under the `minivllm` command."""
 
 import argparse
 import sys
@@ -6,6 +6,7 @@ import sys
 from minivllm.benchmarks.gguf_variants import add_make_gguf_args, run_make_gguf
 from minivllm.benchmarks.latency import add_latency_args, run_latency
 from minivllm.benchmarks.moe import add_moe_args, run_moe
+from minivllm.benchmarks.spec_decode import add_spec_decode_args, run_spec_decode
 from minivllm.benchmarks.startup import add_startup_args, run_startup
 from minivllm.benchmarks.throughput import add_throughput_args, run_throughput
 
@@ -17,6 +18,11 @@ def _cmd_throughput(args: argparse.Namespace) -> int:
 
 def _cmd_latency(args: argparse.Namespace) -> int:
     run_latency(args)
+    return 0
+
+
+def _cmd_spec_decode(args: argparse.Namespace) -> int:
+    run_spec_decode(args)
     return 0
 
 
@@ -47,6 +53,11 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
                              "--compare llama.cpp against llama.cpp on the same GGUF file")
     add_latency_args(latency)
     latency.set_defaults(func=_cmd_latency)
+    spec = sub.add_parser("spec-decode", help="chat prompts at batch 1 with and without "
+                          "speculative decoding (--speculative-config, default n-gram): decode "
+                          "tokens/s, acceptance length, agreement")
+    add_spec_decode_args(spec)
+    spec.set_defaults(func=_cmd_spec_decode)
     moe = sub.add_parser("moe", help="a random MoE model with real MoE layer shapes (default "
                          "Qwen3-30B-A3B's): batch-1 decode and a batch against transformers, "
                          "with the active-parameter bandwidth floor")
