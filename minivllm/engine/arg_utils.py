@@ -216,7 +216,26 @@ class EngineArgs:
             raise ValueError("speculative_config applies to text generation; this engine runs "
                              "the pooling runner (embeddings, classification), which samples "
                              "no tokens")
+        if spec.method == "draft_model":
+            spec.draft_model_config = self._draft_model_config(spec, model_config)
         return spec
+
+    def _draft_model_config(self, spec: SpeculativeConfig, target: ModelConfig) -> ModelConfig:
+        """The draft's ModelConfig: its checkpoint at the target's dtype and length, the target's
+        tokenizer; one rank only, and the target's vocabulary."""
+        if self.tensor_parallel_size * self.pipeline_parallel_size != 1:
+            raise ValueError("speculative_config method 'draft_model' runs on one rank; got "
+                             f"tensor_parallel_size={self.tensor_parallel_size}, "
+                             f"pipeline_parallel_size={self.pipeline_parallel_size} (the ngram "
+                             "method runs with any)")
+        draft = ModelConfig(model=spec.model, tokenizer=target.tokenizer, dtype=target.dtype,
+                            max_model_len=target.max_model_len, seed=self.seed,
+                            quantization=spec.quantization)
+        if draft.get_vocab_size() != target.get_vocab_size():
+            raise ValueError(f"The draft model's vocabulary ({draft.get_vocab_size()} tokens) "
+                             f"differs from the target's ({target.get_vocab_size()}); a draft "
+                             "model must share the target's tokenizer")
+        return draft
 
     def _lora_config(self) -> LoRAConfig | None:
         if not self.enable_lora:

@@ -59,8 +59,10 @@ class KVCacheManager:
         return blocks, len(blocks) * self.block_size
 
     def allocate_slots(self, request: Request, num_new_tokens: int,
-                       new_computed_blocks: list[KVCacheBlock] | None = None) -> list[int] | None:
-        """Makes room for `num_new_tokens` more tokens after the computed ones.
+                       new_computed_blocks: list[KVCacheBlock] | None = None,
+                       num_lookahead_tokens: int = 0) -> list[int] | None:
+        """Makes room for `num_new_tokens` more tokens after the computed ones, and slots for
+        `num_lookahead_tokens` past them (a draft model writes its proposals there).
 
         `new_computed_blocks` are prefix-cache hits from `get_computed_blocks` (admission
         only). Returns the ids of the newly allocated blocks, or None (and changes nothing)
@@ -71,7 +73,7 @@ class KVCacheManager:
         num_computed_tokens = (request.num_computed_tokens
                                + len(new_computed_blocks) * self.block_size)
         num_total_tokens = num_computed_tokens + num_new_tokens
-        num_required = (cdiv(num_total_tokens, self.block_size)
+        num_required = (cdiv(num_total_tokens + num_lookahead_tokens, self.block_size)
                         - len(req_blocks) - len(new_computed_blocks))
         # Hits that sit in the free queue stop being free once touched.
         num_evictable_hits = sum(1 for b in new_computed_blocks if b.ref_cnt == 0)

@@ -70,6 +70,7 @@ class LLMEngine:
             whole_prefills=has_prefix_lm_layers(vllm_config),
             policy=getattr(sched, "policy", "fcfs"),
             num_spec_tokens=_num_spec_tokens(vllm_config),
+            num_lookahead_tokens=_num_lookahead_tokens(vllm_config),
             max_loras=self.lora_config.max_loras if self.lora_config is not None else None)
         self.executor = executor
         self.tokenizer = tokenizer
@@ -360,3 +361,8 @@ class LLMEngine:
 def _num_spec_tokens(vllm_config: Any) -> int:
     spec = getattr(vllm_config, "speculative_config", None)
     return spec.num_speculative_tokens if spec is not None else 0
+
+
+def _num_lookahead_tokens(vllm_config: Any) -> int:
+    spec = getattr(vllm_config, "speculative_config", None)
+    return spec.num_lookahead_slots if spec is not None else 0

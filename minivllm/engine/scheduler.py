@@ -34,7 +34,7 @@ class Scheduler:
                  num_blocks: int, max_model_len: int, enable_prefix_caching: bool = True,
                  long_prefill_token_threshold: int = 0, max_loras: int | None = None,
                  whole_prefills: bool = False, policy: str = "fcfs",
-                 num_spec_tokens: int = 0) -> None:
+                 num_spec_tokens: int = 0, num_lookahead_tokens: int = 0) -> None:
         for name, value in (("max_num_seqs", max_num_seqs),
                             ("max_num_batched_tokens", max_num_batched_tokens),
                             ("max_model_len", max_model_len)):
@@ -83,6 +83,7 @@ class Scheduler:
         self._grammar_pending: list[Request] = []  # waiting for their grammar this step
         # Speculative decoding: a running request's drafts are scheduled after its last token.
         self.spec_stats = SpecDecodingStats(num_spec_tokens) if num_spec_tokens else None
+        self.num_lookahead_tokens = num_lookahead_tokens   # slots a draft model writes ahead
 
     @property
     def num_running(self) -> int:
@@ -240,7 +241,9 @@ class Scheduler:
                 req_index += 1
                 continue
             while True:
-                block_ids = self.kv_cache_manager.allocate_slots(request, num_new_tokens)
+                block_ids = self.kv_cache_manager.allocate_slots(
+                    request, num_new_tokens, num_lookahead_tokens=self._lookahead(
+                        request.num_computed_tokens + num_new_tokens))
                 if block_ids is not None:
                     break
                 # NOTE: the victim is always at or after req_index, so it was not scheduled yet.
@@ -282,7 +285,9 @@ class Scheduler:
             num_new_tokens = self._num_new_tokens(request, num_computed, budget)
             if self.whole_prefills and num_computed + num_new_tokens < request.num_tokens:
                 break           # the rest of the budget is too small for the whole prefill
-            if self.kv_cache_manager.allocate_slots(request, num_new_tokens, computed_blocks) is None:
+            if self.kv_cache_manager.allocate_slots(
+                    request, num_new_tokens, computed_blocks,
+                    self._lookahead(num_computed + num_new_tokens)) is None:
                 break
             self.waiting.popleft()
             if self.by_priority:   # the running list stays in serving (and preemption) order
@@ -340,6 +345,11 @@ class Scheduler:
             request.status = RequestStatus.FINISHED_STOPPED
             return True
         return False
+
+    def _lookahead(self, num_tokens_after_step: int) -> int:
+        """Slots a draft model may write past the step, never past max_model_len (so one
+        request always fits the cache)."""
+        return max(min(self.num_lookahead_tokens, self.max_model_len - num_tokens_after_step), 0)
 
     def _num_new_tokens(self, request: Request, num_computed_tokens: int, budget: int) -> int:
         num_new_tokens = request.num_tokens + len(request.spec_token_ids) - num_computed_tokens

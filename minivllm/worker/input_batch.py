@@ -132,31 +132,41 @@ def _with_draft_rows(last_indices: torch.Tensor, num_drafts: list[int]) -> torch
 
 def _prepare_one_token_each(states: dict[str, CachedRequestState], req_ids: list[str],
                             block_size: int) -> StepInputs:
-    """`prepare_inputs` when every request has one token this step (decode steps): the same
-    tensors from plain per-request ints, with ~6 torch calls instead of ~20 (~0.5 ms at batch 1).
-    """
-    ids, positions, slots, tables, sample_rows = [], [], [], [], []
+    """`prepare_inputs` when every request has one token this step (decode steps)."""
+    ids, positions, tables, sample_rows = [], [], [], []
     for row, req_id in enumerate(req_ids):
         state = states[req_id]
         pos = state.num_computed_tokens
         ids.append(state.token_ids[pos])
         positions.append(pos)
-        slots.append(state.block_ids[pos // block_size] * block_size + pos % block_size)
         tables.append(state.block_ids)
         if pos + 1 == len(state.token_ids):
             sample_rows.append(row)
+    return decode_step_inputs(req_ids, ids, positions, tables, block_size, sample_rows)
+
+
+def decode_step_inputs(req_ids: list[str], token_ids: list[int], positions: list[int],
+                       block_tables: list[list[int]], block_size: int,
+                       sample_rows: list[int] | None = None) -> StepInputs:
+    """The inputs of a step in which request i runs one token at positions[i] (all rows sample
+    unless `sample_rows` says): built from plain ints, ~6 torch calls (~0.5 ms less than the
+    general path at batch 1)."""
     num_reqs = len(req_ids)
-    max_blocks = max(len(t) for t in tables)
-    block_table = torch.tensor([t + [0] * (max_blocks - len(t)) for t in tables],
+    slots = [t[p // block_size] * block_size + p % block_size
+             for t, p in zip(block_tables, positions)]
+    max_blocks = max(len(t) for t in block_tables)
+    block_table = torch.tensor([t + [0] * (max_blocks - len(t)) for t in block_tables],
                                dtype=torch.int32).reshape(num_reqs, max_blocks)
     seq_lens = [p + 1 for p in positions]
-    return StepInputs(req_ids=req_ids, input_ids=torch.tensor(ids, dtype=torch.int64),
+    if sample_rows is None:
+        sample_rows = list(range(num_reqs))
+    return StepInputs(req_ids=req_ids, input_ids=torch.tensor(token_ids, dtype=torch.int64),
                       positions=torch.tensor(positions, dtype=torch.int64),
                       query_start_loc=torch.arange(num_reqs + 1, dtype=torch.int32),
                       seq_lens=torch.tensor(seq_lens, dtype=torch.int32), block_table=block_table,
                       slot_mapping=torch.tensor(slots, dtype=torch.int64),
-                      query_lens=[1] * num_reqs, seq_lens_list=seq_lens, num_computed=positions,
-                      sample_rows=sample_rows,
+                      query_lens=[1] * num_reqs, seq_lens_list=seq_lens,
+                      num_computed=list(positions), sample_rows=sample_rows,
                       logits_indices=torch.tensor(sample_rows, dtype=torch.int64))
 
 

@@ -18,6 +18,7 @@ from minivllm.v1.outputs import ModelRunnerOutput
 from minivllm.v1.spec_decode.ngram_proposer import NgramProposer
 from minivllm.worker import hugepages
 from minivllm.worker.cpu_graph_runner import CPUGraphRunner
+from minivllm.worker.draft_model_proposer import DraftModelProposer
 from minivllm.worker.input_batch import (CachedRequestState, StepInputs, as_decode_rows,
                                          is_decode_with_drafts, prepare_inputs, update_states)
 from minivllm.worker.pooling import PoolingRunner
@@ -52,7 +53,8 @@ class ModelRunner:
         self.lora_manager: WorkerLoRAManager | None = None
         self.pooling: PoolingRunner | None = None   # set for pooling models: pool, never sample
         self.state_slots: StateSlots | None = None   # models with recurrent state
-        self.drafter: NgramProposer | None = None    # speculative decoding's proposer
+        # speculative decoding's proposer
+        self.drafter: NgramProposer | DraftModelProposer | None = None
 
     def load_model(self) -> None:
         self.model = get_model(vllm_config=self.vllm_config)
@@ -76,8 +78,13 @@ class ModelRunner:
                 raise ValueError("speculative decoding needs a model whose layers keep their "
                                  "state in the paged KV cache; this one has recurrent-state "
                                  "layers, which cannot take back rejected drafts")
-            self.drafter = NgramProposer(spec.num_speculative_tokens, spec.prompt_lookup_min,
-                                         spec.prompt_lookup_max)
+            if spec.method == "ngram":
+                self.drafter = NgramProposer(spec.num_speculative_tokens,
+                                             spec.prompt_lookup_min, spec.prompt_lookup_max)
+            else:   # its layers join the static forward context: KV caches come with them
+                self.drafter = DraftModelProposer(self.vllm_config, self.run_model)
+                if self.device.type == "cpu":
+                    hugepages.rehome_parameters(self.drafter.model)
 
     def lora_manager_or_raise(self) -> WorkerLoRAManager:
         if self.lora_manager is None:
@@ -147,6 +154,8 @@ class ModelRunner:
         if self.state_slots is not None:
             # A replayed step could not give the recurrent-state layers their slots.
             self.cpu_graphs.enabled = False
+        if isinstance(self.drafter, DraftModelProposer):
+            self.drafter.bind_graphs(self.attn_builder, list(self.attn_layers))
 
     def _bind_shared_kv_caches(self) -> None:
         """Each KV-sharing layer gets its target's cache (same block table, same slots)."""
@@ -218,14 +227,24 @@ class ModelRunner:
 
     def _forward(self, inputs: StepInputs, intermediate_tensors: IntermediateTensors | None):
         # Every request runs its last token and its drafts (the rows it samples): decode-like.
+        # Attention then sees each row as a one-token sequence of its own length (the native
+        # decode kernel re-reads a few rows' keys instead of gathering them for SDPA), so the
+        # decode graph of that many rows replays the step.
         with_drafts = is_decode_with_drafts(inputs)
-        # Attention sees each row of a decode step with drafts as a one-token sequence of its
-        # own length (the native decode kernel re-reads a few rows' keys instead of gathering
-        # them for SDPA); so the decode graph of that many rows replays the step.
         rows = as_decode_rows(inputs) if with_drafts else inputs
-        graphs = self.cpu_graphs
+        hidden = self.run_model(self.model, self.cpu_graphs, rows, inputs, intermediate_tensors,
+                                with_drafts)
+        if isinstance(self.drafter, DraftModelProposer):
+            self.drafter.mirror(rows, inputs, with_drafts)
+        return hidden
+
+    def run_model(self, model: torch.nn.Module, graphs: CPUGraphRunner | None, rows: StepInputs,
+                  inputs: StepInputs, intermediate_tensors: IntermediateTensors | None,
+                  with_drafts: bool):
+        """One forward of `model` (the target, or the draft) over a step: replayed from `graphs`
+        where they can, else eagerly with the step's attention metadata built from `rows`."""
         if graphs is not None and intermediate_tensors is None and graphs.can_run(rows):
-            return graphs.run(self.model, rows)     # CPU, one rank: checked by can_run
+            return graphs.run(model, rows)     # CPU, one rank: checked by can_run
         common = CommonAttentionMetadata(
             query_start_loc=rows.query_start_loc, seq_lens=rows.seq_lens,
             block_table=rows.block_table, slot_mapping=inputs.slot_mapping,
@@ -243,9 +262,9 @@ class ModelRunner:
         with set_forward_context(attn_metadata, self.vllm_config, slot_mapping=slot_mapping,
                                  batch_descriptor=batch, state_metadata=state,
                                  decode_with_drafts=with_drafts):
-            return self.model(input_ids=inputs.input_ids.to(self.device),
-                              positions=inputs.positions.to(self.device),
-                              intermediate_tensors=intermediate_tensors)
+            return model(input_ids=inputs.input_ids.to(self.device),
+                         positions=inputs.positions.to(self.device),
+                         intermediate_tensors=intermediate_tensors)
 
     def _per_layer_metadata(self, attn_metadata: object, state: object) -> dict:
         """vLLM's form, layer name -> metadata, for models whose state layers read theirs
@@ -284,8 +303,10 @@ class ModelRunner:
                 self.states[req_id].token_ids.extend(ids)
         drafts_out = None
         if self.drafter is not None:
+            states = [self.states[r] for r in sample_ids]
             proposed = dict(zip(sample_ids, self.drafter.propose(
-                sample_ids, [self.states[r].token_ids for r in sample_ids])))
+                sample_ids, states if isinstance(self.drafter, DraftModelProposer)
+                else [s.token_ids for s in states])))
             drafts_out = [proposed.get(r, []) for r in inputs.req_ids]
         return ModelRunnerOutput(
             req_ids=inputs.req_ids,

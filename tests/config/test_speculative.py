@@ -15,12 +15,17 @@ def test_ngram_window_defaults_as_vllm():
     assert (only_max.prompt_lookup_min, only_max.prompt_lookup_max) == (4, 4)
     only_min = SpeculativeConfig(method="ngram", num_speculative_tokens=3, prompt_lookup_min=2)
     assert (only_min.prompt_lookup_min, only_min.prompt_lookup_max) == (2, 2)
-    # vLLM's older spelling: the "model" names the n-gram proposer.
+    # vLLM's older spelling: the "model" names the n-gram proposer; any other model is a draft.
     assert SpeculativeConfig(model="[ngram]", num_speculative_tokens=2).method == "ngram"
+    draft = SpeculativeConfig(model="/some/draft", num_speculative_tokens=2)
+    assert draft.method == "draft_model" and draft.num_lookahead_slots == 2
+    assert both.num_lookahead_slots == 0
 
 
 @pytest.mark.parametrize("values, message", [
-    ({"num_speculative_tokens": 2}, "needs a method; supported: ngram"),
+    ({"num_speculative_tokens": 2}, "needs a method (or a draft model); supported: ngram, "
+                                    "draft_model"),
+    ({"method": "draft_model", "num_speculative_tokens": 2}, "needs `model`: the draft"),
     ({"method": "eagle", "num_speculative_tokens": 2}, "'eagle' is not supported by minivllm"),
     ({"method": "magic", "num_speculative_tokens": 2}, "not a speculative decoding method"),
     ({"method": "ngram"}, "num_speculative_tokens must be a positive integer"),

@@ -126,3 +126,20 @@ def test_preemption_drops_drafts_and_the_request_resumes():
     for so in outputs:   # a resumed request comes back without drafts
         for new in so.scheduled_new_reqs:
             assert new.req_id not in so.scheduled_spec_decode_tokens
+
+
+def test_lookahead_slots_are_reserved_for_a_draft_model_up_to_max_model_len():
+    s = make_scheduler(num_spec_tokens=3, num_lookahead_tokens=3, max_model_len=20)
+    runner = FakeSpecRunner(4, k=3, num_right=3)
+    s.add_request(make_request("a", prompt_of(7), max_tokens=40))
+    so = s.schedule()
+    # 7 prompt tokens + 3 lookahead slots: 10 positions, 3 blocks of 4
+    assert len(so.scheduled_new_reqs[0].block_ids) == 3
+    s.update_from_output(so, runner.execute(so))
+    so = s.schedule()   # positions 7..10 (token + 3 drafts) + 3 lookahead: 14 -> 4 blocks
+    assert len(s.kv_cache_manager.get_block_ids("a")) == 4
+    s.update_from_output(so, runner.execute(so))
+    finished, _ = run_to_completion(s, runner)
+    # Never more blocks than max_model_len needs (20 tokens: 5 blocks).
+    assert finished["a"].num_tokens == 20 and s.kv_cache_manager.num_free_blocks == 64
+    assert s._lookahead(19) == 1 and s._lookahead(20) == 0 and s._lookahead(5) == 3
