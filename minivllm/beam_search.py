@@ -11,6 +11,8 @@ returned, text decoded from all their tokens (prompt included), as vLLM's offlin
 
 from __future__ import annotations
 
+import math
+
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -53,7 +55,10 @@ def get_beam_search_score(tokens: list[int], cumulative_logprob: float, eos_toke
     """cumulative_logprob / length ** length_penalty, the length counting the prompt and not a
     final eos (vLLM's rule)."""
     length = len(tokens) - (1 if tokens and tokens[-1] == eos_token_id else 0)
-    return cumulative_logprob / (max(length, 1) ** length_penalty)
+    # In log space, clamped: length ** length_penalty overflows (or reaches 0) for extreme
+    # penalties such as 1e308, which must rank beams, not fail the request.
+    scale = -length_penalty * math.log(max(length, 1))
+    return cumulative_logprob * math.exp(min(max(scale, -700.0), 700.0))
 
 
 def create_sort_beams_key_function(eos_token_id: int | None,

@@ -148,7 +148,7 @@ def test_default_model_copying_text_accepts_most_drafts(default_model_path):
             "It is named after the engineer Gustave Eiffel, whose company designed and built "
             "the tower from 1887 to 1889.")
     messages = [{"role": "user", "content": f"Repeat this text exactly:\n\n{text}"}]
-    params = SamplingParams(temperature=0, max_tokens=48)
+    params = SamplingParams(temperature=0, max_tokens=32)
     outputs = []
     for spec_config in (None, {"method": "ngram", "num_speculative_tokens": 4,
                                "prompt_lookup_max": 4, "prompt_lookup_min": 2}):
@@ -156,5 +156,5 @@ def test_default_model_copying_text_accepts_most_drafts(default_model_path):
                   num_gpu_blocks_override=64, speculative_config=spec_config)
         outputs.append(llm.chat(messages, params, use_tqdm=False)[0].outputs[0])
     plain, speculated = outputs
-    assert speculated.token_ids == plain.token_ids and "Gustave Eiffel" in plain.text
+    assert speculated.token_ids == plain.token_ids and "Eiffel Tower" in plain.text
     assert llm.llm_engine.scheduler.spec_stats.mean_acceptance_length > 2.5
