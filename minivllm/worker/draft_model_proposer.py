@@ -3,10 +3,11 @@ proposes the next tokens greedily; the target verifies them (worker/rejection_sa
 
 The draft lives beside the target in the runner: its attention layers register in the same
 static forward context under the prefix `draft_model.`, so the runner gives them KV caches
-paged by the same block tables. Every step the draft runs the target's own inputs ("mirror"),
-so its cache holds exactly the positions the target's holds (rejected drafts are rewritten
-next step, for both). After sampling, it runs k one-token steps from each request's last token,
-writing positions the scheduler reserved as lookahead slots (`num_lookahead_tokens`).
+paged by the same block tables. In prompt and mixed steps the draft runs the target's own
+inputs ("mirror"); in decode steps it does not, and after sampling it catches up from what it
+wrote itself (its own drafts, where the target accepted them) to the last known token, then
+runs k - 1 one-token steps, writing positions the scheduler reserved as lookahead slots
+(`num_lookahead_tokens`).
 """
 
 from __future__ import annotations
@@ -52,38 +53,70 @@ class DraftModelProposer:
         self.run_model = run_model
         self.model = get_model(vllm_config=self.vllm_config, prefix=DRAFT_PREFIX)
         self.graphs: CPUGraphRunner | None = None
+        # req_id -> end of the positions the draft wrote (from 0, no gap) into its cache
+        self.written: dict[str, int] = {}
 
     def bind_graphs(self, builder: Any, attn_layer_names: list[str]) -> None:
         """CPU graphs of the draft's own steps, against the KV cache just bound."""
         self.graphs = CPUGraphRunner(self.vllm_config, builder, attn_layer_names)
 
     def mirror(self, rows: StepInputs, inputs: StepInputs, with_drafts: bool) -> None:
-        """The target's step through the draft: its KV cache follows the target's."""
+        """The target's step through the draft, so its cache follows the target's; skipped when
+        every request (known to the draft) runs its last token and drafts: `propose` then
+        catches up the few positions the draft lacks."""
+        if with_drafts and all(r in self.written for r in inputs.req_ids):
+            return
         self.run_model(self.model, self.graphs, rows, inputs, None, with_drafts)
+        for req_id, start, n in zip(inputs.req_ids, inputs.num_computed, inputs.query_lens):
+            self.written[req_id] = start + n
 
     def propose(self, req_ids: list[str], states: list[Any]) -> list[list[int]]:
         """Up to k greedy draft tokens per request (`states[i]`: token_ids, block_ids), fewer
-        where its reserved slots or max_model_len end first."""
-        last = [s.token_ids[-1] for s in states]
-        pos = [len(s.token_ids) - 1 for s in states]
-        room = [min(len(s.block_ids) * self.block_size, self.max_model_len) - p
-                for s, p in zip(states, pos)]
-        drafts: list[list[int]] = [[] for _ in states]
+        where its reserved slots or max_model_len end first.
+
+        The draft's cache holds the real tokens below min(written, N - 1) (N: known tokens):
+        what it wrote beyond, its own rejected drafts, is stale. The first forward catches up
+        from there to the last known token (1 or 2 rows a request), the next k - 1 feed one
+        draft each."""
+        known = [len(s.token_ids) for s in states]
+        room = [min(len(s.block_ids) * self.block_size, self.max_model_len) - (n - 1)
+                for s, n in zip(states, known)]
         alive = [i for i in range(len(states)) if room[i] > 0]
+        drafts: list[list[int]] = [[] for _ in states]
+        if not alive:
+            return drafts
+        starts = [min(self.written.get(req_ids[i], known[i] - 1), known[i] - 1) for i in alive]
+        rows = [(i, p) for i, start in zip(alive, starts) for p in range(start, known[i])]
+        tokens = self._greedy_next(req_ids, states, [(i, p, states[i].token_ids[p])
+                                                     for i, p in rows], last_of=alive)
         for j in range(self.k):
-            alive = [i for i in alive if j < room[i]]
-            if not alive:
-                break
-            # NOTE: a loop over draft positions (k), each step one batched forward.
-            step = decode_step_inputs([req_ids[i] for i in alive], [last[i] for i in alive],
-                                      [pos[i] + j for i in alive],
-                                      [states[i].block_ids for i in alive], self.block_size)
-            hidden = self.run_model(self.model, self.graphs, step, step, None, False)
-            tokens = self.model.compute_logits(hidden).argmax(dim=-1).tolist()   # [A]
             for i, token in zip(alive, tokens):
                 drafts[i].append(token)
-                last[i] = token
+                self.written[req_ids[i]] = known[i] + j
+            alive = [i for i in alive if j + 1 < room[i]]
+            if j + 1 == self.k or not alive:
+                break
+            # NOTE: a loop over draft positions (k), each step one batched forward.
+            tokens = self._greedy_next(req_ids, states, [(i, known[i] - 1 + j + 1,
+                                                          drafts[i][-1]) for i in alive])
         return drafts
 
+    def _greedy_next(self, req_ids: list[str], states: list[Any],
+                     rows: list[tuple[int, int, int]], last_of: list[int] | None = None
+                     ) -> list[int]:
+        """One draft forward over rows (request index, position, token), each row a one-token
+        sequence of its own length; the argmax at each request's last row (in `last_of` order,
+        else every row's)."""
+        step = decode_step_inputs([req_ids[i] for i, _, _ in rows], [t for _, _, t in rows],
+                                  [p for _, p, _ in rows],
+                                  [states[i].block_ids for i, _, _ in rows], self.block_size)
+        hidden = self.run_model(self.model, self.graphs, step, step, None, False)
+        if last_of is not None:
+            last_row = {i: r for r, (i, _, _) in enumerate(rows)}
+            hidden = hidden[[last_row[i] for i in last_of]]
+        return self.model.compute_logits(hidden).argmax(dim=-1).tolist()
+
     def remove(self, req_ids: set[str]) -> None:
-        """Nothing per request: the draft's KV lives in the requests' blocks."""
+        """Forgets finished and preempted requests (a resumed one is mirrored afresh)."""
+        for req_id in req_ids:
+            self.written.pop(req_id, None)

@@ -45,7 +45,7 @@ def other_draft(tmp_path_factory, target):
     torch.manual_seed(7)
     with torch.no_grad():
         for param in model.parameters():
-            param.add_(torch.randn_like(param) * 0.05)
+            param.add_(torch.randn_like(param) * 0.01)
     folder = str(tmp_path_factory.mktemp("draft_noisy"))
     model.save_pretrained(folder)
     return folder
@@ -62,6 +62,29 @@ def test_a_different_draft_keeps_the_targets_tokens(target, base, other_draft, s
         _tokens(base.generate(PROMPTS, params, use_tqdm=False))
     stats = spec.llm_engine.scheduler.spec_stats
     assert 0 < stats.num_accepted_tokens < stats.num_draft_tokens
+
+
+def test_catching_up_proposes_what_mirroring_every_step_would(target, other_draft):
+    """In decode steps the draft skips the target's inputs and catches up from what it wrote:
+    the same drafts as a draft that runs every step's inputs."""
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    stats, outputs = [], []
+    for always_mirror in (False, True):
+        spec = _spec_llm(target, other_draft, k=4)
+        drafter = spec.llm_engine.executor.worker.model_runner.drafter
+        if always_mirror:
+            drafter.written = _AlwaysMissing()   # every step looks like one of a new request
+        outputs.append(_tokens(spec.generate(PROMPTS, params, use_tqdm=False)))
+        stats.append(spec.llm_engine.scheduler.spec_stats)
+    assert outputs[0] == outputs[1] and stats[0] == stats[1]
+    assert 0 < stats[0].num_accepted_tokens < stats[0].num_draft_tokens
+
+
+class _AlwaysMissing(dict):
+    """A `written` map in which no request is ever found: the draft mirrors every step."""
+
+    def __contains__(self, key) -> bool:
+        return False
 
 
 def test_preemption_with_a_draft_model(target, base):
