@@ -55,19 +55,31 @@ inline void gemv_rows(const uint16_t* x, int64_t x_stride, const uint16_t* w,
     }
     return;
   }
+  // Each weight row keeps row_dot's four accumulators over the same interleaved chunks and
+  // sums them in its order, so a row of y is bit-identical whatever m is: a request's tokens do
+  // not depend on how many rows share its step (batched decode, draft verification).
   for (int64_t i = 0; i < m; ++i) {
     const uint16_t* xi = x + i * x_stride;
-    __m512 acc[kRows];
-    for (int r = 0; r < kRows; ++r) acc[r] = _mm512_setzero_ps();
-    for (int64_t c = 0; c < chunks; ++c) {
-      const __m512i xv = _mm512_loadu_si512(xi + c * 32);
-      for (int r = 0; r < rows; ++r) {
-        const __m512i wv = _mm512_loadu_si512(w + (r0 + r) * w_row_stride + c * 32);
-        acc[r] = minivllm::dot_bf16x32(acc[r], wv, xv);
+    __m512 acc[kRows][4];
+    for (int r = 0; r < kRows; ++r)
+      for (int j = 0; j < 4; ++j) acc[r][j] = _mm512_setzero_ps();
+    int64_t c = 0;
+    for (; c + 4 <= chunks; c += 4)
+      for (int j = 0; j < 4; ++j) {
+        const __m512i xv = _mm512_loadu_si512(xi + (c + j) * 32);
+        for (int r = 0; r < rows; ++r)
+          acc[r][j] = minivllm::dot_bf16x32(
+              acc[r][j], _mm512_loadu_si512(w + (r0 + r) * w_row_stride + (c + j) * 32), xv);
       }
+    for (int j = 0; c < chunks; ++c, ++j) {
+      const __m512i xv = _mm512_loadu_si512(xi + c * 32);
+      for (int r = 0; r < rows; ++r)
+        acc[r][j] = minivllm::dot_bf16x32(
+            acc[r][j], _mm512_loadu_si512(w + (r0 + r) * w_row_stride + c * 32), xv);
     }
     for (int r = 0; r < rows; ++r) {
-      float s = _mm512_reduce_add_ps(acc[r]);
+      float s = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[r][0], acc[r][1]),
+                                                   _mm512_add_ps(acc[r][2], acc[r][3])));
       if (bias != nullptr) s += minivllm::to_float(bias[r0 + r]);
       minivllm::store(s, y + i * y_stride + r0 + r);
     }

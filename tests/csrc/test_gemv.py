@@ -40,6 +40,19 @@ def test_gemv_matches_fp32_linear(n, k, with_bias, m):
         torch.set_num_threads(threads)
 
 
+@pytest.mark.parametrize("k", [576, 96, 1536])
+def test_each_row_is_the_one_row_product_whatever_the_row_count(k):
+    """Batch invariance: the rows of a multi-row call sum in the one-row order, so a request's
+    outputs do not depend on how many rows share its step (draft verification, batching)."""
+    gen = torch.Generator().manual_seed(k)
+    x = torch.randn(8, k, generator=gen).bfloat16()
+    w = (torch.randn(300, k, generator=gen) * 0.05).bfloat16()
+    b = torch.randn(300, generator=gen).bfloat16()
+    alone = torch.cat([ops.gemv_bf16(x[i:i + 1], w, b) for i in range(8)])
+    for m in (2, 4, 5, 8):
+        assert torch.equal(ops.gemv_bf16(x[:m], w, b), alone[:m]), m
+
+
 def test_strided_weight_rows_and_unsupported_shapes():
     w_full = torch.randn(64, 128).bfloat16()
     w = w_full[:, :64]                                   # rows 128 apart: a column slice
