@@ -35,6 +35,7 @@ from minivllm.reasoning import reasoning_parser_for
 from minivllm.sampling_params import SamplingParams
 from minivllm.transformers_utils.tokenizer import get_tokenizer
 from minivllm.v1.core.sched.output import SchedulerOutput
+from minivllm.v1.metrics.reader import Counter, Gauge, Metric, Vector
 from minivllm.v1.outputs import LogprobEntry, ModelRunnerOutput
 
 
@@ -250,6 +251,27 @@ class LLMEngine:
 
     def get_num_unfinished_requests(self) -> int:
         return len(self._parents)
+
+    def get_metrics(self) -> list[Metric]:
+        """vLLM's offline snapshot (`LLM.get_metrics`): the scheduler's gauges, preemptions and,
+        when speculating, the draft counters (per position as a Vector)."""
+        s = self.scheduler
+        labels = {"model_name": str(getattr(self.vllm_config.model_config, "model", ""))}
+        metrics: list[Metric] = [
+            Gauge("vllm:num_requests_running", labels, s.num_running),
+            Gauge("vllm:num_requests_waiting", labels, s.num_waiting),
+            Gauge("vllm:kv_cache_usage_perc", labels, s.kv_cache_usage),
+            Counter("vllm:num_preemptions", labels, s.num_preemptions_total)]
+        spec = s.spec_stats
+        if spec is not None:
+            metrics += [Counter("vllm:spec_decode_num_drafts", labels, spec.num_drafts),
+                        Counter("vllm:spec_decode_num_draft_tokens", labels,
+                                spec.num_draft_tokens),
+                        Counter("vllm:spec_decode_num_accepted_tokens", labels,
+                                spec.num_accepted_tokens),
+                        Vector("vllm:spec_decode_num_accepted_tokens_per_pos", labels,
+                               list(spec.num_accepted_tokens_per_pos))]
+        return metrics
 
     def tokenize_prompt(self, prompt: PromptType) -> list[int]:
         """The token ids a request for `prompt` starts from (text tokenised as add_request

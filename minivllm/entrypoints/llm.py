@@ -19,6 +19,7 @@ from minivllm.pooling_params import PoolingParams
 from minivllm.sampling_params import BeamSearchParams, SamplingParams
 from minivllm.transformers_utils.chat_template import (chat_template_arguments, chat_token_ids,
                                                       normalize_messages)
+from minivllm.v1.metrics.reader import Metric
 
 _TQDM_MIN_REQUESTS = 8   # show a progress bar only for batches at least this long
 
@@ -41,6 +42,11 @@ class LLM:
 
     def get_tokenizer(self):
         return self.tokenizer
+
+    def get_metrics(self) -> list[Metric]:
+        """The engine's metrics now (vLLM's reader types: `Counter`, `Gauge`, `Vector` from
+        `minivllm.v1.metrics.reader`), e.g. speculative decoding's acceptance counts."""
+        return self.llm_engine.get_metrics()
 
     def get_default_sampling_params(self) -> SamplingParams:
         """SamplingParams with the model's generation-config defaults (vLLM's; what `generate`

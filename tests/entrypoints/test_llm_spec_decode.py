@@ -52,6 +52,24 @@ def test_greedy_decoding_is_unchanged_and_drafts_are_verified(base, spec):
     assert stats.num_accepted_tokens_per_pos[0] >= stats.num_accepted_tokens_per_pos[-1]
 
 
+def test_get_metrics_reports_acceptance_as_vllms_example_reads_it(spec):
+    """vLLM's offline spec-decode example: Counters by name, per-position acceptances as a
+    Vector; they add up to the scheduler's totals."""
+    from minivllm.v1.metrics.reader import Counter, Gauge, Vector
+
+    spec.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=16, ignore_eos=True),
+                  use_tqdm=False)
+    metrics = {m.name: m for m in spec.get_metrics()}
+    drafts = metrics["vllm:spec_decode_num_drafts"]
+    accepted = metrics["vllm:spec_decode_num_accepted_tokens"]
+    per_pos = metrics["vllm:spec_decode_num_accepted_tokens_per_pos"]
+    assert isinstance(drafts, Counter) and isinstance(per_pos, Vector)
+    assert drafts.value > 0 and sum(per_pos.values) == accepted.value > 0
+    assert len(per_pos.values) == SPEC["num_speculative_tokens"]
+    assert isinstance(metrics["vllm:num_requests_running"], Gauge)
+    assert metrics["vllm:num_requests_running"].value == 0
+
+
 @pytest.mark.parametrize("settings", [
     dict(temperature=0.9, seed=11, logprobs=2),
     dict(temperature=0.8, top_p=0.9, top_k=40, seed=3, repetition_penalty=1.3,

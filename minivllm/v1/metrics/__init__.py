@@ -1,0 +1,1 @@
+"""Engine metrics for the offline API (vLLM keeps them in `v1/metrics/`)."""
