@@ -1,0 +1,36 @@
+"""GGUF linears in decode steps give each row the same bits whatever the step's row count (the
+int8 dot kernels up to 4 rows, the x8 passes, the x^T tiles from 16) for weights in the CPU
+layout, which the model's weights take on these CPUs: a request's tokens do not depend on its
+batch, and speculative decoding's verify step reproduces single-token decoding. (Weights left
+in the file layout, whose row count is no whole x8 group, keep that up to 15 rows; from 16 the
+tiles sum some types in another order.)"""
+
+import pytest
+import torch
+from gguf import GGMLQuantizationType as T
+
+from minivllm.model_executor.kernels import gguf_linear as gl
+from tests.csrc.test_gguf_gemm import K_QUANTS, LEGACY, _step, random_weight
+
+pytestmark = pytest.mark.requires_native
+
+
+@pytest.mark.parametrize("repack", [False, True], ids=["file_layout", "cpu_layout"])
+@pytest.mark.parametrize("qtype", LEGACY + K_QUANTS, ids=lambda t: T(t).name)
+def test_each_row_equals_its_one_row_product(qtype, repack):
+    if not gl._resolve() or not gl._Native.int8_decode:
+        pytest.skip("no int8 GGUF kernels on this CPU (the dequantised path is row-wise)")
+    if gl._Native.amx and not gl._Native.x8:
+        pytest.skip("AMX CPUs run decode steps of 5+ rows through the bf16 AMX strips, "
+                    "another rounding than the 1-4 row int8 dot")
+    cols = 512 if qtype in K_QUANTS else 608
+    qw = torch.from_numpy(random_weight(qtype, 96, cols, seed=5).copy())
+    kernel_type = gl.gguf_repack_for_cpu(qw, qtype) if repack else qtype
+    gen = torch.Generator().manual_seed(int(qtype))
+    x = torch.randn(24, cols, generator=gen).bfloat16()
+    bias = torch.randn(96, generator=gen).bfloat16()
+    with _step(1, 1):
+        alone = torch.cat([gl.gguf_linear(x[i:i + 1], qw, kernel_type, bias) for i in range(24)])
+    for m in (2, 4, 5, 8, 15, 16, 17, 24) if repack else (2, 4, 5, 8, 15):
+        with _step(m, m):                            # a decode step of m requests
+            assert torch.equal(gl.gguf_linear(x[:m], qw, kernel_type, bias), alone[:m]), m
