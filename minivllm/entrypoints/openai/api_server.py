@@ -44,6 +44,7 @@ from minivllm.entrypoints.openai.serving_tokenization import (DetokenizeRequest,
                                                               OpenAIServingTokenization,
                                                               TokenizeRequest)
 from minivllm.entrypoints.openai.tool_parsers import TOOL_PARSER_NAMES, get_tool_parser
+from minivllm.entrypoints.openai.sagemaker_routes import register_sagemaker_routes
 from minivllm.logger import init_logger
 
 logger = init_logger(__name__)
@@ -166,6 +167,7 @@ def build_app(async_llm: AsyncLLM, served_model_name: str | list[str] | None = N
     _add_tokenizer_routes(app, servings.tokenization)
     _add_responses_routes(app, async_llm, servings.responses)
     _add_pooling_routes(app, servings)
+    register_sagemaker_routes(app, async_llm, servings, app.state.health)
     return app
 
 
@@ -236,6 +238,8 @@ def _add_info_routes(app: FastAPI, async_llm: AsyncLLM, metrics: ServerMetrics,
         if problem is not None:
             return _error_json(OpenAIError(problem, HTTPStatus.SERVICE_UNAVAILABLE))
         return Response(status_code=200)
+
+    app.state.health = health
 
     @app.get("/version")
     async def version() -> dict[str, str]:
