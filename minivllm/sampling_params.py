@@ -196,8 +196,8 @@ class SamplingParams:
             raise ValueError(f"seed must fit in a signed 64-bit integer, got {self.seed}.")
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
-            if value is not None and value > MAX_LOGPROBS:
-                raise ValueError(f"{name} must be at most {MAX_LOGPROBS}, got {value}.")
+            if value is not None and value < 0:
+                raise ValueError(f"{name} must be non-negative, got {value}.")
         if self.n < 1:
             raise ValueError(f"n must be at least 1, got {self.n}.")
         if not -2.0 <= self.presence_penalty <= 2.0:
@@ -244,6 +244,15 @@ class SamplingParams:
             if token_id < 0 or not math.isfinite(bias):
                 raise ValueError(f"logit_bias needs token ids >= 0 and finite biases, got "
                                  f"{token_id}: {bias}.")
+
+    def verify_logprobs(self, max_logprobs: int) -> None:
+        """logprobs and prompt_logprobs within the engine's max_logprobs (checked by it)."""
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and value > max_logprobs:
+                raise ValueError(f"Requested {name} of {value}, more than this engine allows "
+                                 f"({max_logprobs}); start it with a larger --max-logprobs "
+                                 "(max_logprobs; -1: the vocabulary size).")
 
     def verify_vocab(self, vocab_size: int) -> None:
         """Token ids the params name must be in [0, vocab_size) (checked by the engine)."""

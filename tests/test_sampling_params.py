@@ -70,7 +70,7 @@ def test_temperature_message_gives_the_value():
 
 @pytest.mark.parametrize("kwargs, field", [
     (dict(temperature=float("nan")), "temperature"), (dict(top_p=float("inf")), "top_p"),
-    (dict(seed=2**64), "seed"), (dict(logprobs=21), "logprobs"), (dict(prompt_logprobs=100), "prompt_logprobs"),
+    (dict(seed=2**64), "seed"), (dict(logprobs=-1), "logprobs"), (dict(prompt_logprobs=-2), "prompt_logprobs"),
 ])
 def test_non_finite_and_out_of_range_values_name_the_field(kwargs, field):
     with pytest.raises(ValueError, match=field):

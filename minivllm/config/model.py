@@ -119,6 +119,7 @@ class ModelConfig:
     tokenizer: str | None = None       # defaults to `model`
     dtype: str | torch.dtype = "auto"
     max_model_len: int | None = None   # defaults to the config's max_position_embeddings
+    max_logprobs: int = 20             # most logprobs a request may ask (vLLM's); -1: vocab
     seed: int = 0
     # None: the checkpoint's own method (config.json's quantization_config, "gguf" for .gguf
     # files); "none": dequantise a GGUF file (reference runs); fp8/int8/int4 on an unquantized

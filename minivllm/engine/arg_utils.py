@@ -84,6 +84,8 @@ class EngineArgs:
     max_model_len: int | None = _arg(None, "longest sequence, prompt plus output "
                                      "(default: the model's max_position_embeddings)")
     seed: int = _arg(0, "random seed: random weights, the CLI's per-request sampling seed")
+    max_logprobs: int = _arg(20, "most logprobs (or prompt logprobs) a request may ask; -1: "
+                             "the vocabulary size")
     block_size: int = _arg(16, "tokens per KV-cache block")
     kv_cache_dtype: str = _arg("auto", "KV-cache dtype; auto: the model dtype", choices=CACHE_DTYPES)
     mamba_cache_dtype: str = _arg("auto", "recurrent layers' conv-state dtype (Mamba, short "
@@ -165,6 +167,7 @@ class EngineArgs:
             get_quantization_config(self.quantization)   # raises, listing the known names
         model_config = ModelConfig(model=self.model, tokenizer=self.tokenizer, dtype=self.dtype,
                                    max_model_len=self.max_model_len, seed=self.seed,
+                                   max_logprobs=self.max_logprobs,
                                    quantization=self.quantization, runner=self.runner,
                                    convert=self.convert, pooler_config=self.pooler_config,
                                    generation_config=self.generation_config,

@@ -32,7 +32,7 @@ from minivllm.inputs import PromptType, check_prompt_token_ids, prompt_input, tr
 from minivllm.lora.request import LoRARequest
 from minivllm.outputs import CompletionOutput, Logprob, RequestOutput
 from minivllm.reasoning import reasoning_parser_for
-from minivllm.sampling_params import SamplingParams
+from minivllm.sampling_params import MAX_LOGPROBS, SamplingParams
 from minivllm.transformers_utils.tokenizer import get_tokenizer
 from minivllm.v1.core.sched.output import SchedulerOutput
 from minivllm.v1.metrics.reader import Counter, Gauge, Metric, Vector
@@ -59,6 +59,8 @@ class LLMEngine:
         self.max_model_len: int = model.max_model_len
         self.vocab_size: int | None = model.get_vocab_size() if hasattr(model, "get_vocab_size") \
             else None
+        limit = getattr(model, "max_logprobs", MAX_LOGPROBS)
+        self.max_logprobs: int = self.vocab_size if limit == -1 and self.vocab_size else limit
         # generation_config.json's fields: its eos ids stop every request too (vLLM's)
         self.generation_config_fields = getattr(model, "try_get_generation_config", dict)()
         self.scheduler = Scheduler(
@@ -124,6 +126,7 @@ class LLMEngine:
             raise ValueError("stop strings need a tokenizer; use stop_token_ids instead.")
         if self.vocab_size is not None:
             params.verify_vocab(self.vocab_size)
+        params.verify_logprobs(self.max_logprobs)
         if params.structured_outputs is not None:
             # Validates the constraint (ValueError) before any child is queued.
             self._structured_output_manager().grammar_init(params.structured_outputs)

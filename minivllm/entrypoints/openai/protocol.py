@@ -12,10 +12,6 @@ from minivllm.entrypoints.openai.tool_parsers import tool_choice_mode, tool_choi
 from minivllm.sampling_params import SamplingParams, StructuredOutputsParams
 from minivllm.utils.unicode_utils import lone_surrogate_path
 
-# Top-k logprobs come from torch.topk: a bound keeps k cheap and below any vocabulary (vLLM: 20).
-MAX_LOGPROBS = 20
-
-
 # Sampling fields a request may leave unset, with vLLM's defaults (a model's generation config
 # may give others: OpenAIServing.default_sampling_params).
 _SAMPLING_DEFAULTS = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0,
@@ -124,7 +120,7 @@ class _SamplingRequest(OpenAIBaseModel):
     allowed_token_ids: list[int] | None = None
     bad_words: list[str] | None = None
     truncate_prompt_tokens: int | None = None   # the prompt's last k tokens (-1: max_model_len)
-    prompt_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)   # not streamed
+    prompt_logprobs: int | None = Field(default=None, ge=0)   # not streamed
     use_beam_search: bool = False   # n = the beam width (engine/beam_search_stream.py)
     # vLLM's: the prompt's and each choice's token ids beside the text (streamed: the prompt's
     # with a choice's first chunk, then each chunk's new ids)
@@ -199,7 +195,7 @@ class _SamplingRequest(OpenAIBaseModel):
 class CompletionRequest(_SamplingRequest):
     prompt: str | list[str] | list[int] | list[list[int]]
     max_tokens: int | None = 16
-    logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    logprobs: int | None = Field(default=None, ge=0)
     echo: bool = False
     suffix: str | None = None
     best_of: int | None = None
@@ -270,7 +266,7 @@ class ChatCompletionRequest(_SamplingRequest):
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
     logprobs: bool = False
-    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    top_logprobs: int | None = Field(default=None, ge=0)
     add_generation_prompt: bool = True
     continue_final_message: bool = False   # the last (assistant) message is continued
     chat_template_kwargs: dict[str, Any] | None = None   # extra template variables

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from minivllm.entrypoints.openai.protocol import MAX_LOGPROBS, OpenAIBaseModel, random_uuid
+from minivllm.entrypoints.openai.protocol import OpenAIBaseModel, random_uuid
 
 # `include` values: logprobs of the output text are returned; this server makes no reasoning
 # items, so asking for their encrypted content is allowed and includes nothing.
@@ -44,7 +44,7 @@ class ResponsesRequest(OpenAIBaseModel):
     max_output_tokens: int | None = Field(default=None, ge=1)
     temperature: float | None = None
     top_p: float | None = None
-    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    top_logprobs: int | None = Field(default=None, ge=0)
     include: list[str] | None = None
     stream: bool = False
     store: bool = True

@@ -196,6 +196,13 @@ class OpenAIServing:
                 params.verify_vocab(self.async_llm.vocab_size)
             except ValueError as exc:
                 raise OpenAIError(str(exc), param=str(exc).split(" ", 1)[0]) from exc
+        try:   # the engine's --max-logprobs; chat's logprobs count is its top_logprobs
+            params.verify_logprobs(getattr(self.async_llm.engine, "max_logprobs", MAX_LOGPROBS))
+        except ValueError as exc:
+            name = str(exc).split(" ", 2)[1]       # "Requested <field> of ..."
+            if name == "logprobs" and "top_logprobs" in type(request).model_fields:
+                name = "top_logprobs"
+            raise OpenAIError(str(exc), param=(aliases or {}).get(name, name)) from exc
         if params.structured_outputs is not None:
             try:
                 validate_structured_outputs(params.structured_outputs)
