@@ -14,6 +14,7 @@ import os
 import shutil
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
@@ -24,6 +25,12 @@ TINY_DENSE = dict(vocab_size=1000, hidden_size=64, intermediate_size=128, num_hi
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
                   rms_norm_eps=1e-5, tie_word_embeddings=False, initializer_range=0.1,
                   bos_token_id=1, eos_token_id=2, pad_token_id=0)
+# Recurrent-state models run their prompts whole and in chunks of 8 tokens (a state carried
+# across chunks). The chunked run also covers a prompt's first chunk from a zero state, so the
+# whole-prompt run is in the slow suite only (it kept the default suite under 15 minutes).
+STATE_BUDGETS = pytest.mark.parametrize("budget", [
+    pytest.param(512, marks=pytest.mark.slow, id="whole_prompts"),
+    pytest.param(8, id="chunks_of_8")])
 PROMPT_LENS = (5, 17, 33, 60)
 NUM_TOKENS = 24
 

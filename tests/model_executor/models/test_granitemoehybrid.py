@@ -15,6 +15,7 @@ from tests.model_executor.models._family_helpers import (TINY_DENSE, assert_bad_
                                                          assert_prefixes_clean, build_model,
                                                          hf_greedy, make_prompts,
                                                          minivllm_greedy, write_checkpoints)
+from tests.model_executor.models._family_helpers import STATE_BUDGETS
 
 ARCH = "GraniteMoeHybridForCausalLM"
 SPEC = "minivllm.model_executor.models.granitemoehybrid:GraniteMoeHybridForCausalLM"
@@ -63,7 +64,7 @@ def hf_reference(paths) -> list[tuple[list[int], torch.Tensor]]:
     return hf_greedy(paths["moe_nope"], PROMPTS, NUM_TOKENS)
 
 
-@pytest.mark.parametrize("budget", [512, 8], ids=["whole_prompts", "chunks_of_8"])
+@STATE_BUDGETS
 def test_granitemoehybrid_matches_transformers(paths, hf_reference, budget):
     # 8 tokens per step: every prompt is prefilled in chunks beside other sequences' decodes,
     # the Mamba states carried from chunk to chunk.

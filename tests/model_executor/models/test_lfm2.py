@@ -12,6 +12,7 @@ from tests.model_executor.models._family_helpers import (assert_bad_names_report
                                                          assert_preemption_keeps_tokens,
                                                          assert_prefixes_clean, build_model,
                                                          write_tiny_checkpoint)
+from tests.model_executor.models._family_helpers import STATE_BUDGETS
 
 # Conv layers around one attention layer; the MLP width is LFM2's auto-adjusted one (64 here).
 TINY_LFM2 = dict(rms_norm_eps=None, norm_eps=1e-5, tie_word_embeddings=True,
@@ -25,7 +26,7 @@ def lfm2_path(tmp_path_factory) -> str:
                                  **TINY_LFM2)
 
 
-@pytest.mark.parametrize("budget", [512, 8], ids=["whole_prompts", "chunks_of_8"])
+@STATE_BUDGETS
 def test_lfm2_matches_transformers(lfm2_path, budget):
     # 8 tokens per step: every prompt is prefilled in chunks beside other sequences' decodes.
     assert_matches_transformers(lfm2_path, max_num_batched_tokens=budget)

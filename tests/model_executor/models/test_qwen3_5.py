@@ -17,6 +17,7 @@ from tests.model_executor.models._family_helpers import (TINY_DENSE, assert_bad_
                                                          hf_greedy, write_tiny_checkpoint)
 from tests.model_executor.models.test_qwen3_next import (NUM_TOKENS, PROMPTS,
                                                          assert_matches_reference)
+from tests.model_executor.models._family_helpers import STATE_BUDGETS
 
 # linear / full / linear / full attention; 2 key heads serving 4 value heads; interleaved
 # M-RoPE over a quarter of each head, as the released configs have it.
@@ -48,7 +49,7 @@ def qwen3_5_moe_path(tmp_path_factory) -> str:
 _REFERENCES: dict[str, list] = {}     # transformers' run, once per checkpoint
 
 
-@pytest.mark.parametrize("budget", [512, 8], ids=["whole_prompts", "chunks_of_8"])
+@STATE_BUDGETS
 @pytest.mark.parametrize("variant", ["qwen3_5_path", "qwen3_5_moe_path"], ids=["dense", "moe"])
 def test_qwen3_5_matches_transformers(request, variant, budget):
     path = request.getfixturevalue(variant)

@@ -11,6 +11,7 @@ from tests.model_executor.models._family_helpers import (TINY_DENSE, assert_bad_
                                                          assert_prefixes_clean, build_model,
                                                          hf_greedy, make_prompts,
                                                          minivllm_greedy, write_tiny_checkpoint)
+from tests.model_executor.models._family_helpers import STATE_BUDGETS
 
 # linear / full / linear / full attention; 2 key heads serving 4 value heads; 4 experts top-2
 # plus a shared expert, layer 1 dense (mlp_only_layers); half of each head rotated.
@@ -54,7 +55,7 @@ def assert_matches_reference(path: str, reference: list, budget: int,
         assert diff <= 1e-4, f"prompt {i}: logprobs differ by {diff:.3g}"
 
 
-@pytest.mark.parametrize("budget", [512, 8], ids=["whole_prompts", "chunks_of_8"])
+@STATE_BUDGETS
 def test_qwen3_next_matches_transformers(qwen3_next_path, qwen3_next_reference, budget):
     assert_matches_reference(qwen3_next_path, qwen3_next_reference, budget)
 

@@ -21,6 +21,7 @@ from safetensors.torch import save_file
 from transformers import AutoConfig, PretrainedConfig
 
 from tests.model_executor.models._family_helpers import make_prompts, minivllm_greedy
+from tests.model_executor.models._family_helpers import STATE_BUDGETS
 
 ARCH = "BailingMoeV2_5ForCausalLM"
 # 4 layers in groups of 2: linear, MLA, linear, MLA. 4 heads of 16 (state [4, 16, 16]); half
@@ -223,7 +224,7 @@ def assert_matches_one_pass(path: str, ours: list[tuple[list[int], torch.Tensor]
         assert diff <= atol, f"prompt {i}: logprobs differ by {diff:.3g} (> {atol})"
 
 
-@pytest.mark.parametrize("budget", [512, 8], ids=["whole_prompts", "chunks_of_8"])
+@STATE_BUDGETS
 def test_vllm_bailing_file_matches_one_pass_prefill(bailing_path, registered_vllm_class,
                                                     budget):
     """Prompts whole or in chunks of 8 beside the other sequences' decodes: the state carried

@@ -22,6 +22,7 @@ from tests.model_executor.models._family_helpers import (TINY_DENSE,
                                                          assert_preemption_keeps_tokens,
                                                          build_model, make_prompts,
                                                          write_tiny_checkpoint)
+from tests.model_executor.models._family_helpers import STATE_BUDGETS
 
 # linear / full / linear attention; 2 key heads serving 4 value heads (grouped), 4 experts
 # top-2 and a shared expert (a dense MLP on layer 1); partial RoPE (half of each head
@@ -51,7 +52,7 @@ def qwen3_next_path(tmp_path_factory) -> str:
                                  Qwen3NextForCausalLM, **TINY_QWEN3_NEXT)
 
 
-@pytest.mark.parametrize("budget", [512, 8], ids=["whole_prompts", "chunks_of_8"])
+@STATE_BUDGETS
 def test_vllm_qwen3_next_file_matches_transformers(qwen3_next_path, registered_vllm_class,
                                                    budget):
     cls = registered_vllm_class("qwen3_next", "Qwen3NextForCausalLM", None)
@@ -130,7 +131,7 @@ def olmo_hybrid_path(tmp_path_factory) -> str:
     return _as_hub_layout(path, key_dim=2 * 16, value_dim=4 * 16)
 
 
-@pytest.mark.parametrize("budget", [512, 8], ids=["whole_prompts", "chunks_of_8"])
+@STATE_BUDGETS
 def test_vllm_olmo_hybrid_file_matches_transformers(olmo_hybrid_path, registered_vllm_class,
                                                     budget):
     cls = registered_vllm_class("olmo_hybrid", "OlmoHybridForCausalLM", None)

@@ -36,6 +36,7 @@ from tests.model_executor.models._family_helpers import (TINY_DENSE,
                                                          assert_preemption_keeps_tokens,
                                                          build_model, hf_greedy, make_prompts,
                                                          minivllm_greedy, write_tiny_checkpoint)
+from tests.model_executor.models._family_helpers import STATE_BUDGETS
 
 # KDA, KDA, MLA (layer_group_size 3: every third layer is full attention); layer 0 a dense
 # MLP, 1-2 MoE (4 experts in 2 groups, top-2 from the best group, and a shared expert).
@@ -80,7 +81,7 @@ def bailing_v3_reference(bailing_v3_path) -> list:
     return hf_greedy(bailing_v3_path, PROMPTS, NUM_TOKENS)
 
 
-@pytest.mark.parametrize("budget", [512, 8], ids=["whole_prompts", "chunks_of_8"])
+@STATE_BUDGETS
 def test_vllm_bailing_moe_v3_file_matches_transformers(bailing_v3_path, bailing_v3_reference,
                                                        registered_vllm_class, budget):
     """fp32 greedy tokens identical, every prompt and sampled logprob within 1e-4 (what

@@ -18,6 +18,7 @@ from tests._parallel_helpers import assert_parallel_matches_one_process
 from tests.model_executor.models._family_helpers import (assert_matches_transformers,
                                                          assert_preemption_keeps_tokens,
                                                          build_model, write_tiny_checkpoint)
+from tests.model_executor.models._family_helpers import STATE_BUDGETS
 
 # An inner width of 128, 16 state entries, dt rank 8. max_position_embeddings (not a Mamba
 # config field, kept in config.json) bounds max_model_len.
@@ -50,7 +51,7 @@ def _register(registered_vllm_class, name: str) -> type:
                                  "MambaForCausalLM" if file == "mamba" else None)
 
 
-@pytest.mark.parametrize("budget", [512, 8], ids=["whole_prompts", "chunks_of_8"])
+@STATE_BUDGETS
 @pytest.mark.parametrize("name", list(FILES))
 def test_vllm_mamba1_file_matches_transformers(paths, registered_vllm_class, name, budget):
     cls = _register(registered_vllm_class, name)

@@ -18,6 +18,7 @@ from tests._parallel_helpers import assert_parallel_matches_one_process
 from tests.model_executor.models._family_helpers import (assert_matches_transformers,
                                                          assert_preemption_keeps_tokens,
                                                          build_model, write_tiny_checkpoint)
+from tests.model_executor.models._family_helpers import STATE_BUDGETS
 
 # 8 heads of 16 over an inner width of 128; chunk_size 16 so transformers' own scan chunks too.
 # max_position_embeddings (not a Mamba2Config field, kept in config.json) bounds max_model_len.
@@ -52,7 +53,7 @@ def mamba2_paths(tmp_path_factory) -> dict[int, str]:
 
 
 @pytest.mark.parametrize("groups", [1, 2])
-@pytest.mark.parametrize("budget", [512, 8], ids=["whole_prompts", "chunks_of_8"])
+@STATE_BUDGETS
 def test_vllm_mamba2_file_matches_transformers(mamba2_paths, registered_vllm_class, groups,
                                                budget):
     cls = registered_vllm_class("mamba2", "Mamba2ForCausalLM", None)
@@ -96,7 +97,7 @@ HYBRID_FILES = {"granitemoehybrid": (GraniteMoeHybridConfig, GraniteMoeHybridFor
                 "falcon_h1": (FalconH1Config, FalconH1ForCausalLM, TINY_FALCON_H1)}
 
 
-@pytest.mark.parametrize("budget", [512, 8], ids=["whole_prompts", "chunks_of_8"])
+@STATE_BUDGETS
 @pytest.mark.parametrize("file", list(HYBRID_FILES))
 def test_vllm_hybrid_mamba2_file_matches_transformers(registered_vllm_class, tmp_path, file,
                                                       budget):
