@@ -80,7 +80,7 @@ _SCRIPT = textwrap.dedent("""
 """)   # no shutdown, no `if __name__ == "__main__"` guard
 
 
-@pytest.mark.parametrize("how", ["exit", "sigkill"])
+@pytest.mark.parametrize("how", ["exit", pytest.param("sigkill", marks=pytest.mark.slow)])
 def test_no_orphans_when_the_engine_process_ends(tiny_llama_factory, how):
     path = tiny_llama_factory("dist_tiny", **TINY)
     proc = subprocess.Popen([sys.executable, "-c", _SCRIPT, path, "hang" if how == "sigkill" else how],

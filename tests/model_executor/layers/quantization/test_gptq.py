@@ -79,7 +79,7 @@ def test_unquantized_checkpoint_is_refused_with_the_online_choice(tiny_llama_fac
         LLM(model=int4_llama(tiny_llama_factory), dtype="bfloat16", quantization="gptq")
 
 
-@pytest.mark.parametrize("group_size", [32, -1])
+@pytest.mark.parametrize("group_size", [32, pytest.param(-1, marks=pytest.mark.slow)])
 def test_gptq_tensor_parallel_2_matches_transformers(tiny_llama_factory, tmp_path,
                                                      group_size: int):
     # row-parallel ranks load qweight rows (packed along the input: in / 8 / T each) and their
