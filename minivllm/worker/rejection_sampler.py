@@ -29,24 +29,23 @@ def verify_drafts(sampler: Sampler, states: RequestSamplingStates, logits: torch
                   ) -> tuple[list[list[int]], LogprobRows | None]:
     """logits [sum(d_i + 1), V], request i's rows together, then its tokens (1 to d_i + 1 per
     request) and, where asked, their logprobs. Appends the tokens to `states`."""
-    if grammar is not None or not states.make_metadata(req_ids, logits.shape[-1]).plain_greedy:
+    metadata = states.make_metadata(req_ids, logits.shape[-1])
+    if grammar is not None or not metadata.plain_greedy:
         return _by_position(sampler, states, logits, req_ids, drafts, grammar)
-    tokens = _greedy(sampler, states, logits, req_ids, drafts)
+    # Plain greedy reads nothing per row from the metadata: one argmax over all R rows.
+    tokens = _greedy(sampler(logits, metadata).sampled_token_ids, drafts)
     for req_id, ids in zip(req_ids, tokens):
         for token in ids:
             states.append(req_id, token)
     return tokens, None
 
 
-def _greedy(sampler: Sampler, states: RequestSamplingStates, logits: torch.Tensor,
-            req_ids: list[str], drafts: list[list[int]]) -> list[list[int]]:
-    """Plain greedy requests: one argmax over every row, then the accepted prefixes."""
+def _greedy(argmax: torch.Tensor, drafts: list[list[int]]) -> list[list[int]]:
+    """Plain greedy requests: from the argmax of every row [R], the accepted prefixes."""
     counts = [len(d) + 1 for d in drafts]
-    row_ids = [r for r, c in zip(req_ids, counts) for _ in range(c)]
-    argmax = sampler(logits, states.make_metadata(row_ids, logits.shape[-1])).sampled_token_ids
     max_drafts = max(counts) - 1
     starts = torch.tensor(counts).cumsum(0) - torch.tensor(counts)                  # [S]
-    index = (starts[:, None] + torch.arange(max_drafts + 1)).clamp_(max=len(row_ids) - 1)
+    index = (starts[:, None] + torch.arange(max_drafts + 1)).clamp_(max=len(argmax) - 1)
     target = argmax[index]                                                    # [S, K + 1]
     draft = torch.tensor([d + [-1] * (max_drafts - len(d)) for d in drafts],
                          dtype=target.dtype).reshape(len(drafts), max_drafts)   # [S, K]
