@@ -4,15 +4,18 @@
 from __future__ import annotations
 
 import numbers
-from typing import Any, TypedDict
+from typing import Any, NotRequired, TypedDict
 
 
 class TextPrompt(TypedDict):
     prompt: str
+    # Salts the prefix cache: only requests with the same salt share cached KV blocks.
+    cache_salt: NotRequired[str]
 
 
 class TokensPrompt(TypedDict):
     prompt_token_ids: list[int]
+    cache_salt: NotRequired[str]
 
 
 # text, token ids, or a dict with 'prompt' / 'prompt_token_ids'
@@ -41,6 +44,22 @@ def prompt_input(prompt: PromptType) -> str | list[int]:
         return [int(t) for t in prompt]
     raise ValueError(f"Unsupported prompt type {type(prompt).__name__}: give a string, a list of "
                      "token ids, or a dict with 'prompt' / 'prompt_token_ids'")
+
+
+def prompt_cache_salt(prompt: PromptType) -> str | None:
+    """A prompt dict's `cache_salt` (None when it has none); ValueError unless a non-empty
+    string. A salted request reuses only KV blocks cached under the same salt, so tenants of
+    one server cannot probe each other's prompts through prefix-cache timing."""
+    if not isinstance(prompt, dict):
+        return None
+    return check_cache_salt(prompt.get("cache_salt"))
+
+
+def check_cache_salt(salt: Any) -> str | None:
+    """`salt` if None or a non-empty string; ValueError otherwise (vLLM's message)."""
+    if salt is not None and (not isinstance(salt, str) or not salt):
+        raise ValueError("Parameter 'cache_salt' must be a non-empty string if provided.")
+    return salt
 
 
 def is_token_ids(ids: Any) -> bool:

@@ -21,6 +21,7 @@ from typing import Any, Protocol
 from minivllm.engine.arg_utils import EngineArgs
 from minivllm.engine.engine_thread import EngineThread, put_all_soon, run_call, settle
 from minivllm.engine.llm_engine import LLMEngine
+from minivllm.inputs import PromptType
 from minivllm.lora.request import LoRARequest
 from minivllm.logger import init_logger
 from minivllm.outputs import RequestOutput
@@ -206,7 +207,7 @@ class AsyncLLM:
 
     # ------------------------------------------------------------------ handler side
 
-    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
+    def add_request(self, request_id: str, prompt: PromptType, params: SamplingParams,
                     lora_request: LoRARequest | None = None, priority: int = 0) -> RequestStream:
         """Submits a request (`lora_request`: its adapter, None for the base model); raises
         EngineDeadError, QueueFullError or ValueError (duplicate id).
@@ -233,7 +234,7 @@ class AsyncLLM:
         self._wakeup.set()
         return RequestStream(request_id, stream, self.abort)
 
-    async def generate(self, prompt: str | list[int], params: SamplingParams,
+    async def generate(self, prompt: PromptType, params: SamplingParams,
                        request_id: str) -> AsyncIterator[RequestOutput]:
         async for output in self.add_request(request_id, prompt, params).outputs():
             yield output
@@ -320,7 +321,7 @@ class AsyncLLM:
             if commands:
                 self._publish_stats()
 
-    def _add_to_engine(self, request_id: str, prompt: str | list[int], params: SamplingParams,
+    def _add_to_engine(self, request_id: str, prompt: PromptType, params: SamplingParams,
                        lora_request: LoRARequest | None = None, priority: int = 0) -> None:
         stream = self._streams.get(request_id)
         if stream is None:

@@ -108,9 +108,13 @@ class KVCacheManager:
         hashes = request.block_hashes
         lora = getattr(request, "lora_request", None)
         extra = (lora.lora_int_id, lora.lora_name) if lora is not None else None
+        # The cache salt keys the first block only: chaining carries it into every later hash.
+        salt = getattr(request, "cache_salt", None)
+        first_extra = extra if salt is None else (extra, "cache_salt", salt)
         for i in range(len(hashes), len(token_ids) // bs):
             parent = hashes[i - 1] if i > 0 else None
-            hashes.append(hash_block_tokens(parent, token_ids[i * bs:(i + 1) * bs], extra))
+            hashes.append(hash_block_tokens(parent, token_ids[i * bs:(i + 1) * bs],
+                                            extra if i > 0 else first_extra))
 
     def _cache_blocks(self, request: Request, num_total_tokens: int) -> None:
         num_full_blocks = num_total_tokens // self.block_size

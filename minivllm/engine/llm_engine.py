@@ -28,7 +28,8 @@ from minivllm.engine.output_processor import (ChildState, ParentState, process_c
 from minivllm.engine.request import Request, RequestStatus
 from minivllm.engine.sched_utils import has_prefix_lm_layers
 from minivllm.engine.scheduler import Scheduler
-from minivllm.inputs import PromptType, check_prompt_token_ids, prompt_input, truncate_prompt
+from minivllm.inputs import (PromptType, check_prompt_token_ids, prompt_cache_salt, prompt_input,
+                             truncate_prompt)
 from minivllm.lora.request import LoRARequest
 from minivllm.outputs import CompletionOutput, Logprob, RequestOutput
 from minivllm.reasoning import reasoning_parser_for
@@ -131,7 +132,7 @@ class LLMEngine:
             # Validates the constraint (ValueError) before any child is queued.
             self._structured_output_manager().grammar_init(params.structured_outputs)
         parent = ParentState(request_id, prompt_text, prompt_token_ids,
-                              pooling_params=pooling_params)
+                             pooling_params=pooling_params, cache_salt=prompt_cache_salt(prompt))
         if params.prompt_logprobs is not None:
             parent.prompt_logprobs = [None]   # nothing predicts the first prompt token
         for index in range(params.n):
@@ -305,7 +306,8 @@ class LLMEngine:
         child_id = parent.request_id if n == 1 else f"{index}_{parent.request_id}"
         request = Request(child_id, parent.prompt_token_ids, child_params,
                           eos_token_id=self.eos_token_id, arrival_time=arrival_time,
-                          lora_request=lora_request, priority=priority)
+                          lora_request=lora_request, priority=priority,
+                          cache_salt=parent.cache_salt)
         if params.structured_outputs is not None:
             # Compiles off this thread; the scheduler admits the request once it is ready.
             so_request = self._structured_output_manager().grammar_init(params.structured_outputs)

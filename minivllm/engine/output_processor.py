@@ -24,6 +24,7 @@ class ParentState:
     prompt_logprobs: list[dict[int, Logprob] | None] | None = None
     pooling_params: Any = None   # a pooling request: PoolingParams, then the runner's vector
     pooled: Any = None
+    cache_salt: str | None = None   # the prompt's (every child's blocks are keyed by it)
 
 
 @dataclass

@@ -47,8 +47,10 @@ class Request:
         arrival_time: float | None = None,
         lora_request: LoRARequest | None = None,
         priority: int = 0,
+        cache_salt: str | None = None,
     ) -> None:
         self.request_id = request_id
+        self.cache_salt = cache_salt   # keys its prefix-cache blocks (inputs.prompt_cache_salt)
         self.priority = priority   # lower is served first (--scheduling-policy priority)
         self.prompt_token_ids = list(prompt_token_ids)
         self.sampling_params = sampling_params

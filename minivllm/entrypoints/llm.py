@@ -156,6 +156,11 @@ class LLM:
     def list_loras(self) -> set[int]:
         return self.llm_engine.list_loras()
 
+    def reset_prefix_cache(self) -> bool:
+        """Forgets every cached KV block (vLLM's); False, with nothing done, while requests
+        hold blocks."""
+        return self.llm_engine.scheduler.reset_prefix_cache()
+
     def embed(self, prompts: PromptType | Sequence[PromptType],
               pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
               *, use_tqdm: bool = True,

@@ -116,3 +116,25 @@ def test_reset_prefix_cache():
     m.free(a)
     assert m.reset_prefix_cache()
     assert m.get_computed_blocks(make_request("b", list(range(9))))[1] == 0
+
+
+def test_cache_salt_isolates_prefixes():
+    """A salted request shares blocks only with requests of the same salt, and no salt is a
+    salt of its own: equal prompts under other salts miss the cache."""
+    m = KVCacheManager(num_blocks=32, block_size=BS)
+    tokens = list(range(13))
+    admit(m, make_request("plain", tokens))
+    hits = {}
+    for name, salt in (("a1", "tenant-a"), ("b1", "tenant-b"), ("a2", "tenant-a"),
+                       ("plain2", None)):
+        r = Request(name, tokens, SamplingParams(), cache_salt=salt)
+        hits[name] = admit(m, r)[0]
+    assert hits == {"a1": 0, "b1": 0, "a2": 12, "plain2": 12}
+    assert m.get_block_ids("a2")[:3] == m.get_block_ids("a1")[:3]
+    assert not set(m.get_block_ids("a1")) & set(m.get_block_ids("b1"))
+    assert not set(m.get_block_ids("a1")) & set(m.get_block_ids("plain"))
+    # Every block of a salted prompt hashes apart (the first takes the salt, chaining the rest).
+    salted = Request("s", tokens, SamplingParams(), cache_salt="tenant-a")
+    admit(m, salted)
+    plain = m.req_to_blocks["plain"]
+    assert all(x.block_hash != y.block_hash for x, y in zip(m.req_to_blocks["s"][:3], plain))

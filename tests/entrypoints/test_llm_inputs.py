@@ -117,3 +117,28 @@ def test_truncate_prompt_tokens_keeps_the_last_tokens(llm):
     assert llm.generate(ids, whole, use_tqdm=False)[0].prompt_token_ids == ids[-128:]
     with pytest.raises(ValueError, match="truncate_prompt_tokens must be -1"):
         SamplingParams(truncate_prompt_tokens=0)
+
+
+def test_cache_salt_keeps_prefixes_apart(llm):
+    """vLLM's `cache_salt` on a prompt dict: the prefix cache serves a prompt only the blocks
+    cached under the same salt; the tokens do not depend on the salt."""
+    ids = llm.get_tokenizer().encode(" ".join([PROMPT] * 12))   # several blocks of 16 tokens
+
+    def run(prompt) -> tuple[int, list[int]]:
+        out = llm.generate(prompt, GREEDY, use_tqdm=False)[0]
+        return out.num_cached_tokens, list(out.outputs[0].token_ids)
+    assert llm.reset_prefix_cache()   # vLLM's: nothing cached from the tests before
+    cached, expected = zip(*[run(p) for p in (
+        TokensPrompt(prompt_token_ids=ids), TokensPrompt(prompt_token_ids=ids, cache_salt="a"),
+        {"prompt_token_ids": ids, "cache_salt": "a"}, TokensPrompt(prompt_token_ids=ids,
+                                                                  cache_salt="b"),
+        TokensPrompt(prompt_token_ids=ids))])
+    full = len(ids) // 16 * 16
+    assert list(cached) == [0, 0, full, 0, full] and len(set(map(tuple, expected))) == 1
+    text = llm.tokenizer.decode(ids)
+    assert run(TextPrompt(prompt=text, cache_salt="c"))[0] == 0
+    assert run(TextPrompt(prompt=text, cache_salt="c"))[0] == full
+    for bad in ("", 5):
+        with pytest.raises(ValueError, match="'cache_salt' must be a non-empty string"):
+            llm.generate({"prompt_token_ids": ids, "cache_salt": bad}, GREEDY, use_tqdm=False)
+    assert not llm.llm_engine.has_unfinished_requests()
