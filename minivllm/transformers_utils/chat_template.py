@@ -21,9 +21,15 @@ _PLAIN_MESSAGE_KEYS = frozenset({"role", "content", "name"})
 _GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")
 
 
-def chat_token_ids(tokenizer: Any, conversation: list[dict[str, Any]], **kwargs: Any) -> list[int]:
+def chat_token_ids(tokenizer: Any, conversation: list[dict[str, Any]],
+                   add_special_tokens: bool = False, **kwargs: Any) -> list[int]:
     """`tokenizer.apply_chat_template(conversation, tokenize=True, **kwargs)` as a list of ids,
-    whatever the tokenizer returns them in (transformers v5: a BatchEncoding)."""
+    whatever the tokenizer returns them in (transformers v5: a BatchEncoding).
+    `add_special_tokens` (vLLM's chat option): the rendered text is tokenized with the
+    tokenizer's special tokens (e.g. a BOS on top of the template's)."""
+    if add_special_tokens:
+        text = tokenizer.apply_chat_template(conversation, tokenize=False, **kwargs)
+        return list(tokenizer.encode(text, add_special_tokens=True))
     ids = tokenizer.apply_chat_template(conversation, tokenize=True, **kwargs)
     if hasattr(ids, "keys"):
         ids = ids["input_ids"]
@@ -40,7 +46,8 @@ _RESERVED_TEMPLATE_KWARGS = frozenset({
 def chat_template_arguments(add_generation_prompt: bool = True,
                             continue_final_message: bool = False,
                             tools: list[dict[str, Any]] | None = None,
-                            chat_template_kwargs: dict[str, Any] | None = None) -> dict[str, Any]:
+                            chat_template_kwargs: dict[str, Any] | None = None,
+                            documents: list[dict[str, str]] | None = None) -> dict[str, Any]:
     """The keyword arguments of one conversation's `apply_chat_template` from vLLM's chat
     options (`chat_template_kwargs`: extra template variables, e.g. Qwen3's enable_thinking).
     ValueError naming the option at fault."""
@@ -60,6 +67,8 @@ def chat_template_arguments(add_generation_prompt: bool = True,
         kwargs["continue_final_message"] = True
     if tools:
         kwargs["tools"] = tools
+    if documents:   # RAG templates (e.g. Command R's) list them in the prompt
+        kwargs["documents"] = documents
     return kwargs
 
 

@@ -24,6 +24,7 @@ from minivllm.entrypoints.openai.cli_args import LoRAModulePath
 from minivllm.entrypoints.openai.metrics import CONTENT_TYPE, ServerMetrics
 from minivllm.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
 from minivllm.entrypoints.openai.server_options import (APIKeyMiddleware, CORSOptions,
+                                                        RequestIdHeaderMiddleware,
                                                         bind_listen_socket,
                                                         load_chat_template, resolve_api_keys)
 from minivllm.entrypoints.openai.serving_chat import OpenAIServingChat
@@ -119,14 +120,16 @@ def build_app(async_llm: AsyncLLM, served_model_name: str | list[str] | None = N
               lora_modules: list[LoRAModulePath] | None = None,
               api_keys: list[str] | None = None, chat_template: str | None = None,
               enable_prompt_tokens_details: bool = False,
-              cors: CORSOptions | None = None) -> FastAPI:
+              cors: CORSOptions | None = None, return_tokens_as_token_ids: bool = False,
+              enable_request_id_headers: bool = False) -> FastAPI:
     """The OpenAI-compatible app around a (started or not) AsyncLLM; starts its loop (and loads
     the `lora_modules` adapters) on startup. `tool_choice: "auto"` needs
     `enable_auto_tool_choice` and a `tool_call_parser` name. `api_keys` (else VLLM_API_KEY):
     /v1 routes need one as a bearer token; `chat_template`: the text that replaces the
     tokenizer's (requests may still pass their own); `enable_prompt_tokens_details`: usage
     reports the prompt tokens the prefix cache served; `cors`: who may call from a browser
-    (vLLM's default: any origin)."""
+    (vLLM's default: any origin); `return_tokens_as_token_ids`: logprobs name tokens by id
+    unless a request says otherwise; `enable_request_id_headers`: X-Request-Id on responses."""
     if enable_auto_tool_choice and tool_call_parser is None:
         raise ValueError("--enable-auto-tool-choice needs --tool-call-parser (one of "
                          f"{', '.join(TOOL_PARSER_NAMES)}).")
@@ -154,9 +157,12 @@ def build_app(async_llm: AsyncLLM, served_model_name: str | list[str] | None = N
     for serving in servings.all():
         serving.chat_template = chat_template
         serving.enable_prompt_tokens_details = enable_prompt_tokens_details
+        serving.return_tokens_as_token_ids = return_tokens_as_token_ids
     keys = resolve_api_keys(api_keys, envs.VLLM_API_KEY)
     if keys:
         app.add_middleware(APIKeyMiddleware, api_keys=keys)
+    if enable_request_id_headers:
+        app.add_middleware(RequestIdHeaderMiddleware)
     if envs.VLLM_ALLOW_RUNTIME_LORA_UPDATING:
         _add_lora_routes(app, models)
     # Added last, so outermost: a preflight is answered before the API-key check.
@@ -346,6 +352,8 @@ def run_server(args: argparse.Namespace) -> int:
                         tool_call_parser=args.tool_call_parser, lora_modules=args.lora_modules,
                         api_keys=args.api_key, chat_template=chat_template,
                         enable_prompt_tokens_details=args.enable_prompt_tokens_details,
+                        return_tokens_as_token_ids=args.return_tokens_as_token_ids,
+                        enable_request_id_headers=args.enable_request_id_headers,
                         cors=CORSOptions(args.allowed_origins, args.allow_credentials,
                                          args.allowed_methods, args.allowed_headers))
     except BaseException:

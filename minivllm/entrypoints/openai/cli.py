@@ -44,6 +44,12 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
     parser.add_argument("--enable-prompt-tokens-details", action="store_true",
                         help="usage.prompt_tokens_details.cached_tokens: the prompt tokens the "
                              "prefix cache served")
+    parser.add_argument("--return-tokens-as-token-ids", action="store_true",
+                        help='logprobs name tokens "token_id:<id>" (requests may choose with '
+                             "return_tokens_as_token_ids)")
+    parser.add_argument("--enable-request-id-headers", action="store_true",
+                        help="responses carry an X-Request-Id header (the request's own, else "
+                             "a new id)")
     parser.add_argument("--chat-template", default=None,
                         help="a Jinja chat template file (or the template itself) in place of "
                              "the tokenizer's")

@@ -6,9 +6,10 @@ import time
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from minivllm.entrypoints.openai.tool_parsers import tool_choice_mode, tool_choice_schema
+from minivllm.inputs import check_cache_salt
 from minivllm.sampling_params import SamplingParams, StructuredOutputsParams
 from minivllm.utils.unicode_utils import lone_surrogate_path
 
@@ -127,6 +128,17 @@ class _SamplingRequest(OpenAIBaseModel):
     return_token_ids: bool = False
     priority: int = Field(default=0, ge=-2**63, le=2**63 - 1)   # --scheduling-policy priority
     length_penalty: float = 1.0
+    # vLLM's: only requests with the same salt share prefix-cache blocks (inputs.py)
+    cache_salt: str | None = None
+    # vLLM's: logprobs name tokens "token_id:<id>" (None: the server's
+    # --return-tokens-as-token-ids)
+    return_tokens_as_token_ids: bool | None = None
+    request_id: str | None = None   # vLLM's: the response id's suffix (X-Request-Id wins)
+
+    @field_validator("cache_salt")
+    @classmethod
+    def _check_cache_salt(cls, salt: str | None) -> str | None:
+        return check_cache_salt(salt)
 
     def _sampling_params(self, max_tokens: int, logprobs: int | None,
                          prompt_logprobs: int | None = None,
@@ -199,6 +211,7 @@ class CompletionRequest(_SamplingRequest):
     echo: bool = False
     suffix: str | None = None
     best_of: int | None = None
+    add_special_tokens: bool = True   # vLLM's: text prompts get the tokenizer's BOS etc.
 
     def to_sampling_params(self, max_tokens: int,
                            defaults: dict[str, Any] | None = None) -> SamplingParams:
@@ -275,6 +288,12 @@ class ChatCompletionRequest(_SamplingRequest):
     # "none", "auto", "required" or {"type": "function", "function": {"name": ...}}
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool = True
+    # vLLM's: the reply starts with the last message's content when that message has the
+    # reply's role (continue_final_message)
+    echo: bool = False
+    # vLLM's: the tokenizer's special tokens on top of the template's (it adds BOS itself)
+    add_special_tokens: bool = False
+    documents: list[dict[str, str]] | None = None   # for RAG chat templates
 
     @property
     def tool_mode(self) -> str | None:
@@ -306,91 +325,3 @@ class ChatCompletionRequest(_SamplingRequest):
         """max_completion_tokens is OpenAI's current name; max_tokens the deprecated one."""
         return self.max_completion_tokens if self.max_completion_tokens is not None \
             else self.max_tokens
-
-
-class FunctionCall(OpenAIBaseModel):
-    name: str
-    arguments: str
-
-
-class ToolCall(OpenAIBaseModel):
-    id: str = Field(default_factory=lambda: f"chatcmpl-tool-{random_uuid()}")
-    type: Literal["function"] = "function"
-    function: FunctionCall
-
-
-class DeltaFunctionCall(OpenAIBaseModel):
-    name: str | None = None
-    arguments: str | None = None
-
-
-class DeltaToolCall(OpenAIBaseModel):
-    index: int
-    id: str | None = None
-    type: Literal["function"] | None = None
-    function: DeltaFunctionCall
-
-
-class ChatMessage(OpenAIBaseModel):
-    role: str
-    content: str | None = None
-    reasoning: str | None = None   # vLLM's, with --reasoning-parser
-    tool_calls: list[ToolCall] | None = None
-
-
-class DeltaMessage(OpenAIBaseModel):
-    role: str | None = None
-    content: str | None = None
-    reasoning: str | None = None
-    tool_calls: list[DeltaToolCall] | None = None
-
-
-class ChatCompletionLogProb(OpenAIBaseModel):
-    token: str
-    logprob: float
-    bytes: list[int] | None = None
-
-
-class ChatCompletionLogProbsContent(ChatCompletionLogProb):
-    top_logprobs: list[ChatCompletionLogProb] = Field(default_factory=list)
-
-
-class ChatCompletionLogProbs(OpenAIBaseModel):
-    content: list[ChatCompletionLogProbsContent] | None = None
-
-
-class ChatCompletionResponseChoice(OpenAIBaseModel):
-    index: int
-    message: ChatMessage
-    logprobs: ChatCompletionLogProbs | None = None
-    token_ids: list[int] | None = None   # return_token_ids
-    finish_reason: str | None = None
-    stop_reason: int | str | None = None
-
-
-class ChatCompletionResponse(OpenAIBaseModel):
-    id: str
-    object: Literal["chat.completion"] = "chat.completion"
-    created: int = Field(default_factory=lambda: int(time.time()))
-    model: str
-    choices: list[ChatCompletionResponseChoice]
-    usage: UsageInfo
-    prompt_logprobs: PromptLogprobs | None = None
-    prompt_token_ids: list[int] | None = None   # return_token_ids
-
-
-class ChatCompletionStreamChoice(OpenAIBaseModel):
-    index: int
-    delta: DeltaMessage
-    logprobs: ChatCompletionLogProbs | None = None
-    finish_reason: str | None = None
-    stop_reason: int | str | None = None
-
-
-class ChatCompletionStreamResponse(OpenAIBaseModel):
-    id: str
-    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
-    created: int
-    model: str
-    choices: list[ChatCompletionStreamChoice]
-    usage: UsageInfo | None = None

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from minivllm.entrypoints.openai.protocol import ChatCompletionRequest, DeltaToolCall, random_uuid
+from minivllm.entrypoints.openai.chat_protocol import DeltaToolCall
+from minivllm.entrypoints.openai.protocol import ChatCompletionRequest, random_uuid
 from minivllm.entrypoints.openai.responses_protocol import (function_call_item, message_item,
                                                             output_text_part)
 from minivllm.entrypoints.openai.serving_chat import ChoiceState, OpenAIServingChat

@@ -73,6 +73,7 @@ class ResponsesRequest(OpenAIBaseModel):
     structured_outputs: dict[str, Any] | None = None   # vLLM's StructuredOutputsParams fields
     chat_template_kwargs: dict[str, Any] | None = None
     priority: int = Field(default=0, ge=-2**63, le=2**63 - 1)
+    cache_salt: str | None = None   # checked as the chat request's (protocol.py)
 
     def check_supported(self) -> None:
         """ValueError, starting with the field's name, for what this server does not serve."""
@@ -107,6 +108,7 @@ class ResponsesRequest(OpenAIBaseModel):
             "frequency_penalty": self.frequency_penalty,
             "skip_special_tokens": self.skip_special_tokens, "ignore_eos": self.ignore_eos,
             "structured_outputs": self.structured_outputs, "priority": self.priority,
+            "cache_salt": self.cache_salt,
             "chat_template_kwargs": self.chat_template_kwargs,
             "parallel_tool_calls": self.parallel_tool_calls,
             "logprobs": self.include_logprobs,

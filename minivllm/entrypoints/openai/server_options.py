@@ -1,6 +1,7 @@
 """Deployment options of `minivllm serve` as vLLM names them: `--api-key` (or VLLM_API_KEY),
-`--chat-template` (a file, or the template itself) and the CORS settings (`--allowed-origins`,
-...), so a browser page on another origin may call the server."""
+`--chat-template` (a file, or the template itself), the CORS settings (`--allowed-origins`,
+...), so a browser page on another origin may call the server, and
+`--enable-request-id-headers`."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import hmac
 import json
 import os
 import socket
+import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from http import HTTPStatus
@@ -47,6 +49,28 @@ class APIKeyMiddleware:
         header = next((v for k, v in scope.get("headers", ()) if k == b"authorization"), b"")
         # compare_digest: the time taken does not tell how much of a key matched
         return any(hmac.compare_digest(header, accepted) for accepted in self._accepted)
+
+
+class RequestIdHeaderMiddleware:
+    """vLLM's --enable-request-id-headers: every HTTP response carries `X-Request-Id`, the one
+    the request sent, else a new one (the id a completion's body gets from the same header:
+    `OpenAIServing.base_request_id`). Pure ASGI, like APIKeyMiddleware."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        sent = next((v for k, v in scope.get("headers", ()) if k == b"x-request-id"), b"")
+        request_id = sent or uuid.uuid4().hex.encode()
+
+        async def send_with_id(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                headers = [h for h in message.get("headers", ()) if h[0].lower() != b"x-request-id"]
+                message = {**message, "headers": [*headers, (b"x-request-id", request_id)]}
+            await send(message)
+        await self.app(scope, receive, send_with_id)
 
 
 @dataclass

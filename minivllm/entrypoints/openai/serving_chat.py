@@ -14,12 +14,14 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from minivllm.engine.async_llm import RequestStream
-from minivllm.entrypoints.openai.protocol import (ChatCompletionLogProb, ChatCompletionLogProbs,
-                                                  ChatCompletionLogProbsContent,
-                                                  ChatCompletionRequest, ChatCompletionResponse,
-                                                  ChatCompletionResponseChoice, ChatMessage,
-                                                  DeltaFunctionCall, DeltaToolCall, FunctionCall,
-                                                  ToolCall, UsageInfo, random_uuid)
+from minivllm.entrypoints.openai.chat_protocol import (ChatCompletionLogProb,
+                                                       ChatCompletionLogProbs,
+                                                       ChatCompletionLogProbsContent,
+                                                       ChatCompletionResponse,
+                                                       ChatCompletionResponseChoice, ChatMessage,
+                                                       DeltaFunctionCall, DeltaToolCall,
+                                                       FunctionCall, ToolCall)
+from minivllm.entrypoints.openai.protocol import ChatCompletionRequest, UsageInfo
 from minivllm.entrypoints.openai.serving_engine import (ChunkEncoder, OpenAIError, OpenAIServing,
                                                         clamp_logprob, engine_error, merge_streams,
                                                         prompt_logprobs_entries,
@@ -27,6 +29,7 @@ from minivllm.entrypoints.openai.serving_engine import (ChunkEncoder, OpenAIErro
 from minivllm.entrypoints.openai.tool_parsers import ParsedToolCall, ToolParser, check_tools
 from minivllm.outputs import CompletionOutput, Logprob, RequestOutput
 from minivllm.sampling_params import SamplingParams
+from minivllm.transformers_utils.chat_template import normalize_messages
 
 
 @dataclass
@@ -56,19 +59,20 @@ class OpenAIServingChat(OpenAIServing):
             request.messages, request.chat_template, tools=request.tools,
             add_generation_prompt=request.add_generation_prompt,
             continue_final_message=request.continue_final_message,
-            chat_template_kwargs=request.chat_template_kwargs)
+            chat_template_kwargs=request.chat_template_kwargs, documents=request.documents,
+            add_special_tokens=request.add_special_tokens)
         prompt_ids = self.truncate_prompt(prompt_ids, request)
         self.check_token_ids(prompt_ids, param="messages")
         param = "max_completion_tokens" if request.max_completion_tokens is not None else "max_tokens"
         max_tokens = self.resolve_max_tokens(len(prompt_ids), request.requested_max_tokens, param)
-        request_id = f"chatcmpl-{random_uuid()}"
+        request_id = f"chatcmpl-{self.base_request_id(raw_request, request)}"
         if request.use_beam_search:
             [stream] = self.beam_search_streams(request, [prompt_ids], [max_tokens], request_id,
                                                 lora_request)
         else:
             params = self.sampling_params(request, max_tokens, {"max_tokens": param})
             [stream] = self.add_requests([(request_id, prompt_ids, params)], lora_request,
-                                         request.priority)
+                                         request.priority, request.cache_salt)
         created = int(time.time())
         in_reasoning = self.starts_in_reasoning(prompt_ids)
         if request.stream:
@@ -79,13 +83,16 @@ class OpenAIServingChat(OpenAIServing):
         if final is None:
             return Response(status_code=499)   # the client is gone; nobody reads this
         choices = []
+        role = chat_request_role(request)
+        echo = echo_text(request, role)
         for out in final.outputs:
             reasoning, text = self.split_reasoning(out.text, True, in_reasoning)
             content, calls = self._split_tool_calls(request, mode, text)
+            content = echo + (content or "") if echo else content
             tool_calls = [ToolCall(function=FunctionCall(name=c.name, arguments=c.arguments))
                           for c in calls]
             choices.append(ChatCompletionResponseChoice(
-                index=out.index, message=ChatMessage(role="assistant", content=content,
+                index=out.index, message=ChatMessage(role=role, content=content,
                                                      reasoning=reasoning or None,
                                                      tool_calls=tool_calls or None),
                 token_ids=list(out.token_ids) if request.return_token_ids else None,
@@ -139,11 +146,15 @@ class OpenAIServingChat(OpenAIServing):
                               self.prompt_tokens_details(final.num_cached_tokens))
         try:
             # The role comes first, in a chunk of its own per choice (as OpenAI does).
-            yield encoder.chunk([_stream_choice(i, {"role": "assistant", "content": ""})
+            role = chat_request_role(request)
+            yield encoder.chunk([_stream_choice(i, {"role": role, "content": ""})
                                  for i in range(request.n)],
                                 usage() if request.continuous_usage else None,
                                 {"prompt_token_ids": prompt_ids} if request.return_token_ids
                                 else None)
+            if echo := echo_text(request, role):   # then the echoed message (vLLM's order)
+                yield encoder.chunk([_stream_choice(i, {"content": echo})
+                                     for i in range(request.n)])
             mode = self.tool_mode(request)
             async with aclosing(merge_streams([stream])) as merged:
                 async for _, final in merged:
@@ -288,6 +299,7 @@ class OpenAIServingChat(OpenAIServing):
         if not request.logprobs:
             return None
         num_top = request.top_logprobs or 0
+        as_ids = self.tokens_as_ids(request)
         content = []
         for token_id, step in zip(out.token_ids[start:], (out.logprobs or [])[start:]):
             entry = step.get(token_id)
@@ -296,16 +308,31 @@ class OpenAIServingChat(OpenAIServing):
             top = sorted(((tid, lp) for tid, lp in step.items()
                           if lp.rank is not None and lp.rank <= num_top), key=lambda x: x[1].rank)
             content.append(ChatCompletionLogProbsContent(
-                **self._logprob(token_id, entry).model_dump(),
-                top_logprobs=[self._logprob(tid, lp) for tid, lp in top][:num_top]))
+                **self._logprob(token_id, entry, as_ids).model_dump(),
+                top_logprobs=[self._logprob(tid, lp, as_ids) for tid, lp in top][:num_top]))
         return ChatCompletionLogProbs(content=content)
 
-    def _logprob(self, token_id: int, lp: Logprob) -> ChatCompletionLogProb:
+    @staticmethod
+    def _logprob(token_id: int, lp: Logprob, as_ids: bool) -> ChatCompletionLogProb:
         token = lp.decoded_token
-        if token is None:
+        if token is None or as_ids:   # JSON cannot carry every token's bytes as text
             token = f"token_id:{token_id}"
         return ChatCompletionLogProb(token=token, logprob=clamp_logprob(lp.logprob),
                                      bytes=list(token.encode("utf-8", errors="replace")))
+
+
+def chat_request_role(request: ChatCompletionRequest) -> str:
+    """vLLM's: the reply is the assistant's after a generation prompt, else it continues the
+    last message in that message's role."""
+    return "assistant" if request.add_generation_prompt else request.messages[-1]["role"]
+
+
+def echo_text(request: ChatCompletionRequest, role: str) -> str:
+    """vLLM's chat `echo`: the last message's text when it has the reply's role, else ""."""
+    if not request.echo:
+        return ""
+    last = normalize_messages(request.messages[-1:])[0]
+    return (last.get("content") or "") if last["role"] == role else ""
 
 
 def _stream_choice(index: int, delta: dict[str, Any], logprobs: ChatCompletionLogProbs | None = None,

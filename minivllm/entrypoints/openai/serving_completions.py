@@ -15,7 +15,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from minivllm.engine.async_llm import RequestStream
 from minivllm.entrypoints.openai.protocol import (CompletionLogProbs, CompletionRequest,
                                                   CompletionResponse, CompletionResponseChoice,
-                                                  UsageInfo, random_uuid)
+                                                  UsageInfo)
 from minivllm.entrypoints.openai.serving_engine import (ChunkEncoder, OpenAIError, OpenAIServing,
                                                         clamp_logprob, engine_error, merge_streams,
                                                         prompt_logprobs_entries,
@@ -58,7 +58,8 @@ class OpenAIServingCompletion(OpenAIServing):
 
     async def create_completion(self, request: CompletionRequest, raw_request: Request) -> Response:
         lora_request = self.check_model(request.model)
-        job = _Job(request, f"cmpl-{random_uuid()}", int(time.time()), self._prompts(request),
+        job = _Job(request, f"cmpl-{self.base_request_id(raw_request, request)}", int(time.time()),
+                   self._prompts(request),
                    echo_only=request.echo and request.max_tokens == 0)
         max_tokens = [1 if job.echo_only else self.resolve_max_tokens(len(p.token_ids),
                                                                       request.max_tokens)
@@ -70,7 +71,7 @@ class OpenAIServingCompletion(OpenAIServing):
             job.streams = self.add_requests(
                 [(f"{job.request_id}-{i}", p.token_ids, self.sampling_params(request, m))
                  for i, (p, m) in enumerate(zip(job.prompts, max_tokens))], lora_request,
-                request.priority)
+                request.priority, request.cache_salt)
         if request.stream:
             return StreamingResponse(self._stream(job), media_type="text/event-stream")
         try:
@@ -93,7 +94,8 @@ class OpenAIServingCompletion(OpenAIServing):
             raise OpenAIError("The prompt is empty.", param="prompt")
         prompts = []
         for item in items:
-            ids = list(self.tokenizer.encode(item)) if isinstance(item, str) else list(item)
+            ids = list(self.tokenizer.encode(item, add_special_tokens=request.add_special_tokens)) \
+                if isinstance(item, str) else list(item)
             kept = self.truncate_prompt(ids, request)
             self.check_token_ids(kept)
             if isinstance(item, str) and len(kept) == len(ids):
@@ -126,7 +128,7 @@ class OpenAIServingCompletion(OpenAIServing):
                     text = prompt.text + text
                 if request.logprobs is not None:
                     ids, steps = self._logprob_inputs(prompt, final, out, echo=request.echo)
-                    logprobs = self._logprobs(ids, steps, 0)
+                    logprobs = self._logprobs(ids, steps, 0, self.tokens_as_ids(request))
                 ids = request.return_token_ids
                 choices.append(CompletionResponseChoice(
                     index=i * request.n + out.index, text=text, logprobs=logprobs,
@@ -187,7 +189,8 @@ class OpenAIServingCompletion(OpenAIServing):
             ids, steps = self._logprob_inputs(prompt, final, out, echo=echo_now)
             skip = 0 if echo_now else state.num_tokens
             if ids[skip:]:
-                logprobs = self._logprobs(ids[skip:], steps[skip:], state.text_offset)
+                logprobs = self._logprobs(ids[skip:], steps[skip:], state.text_offset,
+                                          self.tokens_as_ids(request))
             state.num_tokens = len(out.token_ids)
         state.echoed = True
         state.finished = out.finish_reason is not None
@@ -218,14 +221,15 @@ class OpenAIServingCompletion(OpenAIServing):
         return ids, steps
 
     def _logprobs(self, token_ids: list[int], steps: list[dict[int, Logprob] | None],
-                  text_offset: int) -> CompletionLogProbs:
-        """OpenAI's completions shape: parallel lists of tokens, logprobs, top-k and offsets."""
+                  text_offset: int, as_ids: bool = False) -> CompletionLogProbs:
+        """OpenAI's completions shape: parallel lists of tokens, logprobs, top-k and offsets.
+        `as_ids`: tokens are named "token_id:<id>" (offsets still count the text)."""
         result = CompletionLogProbs()
         for token_id, step in zip(token_ids, steps):
             entry = step.get(token_id) if step else None
             token = entry.decoded_token if entry and entry.decoded_token is not None \
                 else self._token_str(token_id)
-            result.tokens.append(token)
+            result.tokens.append(f"token_id:{token_id}" if as_ids else token)
             result.text_offset.append(text_offset)
             text_offset += len(token)
             if entry is None:   # the first prompt token: nothing predicts it
@@ -234,8 +238,8 @@ class OpenAIServingCompletion(OpenAIServing):
                 continue
             result.token_logprobs.append(clamp_logprob(entry.logprob))
             result.top_logprobs.append({
-                (lp.decoded_token if lp.decoded_token is not None else self._token_str(tid)):
-                    clamp_logprob(lp.logprob) for tid, lp in step.items()})
+                (f"token_id:{tid}" if as_ids else lp.decoded_token if lp.decoded_token is not None
+                 else self._token_str(tid)): clamp_logprob(lp.logprob) for tid, lp in step.items()})
         return result
 
     def _token_str(self, token_id: int) -> str:

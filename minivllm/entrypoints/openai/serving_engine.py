@@ -16,8 +16,8 @@ from minivllm.engine.async_llm import (AsyncLLM, EngineDeadError, QueueFullError
                                                       RequestStream)
 from minivllm.engine.beam_search_stream import BeamSearchStream
 from minivllm.entrypoints.openai.protocol import (ErrorInfo, ErrorResponse, PromptLogprob,
-                                                  PromptLogprobs)
-from minivllm.inputs import check_prompt_token_ids, truncate_prompt
+                                                  PromptLogprobs, random_uuid)
+from minivllm.inputs import TokensPrompt, check_prompt_token_ids, truncate_prompt
 from minivllm.lora.request import LoRARequest
 from minivllm.outputs import RequestOutput
 from minivllm.sampling_params import MAX_LOGPROBS, BeamSearchParams, SamplingParams
@@ -77,7 +77,7 @@ _NOT_WITH_BEAM_SEARCH: dict[str, Any] = {
     "min_tokens": 0, "logit_bias": None, "allowed_token_ids": None, "bad_words": None,
     "structured_outputs": None, "response_format": None, "tools": None, "top_p": None,
     "top_k": None, "min_p": None, "presence_penalty": 0.0, "frequency_penalty": 0.0,
-    "repetition_penalty": None, "prompt_logprobs": None, "priority": 0}
+    "repetition_penalty": None, "prompt_logprobs": None, "priority": 0, "cache_salt": None}
 
 
 class OpenAIServing:
@@ -89,6 +89,7 @@ class OpenAIServing:
         self.models: Any = None
         self.chat_template: str | None = None   # --chat-template: in place of the tokenizer's
         self.enable_prompt_tokens_details = False   # usage reports the prefix-cached tokens
+        self.return_tokens_as_token_ids = False      # --return-tokens-as-token-ids
         # The model's generation-config defaults for what requests leave unset (vLLM's; set by
         # build_app).
         self.default_sampling_params: dict[str, Any] = {}
@@ -114,6 +115,17 @@ class OpenAIServing:
             return requested
         return self.served_model_name
 
+    @staticmethod
+    def base_request_id(raw_request: Request | None, request: Any) -> str:
+        """vLLM's: the X-Request-Id header, else the body's `request_id`, else a new uuid."""
+        header = raw_request.headers.get("X-Request-Id") if raw_request is not None else None
+        return header or getattr(request, "request_id", None) or random_uuid()
+
+    def tokens_as_ids(self, request: Any) -> bool:
+        """Logprobs name tokens "token_id:<id>": the request's choice, else the server's."""
+        own = getattr(request, "return_tokens_as_token_ids", None)
+        return self.return_tokens_as_token_ids if own is None else own
+
     def prompt_tokens_details(self, num_cached_tokens: int) -> dict[str, int] | None:
         """vLLM's usage.prompt_tokens_details (with --enable-prompt-tokens-details)."""
         return {"cached_tokens": num_cached_tokens} if self.enable_prompt_tokens_details \
@@ -138,10 +150,10 @@ class OpenAIServing:
             raise OpenAIError(str(exc), param="truncate_prompt_tokens") from exc
 
     def render_chat(self, messages: list[dict[str, Any]], chat_template: str | None = None,
-                    **options: Any) -> list[int]:
+                    add_special_tokens: bool = False, **options: Any) -> list[int]:
         """Token ids of a conversation through the model's (or the given) chat template;
         `options`: `chat_template_arguments`' (add_generation_prompt, continue_final_message,
-        tools, chat_template_kwargs)."""
+        tools, chat_template_kwargs, documents)."""
         tokenizer = self.tokenizer
         chat_template = chat_template or self.chat_template
         if chat_template is None and not getattr(tokenizer, "chat_template", None):
@@ -156,7 +168,8 @@ class OpenAIServing:
         except ValueError as exc:
             raise OpenAIError(str(exc), param=str(exc).split(" ", 1)[0]) from exc
         try:
-            return chat_token_ids(tokenizer, conversation, chat_template=chat_template, **kwargs)
+            return chat_token_ids(tokenizer, conversation, add_special_tokens,
+                                  chat_template=chat_template, **kwargs)
         except Exception as exc:   # jinja2 errors, raise_exception() in templates, ...
             raise OpenAIError(f"The chat template failed on these messages: {exc}",
                               param="messages") from exc
@@ -247,10 +260,10 @@ class OpenAIServing:
             if tokenizer is not None else ""
 
     def add_requests(self, requests: list[tuple[str, list[int], SamplingParams]],
-                     lora_request: LoRARequest | None = None,
-                     priority: int = 0) -> list[RequestStream]:
+                     lora_request: LoRARequest | None = None, priority: int = 0,
+                     cache_salt: str | None = None) -> list[RequestStream]:
         """Admits all requests or none (a batch that hits a full queue gets one 429); all use
-        `lora_request` (None: the base model)."""
+        `lora_request` (None: the base model) and `cache_salt` (prefix-cache isolation)."""
         num_seqs = sum(params.n for _, _, params in requests)
         limit = self.async_llm.max_num_queued_requests
         if num_seqs > limit:
@@ -260,7 +273,9 @@ class OpenAIServing:
         streams: list[RequestStream] = []
         try:
             for request_id, prompt_ids, params in requests:
-                streams.append(self.async_llm.add_request(request_id, prompt_ids, params,
+                prompt = prompt_ids if cache_salt is None else \
+                    TokensPrompt(prompt_token_ids=prompt_ids, cache_salt=cache_salt)
+                streams.append(self.async_llm.add_request(request_id, prompt, params,
                                                           lora_request, priority))
         except Exception as exc:
             for stream in streams:

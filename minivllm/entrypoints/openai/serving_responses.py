@@ -114,7 +114,7 @@ class OpenAIServingResponses(OpenAIServingChat):
             exc.param = _ALIASES.get(exc.param, exc.param)
             raise
         [stream] = self.add_requests([(job.id, job.prompt_ids, params)], lora_request,
-                                     request.priority)
+                                     request.priority, request.cache_salt)
         if request.background:
             entry = _Stored(job.response("queued"))
             self.store.put(entry)
