@@ -94,10 +94,11 @@ _TYPE_RULES = (
     (("bad_words",), lambda v: isinstance(v, (list, tuple)), "a list of strings"),
     (("logit_bias",), lambda v: isinstance(v, dict) and all(map(_is_real, v.values())),
      "a dict of token id -> bias"),
+    (("extra_args",), lambda v: isinstance(v, dict), "a dict"),
 )
 _OPTIONAL = frozenset({"best_of", "seed", "max_tokens", "logprobs", "prompt_logprobs", "stop",
                        "stop_token_ids", "allowed_token_ids", "bad_words", "logit_bias",
-                       "truncate_prompt_tokens"})
+                       "truncate_prompt_tokens", "extra_args"})
 
 
 class SamplingType(enum.IntEnum):
@@ -138,6 +139,8 @@ class SamplingParams:
     structured_outputs: StructuredOutputsParams | None = None
     # keep only the prompt's last k tokens (-1: the last max_model_len), as vLLM
     truncate_prompt_tokens: int | None = None
+    # vLLM's: free-form settings for custom logits processors (v1/sample/logits_processor)
+    extra_args: dict[str, Any] | None = None
     # stop_token_ids plus the model's eos (unless ignore_eos): what min_tokens masks.
     _all_stop_token_ids: set[int] = field(default_factory=set, init=False, repr=False, compare=False)
     # bad_words as token-id sequences (update_from_tokenizer)

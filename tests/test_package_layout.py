@@ -157,7 +157,7 @@ LAYERS = [
     ["compilation", "config", "distributed", "v1", "forward_context", "sequence",
      "transformers_utils", "sampling_params", "pooling_params", "outputs", "logger",
      "_custom_ops", "_aiter_ops", "plugins", "envs", "platforms", "utils", "inputs",
-     "beam_search", "reasoning",
+     "beam_search", "reasoning", "logits_process",
      "triton_utils", "tasks"],
 ]
 

@@ -139,6 +139,8 @@ class ModelConfig:
     # vLLM's name: laid over generation_config.json (sampling defaults, and where a model file
     # reads it through `try_get_generation_config`: Llama 4's attn_temperature_tuning).
     override_generation_config: dict[str, Any] = field(default_factory=dict)
+    # vLLM's: custom logits processor classes or "module:Class" names (v1/sample/logits_processor)
+    logits_processors: list[str | type] | None = None
 
     def __post_init__(self) -> None:
         if self.model is None:

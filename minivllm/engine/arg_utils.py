@@ -154,6 +154,9 @@ class EngineArgs:
                                         "its reasoning from its content, and structured outputs "
                                         "apply once the reasoning ends",
                                         choices=sorted(ReasoningParserManager.reasoning_parsers))
+    logits_processors: list[str | type] | None = _arg(
+        None, "custom logits processors: LogitsProcessor classes as 'module:Class' names",
+        type=str, nargs="+")
     speculative_config: dict[str, Any] | SpeculativeConfig | None = _arg(
         None, "speculative decoding as JSON, e.g. '{\"method\": \"ngram\", "
         "\"num_speculative_tokens\": 4, \"prompt_lookup_max\": 4}'", type=_parse_json_object)
@@ -171,6 +174,7 @@ class EngineArgs:
                                    quantization=self.quantization, runner=self.runner,
                                    convert=self.convert, pooler_config=self.pooler_config,
                                    generation_config=self.generation_config,
+                                   logits_processors=self.logits_processors,
                                    override_generation_config=_json_object(
                                        "override_generation_config",
                                        self.override_generation_config))

@@ -31,13 +31,15 @@ from minivllm.engine.scheduler import Scheduler
 from minivllm.inputs import (PromptType, check_prompt_token_ids, prompt_cache_salt, prompt_input,
                              truncate_prompt)
 from minivllm.lora.request import LoRARequest
-from minivllm.outputs import CompletionOutput, Logprob, RequestOutput
+from minivllm.outputs import CompletionOutput, RequestOutput
 from minivllm.reasoning import reasoning_parser_for
 from minivllm.sampling_params import MAX_LOGPROBS, SamplingParams
 from minivllm.transformers_utils.tokenizer import get_tokenizer
 from minivllm.v1.core.sched.output import SchedulerOutput
-from minivllm.v1.metrics.reader import Counter, Gauge, Metric, Vector
+from minivllm.v1.metrics.reader import Metric, scheduler_metrics
 from minivllm.v1.outputs import LogprobEntry, ModelRunnerOutput
+from minivllm.v1.sample.logits_processor import (check_logitsprocs_supported,
+                                                 load_custom_logitsprocs)
 
 
 class Executor(Protocol):
@@ -82,6 +84,9 @@ class LLMEngine:
             eos_token_id = tokenizer.eos_token_id
         self.eos_token_id = eos_token_id
         self.reasoning_parser = reasoning_parser_for(vllm_config, tokenizer)
+        # custom logits processors' classes: their validate_params checks each request
+        self.logitsprocs_classes = load_custom_logitsprocs(getattr(model, "logits_processors",
+                                                                   None))
         self._parents: dict[str, ParentState] = {}
         self._children: dict[str, ChildState] = {}
 
@@ -92,6 +97,7 @@ class LLMEngine:
         from minivllm.engine.executor import create_executor
 
         vllm_config = engine_args.create_engine_config()
+        check_logitsprocs_supported(vllm_config)   # before any worker builds them
         tokenizer = get_tokenizer(vllm_config.model_config.tokenizer)
         executor = create_executor(vllm_config)
         try:
@@ -128,6 +134,8 @@ class LLMEngine:
         if self.vocab_size is not None:
             params.verify_vocab(self.vocab_size)
         params.verify_logprobs(self.max_logprobs)
+        for logitsproc_cls in self.logitsprocs_classes:
+            logitsproc_cls.validate_params(params)
         if params.structured_outputs is not None:
             # Validates the constraint (ValueError) before any child is queued.
             self._structured_output_manager().grammar_init(params.structured_outputs)
@@ -257,25 +265,9 @@ class LLMEngine:
         return len(self._parents)
 
     def get_metrics(self) -> list[Metric]:
-        """vLLM's offline snapshot (`LLM.get_metrics`): the scheduler's gauges, preemptions and,
-        when speculating, the draft counters (per position as a Vector)."""
-        s = self.scheduler
-        labels = {"model_name": str(getattr(self.vllm_config.model_config, "model", ""))}
-        metrics: list[Metric] = [
-            Gauge("vllm:num_requests_running", labels, s.num_running),
-            Gauge("vllm:num_requests_waiting", labels, s.num_waiting),
-            Gauge("vllm:kv_cache_usage_perc", labels, s.kv_cache_usage),
-            Counter("vllm:num_preemptions", labels, s.num_preemptions_total)]
-        spec = s.spec_stats
-        if spec is not None:
-            metrics += [Counter("vllm:spec_decode_num_drafts", labels, spec.num_drafts),
-                        Counter("vllm:spec_decode_num_draft_tokens", labels,
-                                spec.num_draft_tokens),
-                        Counter("vllm:spec_decode_num_accepted_tokens", labels,
-                                spec.num_accepted_tokens),
-                        Vector("vllm:spec_decode_num_accepted_tokens_per_pos", labels,
-                               list(spec.num_accepted_tokens_per_pos))]
-        return metrics
+        """vLLM's offline snapshot (`LLM.get_metrics`): v1/metrics/reader.py."""
+        return scheduler_metrics(self.scheduler,
+                                 str(getattr(self.vllm_config.model_config, "model", "")))
 
     def tokenize_prompt(self, prompt: PromptType) -> list[int]:
         """The token ids a request for `prompt` starts from (text tokenised as add_request

@@ -15,6 +15,7 @@ from minivllm.model_executor.models.interfaces import needs_state_slots
 from minivllm.sequence import IntermediateTensors
 from minivllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
 from minivllm.v1.outputs import ModelRunnerOutput
+from minivllm.v1.sample.logits_processor import LogitsProcessorBatch, build_logitsprocs
 from minivllm.v1.spec_decode.ngram_proposer import NgramProposer
 from minivllm.worker import hugepages
 from minivllm.worker.cpu_graph_runner import CPUGraphRunner
@@ -55,6 +56,7 @@ class ModelRunner:
         self.state_slots: StateSlots | None = None   # models with recurrent state
         # speculative decoding's proposer
         self.drafter: NgramProposer | DraftModelProposer | None = None
+        self.logitsprocs: LogitsProcessorBatch | None = None   # custom logits processors
 
     def load_model(self) -> None:
         self.model = get_model(vllm_config=self.vllm_config)
@@ -68,6 +70,7 @@ class ModelRunner:
                                                   self.vllm_config.model_config.dtype)
         if getattr(self.model, "is_pooling_model", False):
             self.pooling = PoolingRunner(self.model.pooler)
+        self.logitsprocs = build_logitsprocs(self.vllm_config, self.device)
         if needs_state_slots(self.model):
             self.state_slots = StateSlots(self.vllm_config.scheduler_config.max_num_seqs)
             for layer in self.mamba_layers.values():    # vLLM-style layers: states on kv_cache
@@ -212,6 +215,8 @@ class ModelRunner:
     def _update_states(self, so: SchedulerOutput) -> None:
         for req_id in so.finished_req_ids:
             self.sampling_states.remove(req_id)
+            if self.logitsprocs is not None:
+                self.logitsprocs.remove_request(req_id)
         if self.pooling is not None:
             self.pooling.drop(so.finished_req_ids | so.preempted_req_ids)
         if self.state_slots is not None:
@@ -224,6 +229,9 @@ class ModelRunner:
             if new.req_id not in self.sampling_states:
                 self.sampling_states.add(new.req_id, new.sampling_params, new.prompt_token_ids,
                                          new.output_token_ids)
+                if self.logitsprocs is not None:
+                    self.logitsprocs.add_request(new.req_id, new.sampling_params,
+                                                 new.prompt_token_ids, new.output_token_ids)
 
     def _forward(self, inputs: StepInputs, intermediate_tensors: IntermediateTensors | None):
         # Every request runs its last token and its drafts (the rows it samples): decode-like.
@@ -324,10 +332,14 @@ class ModelRunner:
             metadata.grammar_rows = torch.tensor(
                 [row_of[r] for r in grammar.structured_output_request_ids])
             metadata.grammar_bitmask = torch.from_numpy(grammar.grammar_bitmask)
+        if self.logitsprocs is not None:
+            metadata.logitsprocs = self.logitsprocs.step(sample_ids)
         out = self.sampler(logits, metadata)
         tokens = out.sampled_token_ids.tolist()
         for req_id, token in zip(sample_ids, tokens):
             self.sampling_states.append(req_id, token)
+        if self.logitsprocs is not None:
+            self.logitsprocs.append_tokens(sample_ids, tokens)
         logprobs = None
         if out.logprobs_tensors is not None:
             logprobs = [None if lp is None else [lp]

@@ -41,6 +41,8 @@ def test_existing_flags_keep_their_meaning():
     assert args.enable_prefix_caching is False and args.dtype == "bfloat16"
     assert (args.max_num_seqs, args.master_port, args.block_size) == (4, 5, 8)
     assert parse("--enable-prefix-caching").enable_prefix_caching is True
+    assert parse("--logits-processors", "pkg.mod:Proc", "pkg.mod.Other").logits_processors == \
+        ["pkg.mod:Proc", "pkg.mod.Other"]
     for cmd in (["generate", "hi"], ["chat"], ["serve"], ["bench", "latency"], ["bench", "throughput"]):
         assert EngineArgs.from_cli_args(build_parser().parse_args(cmd + ["-tp", "3"])) == \
             EngineArgs(tensor_parallel_size=3)

@@ -134,6 +134,8 @@ class _SamplingRequest(OpenAIBaseModel):
     # --return-tokens-as-token-ids)
     return_tokens_as_token_ids: bool | None = None
     request_id: str | None = None   # vLLM's: the response id's suffix (X-Request-Id wins)
+    # vLLM's: settings for the server's custom logits processors (SamplingParams.extra_args)
+    vllm_xargs: dict[str, str | int | float | list[str | int | float]] | None = None
 
     @field_validator("cache_salt")
     @classmethod
@@ -164,7 +166,7 @@ class _SamplingRequest(OpenAIBaseModel):
             skip_special_tokens=self.skip_special_tokens, logit_bias=self._logit_bias(),
             allowed_token_ids=self.allowed_token_ids, bad_words=self.bad_words,
             structured_outputs=self._structured_outputs(),
-            truncate_prompt_tokens=self.truncate_prompt_tokens)
+            truncate_prompt_tokens=self.truncate_prompt_tokens, extra_args=self.vllm_xargs or None)
 
     def _logit_bias(self) -> dict[int, float] | None:
         bias = self.logit_bias or {}

@@ -1,6 +1,7 @@
 """vLLM's per-request extras on completions, chat and responses: cache_salt (prefix-cache
 isolation), return_tokens_as_token_ids (and --return-tokens-as-token-ids), chat echo,
-add_special_tokens, documents, request_id and --enable-request-id-headers. A real server on a
+add_special_tokens, documents, request_id and --enable-request-id-headers, and vllm_xargs for
+the server's custom logits processors. A real server on a
 tiny checkpoint whose tokenizer adds a BOS token, as Llama's does."""
 
 import re
@@ -27,7 +28,9 @@ def server(tmp_path_factory):
     tokenizer.save_pretrained(folder)
     with running_server(folder, {"enable_prompt_tokens_details": True,
                                  "return_tokens_as_token_ids": True,
-                                 "enable_request_id_headers": True}) as server:
+                                 "enable_request_id_headers": True},
+                        logits_processors=["tests.v1.sample._logitsprocs:TargetTokenProcessor"]
+                        ) as server:
         yield server
 
 
@@ -162,3 +165,24 @@ def test_request_id_from_the_body_or_the_header(server):
             first = next(line for line in streamed.iter_lines() if line.startswith("data: {"))
         assert f'"id":"{prefix}streamed-id"' in first.replace(" ", "")
     assert _post(server, "/health", {}).headers.get("x-request-id") is not None
+
+
+def test_vllm_xargs_reach_the_custom_logits_processors(server):
+    client = openai_client(server)
+    forced = client.completions.create(prompt=PROMPT, max_tokens=5, **{
+        **GREEDY, "extra_body": {"ignore_eos": True, "vllm_xargs": {"target_token": 7},
+                                 "return_token_ids": True}})
+    assert forced.choices[0].model_extra["token_ids"] == [7] * 5
+    chat = client.chat.completions.create(messages=MESSAGES, max_tokens=4, n=2, **{
+        **GREEDY, "temperature": 1.0, "extra_body": {"ignore_eos": True, "return_token_ids": True,
+                                                     "vllm_xargs": {"target_token": 9}}})
+    assert all(c.model_extra["token_ids"] == [9] * 4 for c in chat.choices)
+    free = client.completions.create(prompt=PROMPT, max_tokens=5, **{
+        **GREEDY, "extra_body": {"ignore_eos": True, "return_token_ids": True}})
+    assert free.choices[0].model_extra["token_ids"] != [7] * 5
+    for xargs in ({"target_token": "seven"}, {"target_token": [7]}):
+        r = _post(server, "/v1/completions", {"prompt": PROMPT, "max_tokens": 2,
+                                              "vllm_xargs": xargs})
+        assert r.status_code == 400 and "target_token must be a token id" in r.text, r.text
+    r = _post(server, "/v1/completions", {"prompt": PROMPT, "vllm_xargs": {"a": {"nested": 1}}})
+    assert r.status_code == 400 and "vllm_xargs" in r.text
