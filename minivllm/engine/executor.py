@@ -1,8 +1,12 @@
 """Executors: how the engine reaches its worker(s). In-process for a single rank."""
 
+from collections.abc import Callable
+from typing import Any
+
 from minivllm.config import VllmConfig
 from minivllm.engine.multiproc_executor import MultiprocExecutor
 from minivllm.lora.request import LoRARequest
+from minivllm.v1.serial_utils import run_method
 from minivllm.worker.worker import Worker
 
 
@@ -29,6 +33,11 @@ class UniProcExecutor:
 
     def list_loras(self) -> set[int]:
         return self.worker.list_loras()
+
+    def collective_rpc(self, method: str | Callable[..., Any], timeout: float | None = None,
+                       args: tuple = (), kwargs: dict[str, Any] | None = None) -> list[Any]:
+        """`method` on the one worker (a name, or a function taking the worker first)."""
+        return [run_method(self.worker, method, tuple(args), kwargs)]
 
     def shutdown(self) -> None:
         pass

@@ -261,6 +261,12 @@ class LLMEngine:
                              "(`--enable-lora`; `--max-loras`, `--max-lora-rank` size the "
                              "adapter slots)")
 
+    def collective_rpc(self, method: str | Callable[..., Any], timeout: float | None = None,
+                       args: tuple = (), kwargs: dict[str, Any] | None = None) -> list[Any]:
+        """vLLM's: a Worker method (by name) or `method(worker, ...)` on every rank; the
+        results in rank order."""
+        return self.executor.collective_rpc(method, timeout, args, kwargs)
+
     def get_num_unfinished_requests(self) -> int:
         return len(self._parents)
 

@@ -12,8 +12,11 @@ import os
 import signal
 import time
 import weakref
+from collections.abc import Callable
 from multiprocessing.connection import wait
 from typing import Any
+
+import cloudpickle
 
 from minivllm.config import VllmConfig
 from minivllm.distributed.utils import get_pp_indices
@@ -22,6 +25,7 @@ from minivllm.lora.request import LoRARequest
 from minivllm.model_executor.models.registry import ModelRegistry
 from minivllm.v1.core.sched.output import SchedulerOutput
 from minivllm.v1.outputs import ModelRunnerOutput
+from minivllm.v1.serial_utils import check_method
 from minivllm.worker.launcher import (WorkerProcHandle, distributed_init_method,
                                          launch_worker_procs, local_ranks, stop_worker_procs)
 
@@ -86,23 +90,36 @@ class MultiprocExecutor:
         return self._lora_call("remove_lora", lora_id)
 
     def list_loras(self) -> set[int]:
-        return self._lora_call("list_loras", None)
+        return self._lora_call("list_loras")
 
-    def _lora_call(self, method: str, arg: Any) -> Any:
-        """Run a worker's adapter method on every rank; a rank's ValueError is re-raised here
-        (the workers go on serving)."""
+    def _lora_call(self, method: str, *args: Any) -> Any:
+        """Rank 0's answer; an adapter that cannot be read is a ValueError, as one that does
+        not fit the model."""
+        try:
+            return self.collective_rpc(method, args=args)[0]
+        except OSError as exc:
+            raise ValueError(str(exc)) from exc
+
+    def collective_rpc(self, method: str | Callable[..., Any], timeout: float | None = None,
+                       args: tuple = (), kwargs: dict[str, Any] | None = None) -> list[Any]:
+        """`method` (a Worker method's name, or a function taking the worker first; lambdas
+        too, sent with cloudpickle) on every rank; the results in rank order. The first rank's
+        error is re-raised here, and the workers go on serving."""
+        check_method(method)
         if self._failure is not None:
             raise RuntimeError(self._failure)
+        call = cloudpickle.dumps((method, tuple(args), dict(kwargs or {})))
         try:
-            self.workers[0].conn.send(("lora", method, arg))
+            self.workers[0].conn.send(("rpc", call))
         except (OSError, ValueError):
             pass                 # rank 0 is gone; _wait_for reports how
-        (msg,) = self._wait_for(1, EXECUTE_MODEL_TIMEOUT_S, f"answer {method}")
-        _, value, error = msg
-        if error is not None:
-            kind, _, text = error.partition(": ")
-            raise (NotImplementedError if kind == "NotImplementedError" else ValueError)(text)
-        return value
+        name = method if isinstance(method, str) else getattr(method, "__name__", "a function")
+        (msg,) = self._wait_for(1, timeout or EXECUTE_MODEL_TIMEOUT_S, f"run {name}")
+        results = msg[1]
+        for kind, payload in results:
+            if kind == "error":
+                raise cloudpickle.loads(payload)
+        return [cloudpickle.loads(payload) for _, payload in results]
 
     def _remember_sampled(self, output: ModelRunnerOutput) -> None:
         if self.pp_size > 1:

@@ -1,9 +1,11 @@
 """The offline API: `LLM(model=...).generate(prompts, SamplingParams(...))` and `.chat(messages)`."""
 
+from __future__ import annotations
+
 import dataclasses
 import itertools
-from collections.abc import Iterable, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from minivllm.beam_search import BeamSearchOutput, run_beam_search
 from minivllm.engine.arg_utils import EngineArgs
@@ -20,6 +22,9 @@ from minivllm.sampling_params import BeamSearchParams, SamplingParams
 from minivllm.transformers_utils.chat_template import (chat_template_arguments, chat_token_ids,
                                                       normalize_messages)
 from minivllm.v1.metrics.reader import Metric
+
+if TYPE_CHECKING:
+    import torch
 
 _TQDM_MIN_REQUESTS = 8   # show a progress bar only for batches at least this long
 
@@ -155,6 +160,17 @@ class LLM:
 
     def list_loras(self) -> set[int]:
         return self.llm_engine.list_loras()
+
+    def collective_rpc(self, method: str | Callable[..., Any], timeout: float | None = None,
+                       args: tuple = (), kwargs: dict[str, Any] | None = None) -> list[Any]:
+        """vLLM's: runs a Worker method (by name) or `method(worker, *args, **kwargs)` on every
+        rank (functions, lambdas too, travel to worker processes with cloudpickle); returns
+        the results in rank order. An error on a rank is raised here; the engine goes on."""
+        return self.llm_engine.collective_rpc(method, timeout, args, kwargs)
+
+    def apply_model(self, func: Callable[[torch.nn.Module], Any]) -> list[Any]:
+        """vLLM's: `func(model)` on every rank's model (its TP shard, its PP stage)."""
+        return self.collective_rpc("apply_model", args=(func,))
 
     def reset_prefix_cache(self) -> bool:
         """Forgets every cached KV block (vLLM's); False, with nothing done, while requests

@@ -1,5 +1,8 @@
 """One rank: joins the process groups, loads its model shard, owns its KV cache, runs steps."""
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 
 from minivllm.config import VllmConfig
@@ -54,6 +57,14 @@ class Worker:
 
     def list_loras(self) -> set[int]:
         return self.model_runner.lora_manager_or_raise().list_adapters()
+
+    def get_model(self) -> torch.nn.Module:
+        """This rank's model (its TP shard, its PP stage)."""
+        return self.model_runner.model
+
+    def apply_model(self, func: Callable[[torch.nn.Module], Any]) -> Any:
+        """vLLM's: `func(model)` on this rank (`LLM.apply_model` runs it on every rank)."""
+        return func(self.get_model())
 
     def apply_sampled_tokens(self, sampled: dict[str, list[int]]) -> None:
         """Learn the tokens the last PP stage sampled in the previous step.

@@ -6,9 +6,10 @@ on the other nodes. The launcher and each of its workers share a socket pipe; th
 `WorkerInit` (the pickled VllmConfig and the rank), later ones are:
 
     launcher -> rank 0        ("step", SchedulerOutput, sampled) | ("shutdown",)
-                              | ("lora", method, arg)   method: add_lora / remove_lora / list_loras
+                              | ("rpc", cloudpickle of (method, args, kwargs))
     worker -> launcher        ("ready", rank, num_blocks) | ("output", ModelRunnerOutput)
-                              | ("lora_result", value, error) | ("error", rank, traceback)
+                              | ("rpc_result", [(kind, cloudpickle of value or error)] per rank)
+                              | ("error", rank, traceback)
 
 Rank 0 broadcasts each message to all ranks over a gloo "control" group, so workers on other
 nodes get every step without a pipe to the engine. The last PP stage's TP rank 0 answers; when
@@ -126,8 +127,8 @@ def _step_loop(worker: Any, control: Any, conn: Connection, init: WorkerInit) ->
         msg = control.broadcast_object(msg, src=0)
         if msg[0] == "shutdown":
             return
-        if msg[0] == "lora":
-            _run_lora_call(worker, control, conn, init.rank, msg[1], msg[2])
+        if msg[0] == "rpc":
+            _run_rpc(worker, control, conn, init.rank, msg[1])
             continue
         _, scheduler_output, sampled = msg
         if sampled:
@@ -142,25 +143,27 @@ def _step_loop(worker: Any, control: Any, conn: Connection, init: WorkerInit) ->
             conn.send(("output", control.recv_object(src=output_rank)))
 
 
-def _run_lora_call(worker: Any, control: Any, conn: Connection, rank: int, method: str,
-                   arg: Any) -> None:
-    """An adapter call on every rank; rank 0 answers with the value or the first rank's error.
-
-    A bad adapter (ValueError) is the caller's mistake, not a worker failure: every rank keeps
-    serving, and the engine re-raises the message.
-    """
+def _run_rpc(worker: Any, control: Any, conn: Connection, rank: int, call: bytes) -> None:
+    """A collective_rpc (adapters, `LLM.apply_model`, ...) on every rank; rank 0 answers with
+    each rank's result or error. A failing call is the caller's mistake, not a worker failure:
+    every rank keeps serving, and the engine re-raises the error."""
+    import cloudpickle
     import torch.distributed as dist
 
-    value, error = None, None
+    from minivllm.v1.serial_utils import run_method
+
     try:
-        value = getattr(worker, method)(*(() if arg is None else (arg,)))
-    except (ValueError, NotImplementedError, OSError) as exc:
-        error = f"{type(exc).__name__}: {exc}"
-    errors: list[Any] = [None] * control.world_size
-    dist.all_gather_object(errors, error, group=control.cpu_group)
+        method, args, kwargs = cloudpickle.loads(call)
+        result = ("ok", cloudpickle.dumps(run_method(worker, method, args, kwargs)))
+    except Exception as exc:   # noqa: BLE001 - sent back to the caller
+        try:
+            result = ("error", cloudpickle.dumps(exc))
+        except Exception:      # noqa: BLE001 - an exception that does not pickle
+            result = ("error", cloudpickle.dumps(RuntimeError(f"{type(exc).__name__}: {exc}")))
+    results: list[Any] = [None] * control.world_size
+    dist.all_gather_object(results, result, group=control.cpu_group)
     if rank == 0:
-        first = next((e for e in errors if e is not None), None)
-        conn.send(("lora_result", value, first))
+        conn.send(("rpc_result", results))
 
 
 def worker_main(fd: int) -> int:
