@@ -4,7 +4,10 @@
 from __future__ import annotations
 
 import numbers
-from typing import Any, NotRequired, TypedDict
+from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
+
+if TYPE_CHECKING:
+    import torch
 
 
 class TextPrompt(TypedDict):
@@ -18,8 +21,15 @@ class TokensPrompt(TypedDict):
     cache_salt: NotRequired[str]
 
 
-# text, token ids, or a dict with 'prompt' / 'prompt_token_ids'
-PromptType = str | list[int] | TextPrompt | TokensPrompt | dict[str, Any]
+class EmbedsPrompt(TypedDict):
+    """The prompt as input embeddings [num_tokens, hidden_size], in place of token ids (the
+    engine needs enable_prompt_embeds=True)."""
+    prompt_embeds: torch.Tensor
+    cache_salt: NotRequired[str]
+
+
+# text, token ids, or a dict with 'prompt' / 'prompt_token_ids' / 'prompt_embeds'
+PromptType = str | list[int] | TextPrompt | TokensPrompt | EmbedsPrompt | dict[str, Any]
 
 
 def prompt_input(prompt: PromptType) -> str | list[int]:
@@ -37,7 +47,7 @@ def prompt_input(prompt: PromptType) -> str | list[int]:
                 raise ValueError("A prompt dict's 'prompt' must be a string, got "
                                  f"{type(prompt['prompt']).__name__}.")
             return prompt["prompt"]
-        raise ValueError("A prompt dict needs 'prompt' or 'prompt_token_ids'")
+        raise ValueError("A prompt dict needs 'prompt', 'prompt_token_ids' or 'prompt_embeds'")
     if isinstance(prompt, str):
         return prompt
     if is_token_ids(prompt):

@@ -141,6 +141,8 @@ class ModelConfig:
     override_generation_config: dict[str, Any] = field(default_factory=dict)
     # vLLM's: custom logits processor classes or "module:Class" names (v1/sample/logits_processor)
     logits_processors: list[str | type] | None = None
+    # vLLM's: requests may give their prompt as input embeddings (inputs.EmbedsPrompt)
+    enable_prompt_embeds: bool = False
 
     def __post_init__(self) -> None:
         if self.model is None:

@@ -20,19 +20,16 @@ from minivllm.config.cache import CACHE_DTYPES
 from minivllm.config.compilation import CompilationMode
 from minivllm.config.load import LOAD_FORMATS
 from minivllm.config.model import CONVERT_TYPES, RUNNER_TYPES
-from minivllm.config.pooler import resolve_pooler_config
 from minivllm.config.scheduler import SCHEDULING_POLICIES
 from minivllm.config.speculative import SpeculativeConfig
 from minivllm.config.utils import check_config_keys
-from minivllm.logger import init_logger
+from minivllm.engine.model_defaults import (apply_class_pooling_default, check_pooling_model,
+                                            prefix_caching, step_limits)
 from minivllm.model_executor.layers.quantization import (QUANTIZATION_METHODS,
                                                          get_quantization_config)
 from minivllm.model_executor.model_loader.weight_utils import get_quant_config
-from minivllm.model_executor.models.registry import ModelRegistry
 from minivllm.plugins import load_general_plugins
 from minivllm.reasoning import ReasoningParserManager
-
-logger = init_logger(__name__)
 
 _DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
 _DEVICE_CHOICES = ("cpu", "cuda", "auto")
@@ -154,6 +151,8 @@ class EngineArgs:
                                         "its reasoning from its content, and structured outputs "
                                         "apply once the reasoning ends",
                                         choices=sorted(ReasoningParserManager.reasoning_parsers))
+    enable_prompt_embeds: bool = _arg(False, "accept prompts given as input embeddings "
+                                      "(prompt_embeds) instead of token ids")
     logits_processors: list[str | type] | None = _arg(
         None, "custom logits processors: LogitsProcessor classes as 'module:Class' names",
         type=str, nargs="+")
@@ -175,19 +174,20 @@ class EngineArgs:
                                    convert=self.convert, pooler_config=self.pooler_config,
                                    generation_config=self.generation_config,
                                    logits_processors=self.logits_processors,
+                                   enable_prompt_embeds=self.enable_prompt_embeds,
                                    override_generation_config=_json_object(
                                        "override_generation_config",
                                        self.override_generation_config))
-        _check_pooling_model(model_config)
-        _apply_class_pooling_default(model_config, self.pooler_config)
-        budget, max_num_seqs = _step_limits(model_config, self.max_num_batched_tokens,
+        check_pooling_model(model_config)
+        apply_class_pooling_default(model_config, self.pooler_config)
+        budget, max_num_seqs = step_limits(model_config, self.max_num_batched_tokens,
                                             self.max_num_seqs)
         load_config = LoadConfig(load_format=self.load_format)
         device_config = DeviceConfig(self.device)
         return VllmConfig(
             model_config=model_config,
             cache_config=CacheConfig(block_size=self.block_size, cache_dtype=self.kv_cache_dtype,
-                                     enable_prefix_caching=_prefix_caching(
+                                     enable_prefix_caching=prefix_caching(
                                          self.enable_prefix_caching, model_config),
                                      num_gpu_blocks_override=self.num_gpu_blocks_override,
                                      kv_cache_memory_bytes=self.kv_cache_memory_bytes,
@@ -316,73 +316,6 @@ def apply_torchrun_env(engine_args: EngineArgs) -> EngineArgs:
     if "master_port" in env and "TORCHELASTIC_RUN_ID" in os.environ:
         env["master_port"] += 1
     return dataclasses.replace(engine_args, **env)
-
-
-def _step_limits(model_config: ModelConfig, max_num_batched_tokens: int,
-                 max_num_seqs: int) -> tuple[int, int]:
-    """(token budget, sequences) of a step. A pooling model whose attention sees the whole
-    sequence cannot prefill a prompt in chunks (a chunk would not see the later ones): each step
-    then runs one whole prompt (the scheduler gives a second request the budget's rest)."""
-    bidirectional = getattr(model_config.hf_config, "is_causal", True) is False or \
-        any("Bidirectional" in arch for arch in model_config.architectures) or \
-        _encoder_only(model_config)
-    if model_config.runner_type != "pooling" or not bidirectional:
-        return max_num_batched_tokens, max_num_seqs
-    logger.info("%s attends bidirectionally: one whole prompt per step (token budget "
-                "max_model_len=%d)", model_config.architectures, model_config.max_model_len)
-    return max(max_num_batched_tokens, model_config.max_model_len), 1
-
-
-def _prefix_caching(asked: bool, model_config: ModelConfig) -> bool:
-    """Off for pooling models (a pooling prompt's every hidden state is needed) and hybrid ones
-    (a cached prefix would skip building their layers' recurrent state)."""
-    if not asked or model_config.runner_type == "pooling":
-        return False
-    try:
-        hybrid = ModelRegistry.model_has_inner_state(model_config.architectures)
-    except ValueError:      # an architecture not registered (yet): the loader names it later
-        hybrid = False
-    if hybrid:
-        logger.info("Prefix caching is off: %s keeps recurrent state per sequence",
-                    model_config.architectures[0])
-        return False
-    return True
-
-
-def _pooling_model_cls(model_config: ModelConfig) -> type | None:
-    """The registered class a pooling model runs (adapted when converted), else None."""
-    if model_config.runner_type != "pooling":
-        return None
-    try:
-        return ModelRegistry.resolve_model_cls(model_config.architectures, model_config)[0]
-    except ValueError:      # not registered (yet): `_check_pooling_model` names it
-        return None
-
-
-def _apply_class_pooling_default(model_config: ModelConfig, user: Any) -> None:
-    """vLLM's per-class default pooling (`@default_pooling_type`: BERT pools CLS) where neither
-    the user, a sentence-transformers file nor the HF config names one (before the engine runs)."""
-    default = getattr(_pooling_model_cls(model_config), "default_seq_pooling_type", "LAST")
-    if default != "LAST":
-        model_config.pooler_config = resolve_pooler_config(user, model_config.model,
-                                                           model_config.hf_config, default)
-
-
-def _encoder_only(model_config: ModelConfig) -> bool:
-    """As vLLM's `ModelConfig.attn_type`: a pooling class that pools CLS by default, or one
-    marked `@attn_type("encoder_only")`, attends bidirectionally."""
-    cls = _pooling_model_cls(model_config)
-    return (getattr(cls, "default_seq_pooling_type", "LAST") == "CLS"
-            or getattr(cls, "attn_type", "decoder") == "encoder_only")
-
-
-def _check_pooling_model(model_config: ModelConfig) -> None:
-    """The pooling runner without a conversion needs a model that has a pooler."""
-    if model_config.runner_type != "pooling" or model_config.convert_type != "none":
-        return
-    if not ModelRegistry.is_pooling_model(model_config.architectures):
-        raise ValueError(f"{model_config.architectures} is not a pooling model; add --convert "
-                         "embed to pool its hidden states into embeddings")
 
 
 def _check_mode(mode: Any) -> int:

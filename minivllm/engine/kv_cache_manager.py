@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
+
+import torch
+
 from minivllm.engine.block_pool import BlockPool, KVCacheBlock, hash_block_tokens
 from minivllm.engine.request import Request
 
@@ -111,10 +115,13 @@ class KVCacheManager:
         # The cache salt keys the first block only: chaining carries it into every later hash.
         salt = getattr(request, "cache_salt", None)
         first_extra = extra if salt is None else (extra, "cache_salt", salt)
+        embeds = getattr(request, "prompt_embeds", None)
         for i in range(len(hashes), len(token_ids) // bs):
             parent = hashes[i - 1] if i > 0 else None
-            hashes.append(hash_block_tokens(parent, token_ids[i * bs:(i + 1) * bs],
-                                            extra if i > 0 else first_extra))
+            keys = extra if i > 0 else first_extra
+            if embeds is not None and i * bs < len(embeds):   # stand-in ids: key the vectors
+                keys = (keys, embeds_digest(embeds[i * bs:(i + 1) * bs]))
+            hashes.append(hash_block_tokens(parent, token_ids[i * bs:(i + 1) * bs], keys))
 
     def _cache_blocks(self, request: Request, num_total_tokens: int) -> None:
         num_full_blocks = num_total_tokens // self.block_size
@@ -125,3 +132,9 @@ class KVCacheManager:
         self.block_pool.cache_full_blocks(self.req_to_blocks[request.request_id],
                                           request.block_hashes, num_cached, num_full_blocks)
         self.num_cached_block[request.request_id] = num_full_blocks
+
+
+def embeds_digest(embeds: torch.Tensor) -> bytes:
+    """SHA-256 of the raw bytes of prompt embeddings [n, H]: equal only for equal vectors."""
+    raw = embeds.contiguous().view(-1).view(torch.uint8)
+    return hashlib.sha256(raw.numpy().tobytes()).digest()

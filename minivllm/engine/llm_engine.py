@@ -23,13 +23,13 @@ from tqdm import tqdm
 from minivllm.engine import pooling
 from minivllm.engine.arg_utils import EngineArgs
 from minivllm.engine.detokenizer import IncrementalDetokenizer
+from minivllm.engine.input_processor import InputProcessor
 from minivllm.engine.output_processor import (ChildState, ParentState, process_child,
                                               to_logprob_dict)
 from minivllm.engine.request import Request, RequestStatus
 from minivllm.engine.sched_utils import has_prefix_lm_layers
 from minivllm.engine.scheduler import Scheduler
-from minivllm.inputs import (PromptType, check_prompt_token_ids, prompt_cache_salt, prompt_input,
-                             truncate_prompt)
+from minivllm.inputs import PromptType
 from minivllm.lora.request import LoRARequest
 from minivllm.outputs import CompletionOutput, RequestOutput
 from minivllm.reasoning import reasoning_parser_for
@@ -84,6 +84,7 @@ class LLMEngine:
             eos_token_id = tokenizer.eos_token_id
         self.eos_token_id = eos_token_id
         self.reasoning_parser = reasoning_parser_for(vllm_config, tokenizer)
+        self.input_processor = InputProcessor(vllm_config, tokenizer, self.vocab_size)
         # custom logits processors' classes: their validate_params checks each request
         self.logitsprocs_classes = load_custom_logitsprocs(getattr(model, "logits_processors",
                                                                    None))
@@ -125,10 +126,9 @@ class LLMEngine:
         params = params if params is not None else SamplingParams()
         pooling_params = pooling.check_params(params, self.vllm_config.model_config)
         params = pooling.prompt_only_params() if pooling_params is not None else params
-        prompt_text, prompt_token_ids = self._tokenize(prompt)
-        prompt_token_ids = truncate_prompt(
-            prompt_token_ids, (pooling_params or params).truncate_prompt_tokens, self.max_model_len)
-        check_prompt_token_ids(prompt_token_ids, self.vocab_size, self.max_model_len)
+        processed = self.input_processor.process(prompt, pooling_params or params)
+        if processed.embeds is not None and pooling_params is not None:
+            raise ValueError("prompt_embeds work with generating models only.")
         if params.stop and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer; use stop_token_ids instead.")
         if self.vocab_size is not None:
@@ -139,8 +139,9 @@ class LLMEngine:
         if params.structured_outputs is not None:
             # Validates the constraint (ValueError) before any child is queued.
             self._structured_output_manager().grammar_init(params.structured_outputs)
-        parent = ParentState(request_id, prompt_text, prompt_token_ids,
-                             pooling_params=pooling_params, cache_salt=prompt_cache_salt(prompt))
+        parent = ParentState(request_id, processed.text, processed.token_ids,
+                             pooling_params=pooling_params, cache_salt=processed.cache_salt,
+                             prompt_embeds=processed.embeds)
         if params.prompt_logprobs is not None:
             parent.prompt_logprobs = [None]   # nothing predicts the first prompt token
         for index in range(params.n):
@@ -278,15 +279,7 @@ class LLMEngine:
     def tokenize_prompt(self, prompt: PromptType) -> list[int]:
         """The token ids a request for `prompt` starts from (text tokenised as add_request
         does)."""
-        return self._tokenize(prompt)[1]
-
-    def _tokenize(self, prompt: PromptType) -> tuple[str | None, list[int]]:
-        prompt = prompt_input(prompt)
-        if isinstance(prompt, str):
-            if self.tokenizer is None:
-                raise ValueError("A text prompt needs a tokenizer; pass token ids instead.")
-            return prompt, list(self.tokenizer.encode(prompt))
-        return None, list(prompt)
+        return self.input_processor.tokenize(prompt)[1]
 
     def _add_child(self, parent: ParentState, index: int, params: SamplingParams,
                    arrival_time: float | None, lora_request: LoRARequest | None = None,
@@ -305,18 +298,19 @@ class LLMEngine:
         request = Request(child_id, parent.prompt_token_ids, child_params,
                           eos_token_id=self.eos_token_id, arrival_time=arrival_time,
                           lora_request=lora_request, priority=priority,
-                          cache_salt=parent.cache_salt)
+                          cache_salt=parent.cache_salt, prompt_embeds=parent.prompt_embeds)
         if params.structured_outputs is not None:
             # Compiles off this thread; the scheduler admits the request once it is ready.
             so_request = self._structured_output_manager().grammar_init(params.structured_outputs)
             if self.reasoning_parser is not None:   # the grammar starts after the reasoning
                 so_request.reasoning_end_token_id = self.reasoning_parser.reasoning_end_token_id
                 so_request.reasoning_ended = self.reasoning_parser.is_reasoning_end(
-                    parent.prompt_token_ids)
+                    parent.known_prompt_token_ids)
             request.structured_output_request = so_request
         detokenizer = None
         if self.tokenizer is not None and params.detokenize:
-            detokenizer = IncrementalDetokenizer(self.tokenizer, parent.prompt_token_ids, child_params)
+            detokenizer = IncrementalDetokenizer(self.tokenizer, parent.known_prompt_token_ids,
+                                                 child_params)
         child = ChildState(request, parent, index, detokenizer)
         if params.logprobs is not None:
             child.logprobs, child.cumulative_logprob = [], 0.0
@@ -376,7 +370,7 @@ class LLMEngine:
             return pooling.make_pooling_output(parent, self.vllm_config.model_config)
         return RequestOutput(
             request_id=parent.request_id, prompt=parent.prompt,
-            prompt_token_ids=parent.prompt_token_ids,
+            prompt_token_ids=None if parent.prompt_embeds is not None else parent.prompt_token_ids,
             prompt_logprobs=list(parent.prompt_logprobs) if parent.prompt_logprobs else None,
             outputs=outputs, finished=finished,
             num_cached_tokens=max(parent.children[0].request.num_cached_tokens, 0))

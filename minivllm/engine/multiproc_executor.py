@@ -9,6 +9,7 @@ executor is garbage-collected and at interpreter exit (a weakref finalizer).
 """
 
 import os
+import pickle
 import signal
 import time
 import weakref
@@ -72,10 +73,7 @@ class MultiprocExecutor:
                 self._remember_sampled(msg[1])
             self._outstanding = 0
         sampled = self._sampled if self.pp_size > 1 else None
-        try:
-            self.workers[0].conn.send(("step", scheduler_output, sampled))
-        except (OSError, ValueError):
-            pass                 # rank 0 is gone; _wait_for reports how
+        self._send_to_rank0(("step", scheduler_output, sampled))
         self._outstanding = 1
         (msg,) = self._wait_for(1, EXECUTE_MODEL_TIMEOUT_S, "finish a step")
         self._outstanding = 0
@@ -109,10 +107,7 @@ class MultiprocExecutor:
         if self._failure is not None:
             raise RuntimeError(self._failure)
         call = cloudpickle.dumps((method, tuple(args), dict(kwargs or {})))
-        try:
-            self.workers[0].conn.send(("rpc", call))
-        except (OSError, ValueError):
-            pass                 # rank 0 is gone; _wait_for reports how
+        self._send_to_rank0(("rpc", call))
         name = method if isinstance(method, str) else getattr(method, "__name__", "a function")
         (msg,) = self._wait_for(1, timeout or EXECUTE_MODEL_TIMEOUT_S, f"run {name}")
         results = msg[1]
@@ -120,6 +115,15 @@ class MultiprocExecutor:
             if kind == "error":
                 raise cloudpickle.loads(payload)
         return [cloudpickle.loads(payload) for _, payload in results]
+
+    def _send_to_rank0(self, message: tuple) -> None:
+        # NOTE: plain pickle, not the pipe's own (multiprocessing's) pickler, which would send
+        # a tensor (a prompt's embeddings) as shared memory that only a multiprocessing child
+        # may open; rank 0's `recv()` reads either.
+        try:
+            self.workers[0].conn.send_bytes(pickle.dumps(message))
+        except (OSError, ValueError):
+            pass                 # rank 0 is gone; _wait_for reports how
 
     def _remember_sampled(self, output: ModelRunnerOutput) -> None:
         if self.pp_size > 1:

@@ -25,6 +25,12 @@ class ParentState:
     pooling_params: Any = None   # a pooling request: PoolingParams, then the runner's vector
     pooled: Any = None
     cache_salt: str | None = None   # the prompt's (every child's blocks are keyed by it)
+    prompt_embeds: Any = None       # [L, H] for an embeds prompt; its token ids are stand-ins
+
+    @property
+    def known_prompt_token_ids(self) -> list[int]:
+        """The prompt's real token ids: none for an embeds prompt."""
+        return [] if self.prompt_embeds is not None else self.prompt_token_ids
 
 
 @dataclass

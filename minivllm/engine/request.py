@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import time
+from typing import Any
 
 from minivllm.lora.request import LoRARequest
 from minivllm.sampling_params import SamplingParams
@@ -48,9 +49,12 @@ class Request:
         lora_request: LoRARequest | None = None,
         priority: int = 0,
         cache_salt: str | None = None,
+        prompt_embeds: Any = None,
     ) -> None:
         self.request_id = request_id
         self.cache_salt = cache_salt   # keys its prefix-cache blocks (inputs.prompt_cache_salt)
+        # [L, H] when the prompt came as embeddings (its token ids are then stand-in zeros)
+        self.prompt_embeds = prompt_embeds
         self.priority = priority   # lower is served first (--scheduling-policy priority)
         self.prompt_token_ids = list(prompt_token_ids)
         self.sampling_params = sampling_params

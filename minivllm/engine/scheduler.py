@@ -379,7 +379,7 @@ class Scheduler:
             sampling_params=request.sampling_params,
             block_ids=self.kv_cache_manager.get_block_ids(request.request_id),
             num_computed_tokens=request.num_computed_tokens,
-            lora_request=request.lora_request)
+            lora_request=request.lora_request, prompt_embeds=request.prompt_embeds)
 
     def _free_request(self, request: Request) -> None:
         self.kv_cache_manager.free(request)

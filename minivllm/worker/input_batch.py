@@ -1,6 +1,7 @@
 """Per-request state the model runner keeps across steps, and the flat inputs of one step."""
 
 import dataclasses
+import inspect
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +20,7 @@ class CachedRequestState:
     num_computed_tokens: int
     sampling_params: SamplingParams
     lora_request: Any = None      # the request's LoRARequest, None for the base model
+    prompt_embeds: Any = None     # [L, H] when the prompt came as embeddings
 
 
 @dataclass
@@ -51,7 +53,8 @@ def update_states(states: dict[str, CachedRequestState], so: SchedulerOutput) ->
             req_id=new.req_id, token_ids=list(new.prompt_token_ids) + list(new.output_token_ids),
             num_prompt_tokens=len(new.prompt_token_ids), block_ids=list(new.block_ids),
             num_computed_tokens=new.num_computed_tokens, sampling_params=new.sampling_params,
-            lora_request=getattr(new, "lora_request", None))
+            lora_request=getattr(new, "lora_request", None),
+            prompt_embeds=getattr(new, "prompt_embeds", None))
     cached = so.scheduled_cached_reqs
     for req_id, new_blocks, num_computed in zip(cached.req_ids, cached.new_block_ids,
                                                 cached.num_computed_tokens):
@@ -191,3 +194,34 @@ def as_decode_rows(inputs: StepInputs) -> StepInputs:
         seq_lens_list=seq_lens.tolist(), num_computed=inputs.positions.tolist(),
         sample_rows=list(range(len(rows))), logits_indices=torch.arange(len(rows)),
         num_draft_tokens=None)
+
+
+def check_prompt_embeds_support(model: torch.nn.Module, model_config: Any) -> bool:
+    """Whether steps may carry prompt embeddings (enable_prompt_embeds); ValueError when the
+    model's forward takes no `inputs_embeds`."""
+    if not getattr(model_config, "enable_prompt_embeds", False):
+        return False
+    if "inputs_embeds" not in inspect.signature(model.forward).parameters:
+        raise ValueError(f"{type(model).__name__}.forward takes no inputs_embeds, so "
+                         "enable_prompt_embeds (--enable-prompt-embeds) cannot feed it "
+                         "prompt_embeds.")
+    return True
+
+
+def step_inputs_embeds(model: torch.nn.Module, states: dict[str, CachedRequestState],
+                       inputs: StepInputs, device: torch.device) -> torch.Tensor | None:
+    """The step's input embeddings [T, H] when it runs prompt positions given as embeddings:
+    the model's token embeddings, overwritten there by the given vectors; else None."""
+    spans = []   # (first flat row, first prompt position, count, the request's embeddings)
+    for b, req_id in enumerate(inputs.req_ids):
+        given = states[req_id].prompt_embeds
+        start = inputs.num_computed[b]
+        if given is not None and start < len(given):
+            count = min(inputs.query_lens[b], len(given) - start)
+            spans.append((int(inputs.query_start_loc[b]), start, count, given))
+    if not spans:
+        return None
+    embeds = model.embed_input_ids(inputs.input_ids.to(device))
+    for row, start, count, given in spans:
+        embeds[row:row + count] = given[start:start + count].to(embeds.dtype)
+    return embeds

@@ -21,7 +21,8 @@ from minivllm.worker import hugepages
 from minivllm.worker.cpu_graph_runner import CPUGraphRunner
 from minivllm.worker.draft_model_proposer import DraftModelProposer
 from minivllm.worker.input_batch import (CachedRequestState, StepInputs, as_decode_rows,
-                                         is_decode_with_drafts, prepare_inputs, update_states)
+                                         check_prompt_embeds_support, is_decode_with_drafts,
+                                         prepare_inputs, step_inputs_embeds, update_states)
 from minivllm.worker.pooling import PoolingRunner
 from minivllm.worker.rejection_sampler import verify_drafts
 from minivllm.worker.sampler import RequestSamplingStates, Sampler
@@ -57,6 +58,7 @@ class ModelRunner:
         # speculative decoding's proposer
         self.drafter: NgramProposer | DraftModelProposer | None = None
         self.logitsprocs: LogitsProcessorBatch | None = None   # custom logits processors
+        self.enable_prompt_embeds = False   # steps may carry prompt embeddings (load_model)
 
     def load_model(self) -> None:
         self.model = get_model(vllm_config=self.vllm_config)
@@ -71,6 +73,8 @@ class ModelRunner:
         if getattr(self.model, "is_pooling_model", False):
             self.pooling = PoolingRunner(self.model.pooler)
         self.logitsprocs = build_logitsprocs(self.vllm_config, self.device)
+        self.enable_prompt_embeds = check_prompt_embeds_support(self.model,
+                                                                self.vllm_config.model_config)
         if needs_state_slots(self.model):
             self.state_slots = StateSlots(self.vllm_config.scheduler_config.max_num_seqs)
             for layer in self.mamba_layers.values():    # vLLM-style layers: states on kv_cache
@@ -227,11 +231,13 @@ class ModelRunner:
         for new in so.scheduled_new_reqs:
             # A request resumed after preemption keeps its sampling state (seeded generator).
             if new.req_id not in self.sampling_states:
-                self.sampling_states.add(new.req_id, new.sampling_params, new.prompt_token_ids,
+                # An embeds prompt's ids are stand-ins: penalties and processors see no prompt.
+                prompt = new.prompt_token_ids if new.prompt_embeds is None else []
+                self.sampling_states.add(new.req_id, new.sampling_params, prompt,
                                          new.output_token_ids)
                 if self.logitsprocs is not None:
-                    self.logitsprocs.add_request(new.req_id, new.sampling_params,
-                                                 new.prompt_token_ids, new.output_token_ids)
+                    self.logitsprocs.add_request(new.req_id, new.sampling_params, prompt,
+                                                 new.output_token_ids)
 
     def _forward(self, inputs: StepInputs, intermediate_tensors: IntermediateTensors | None):
         # Every request runs its last token and its drafts (the rows it samples): decode-like.
@@ -240,18 +246,22 @@ class ModelRunner:
         # decode graph of that many rows replays the step.
         with_drafts = is_decode_with_drafts(inputs)
         rows = as_decode_rows(inputs) if with_drafts else inputs
+        embeds = None   # PP: only the first stage (no intermediate tensors) embeds
+        if self.enable_prompt_embeds and intermediate_tensors is None:
+            embeds = step_inputs_embeds(self.model, self.states, inputs, self.device)
         hidden = self.run_model(self.model, self.cpu_graphs, rows, inputs, intermediate_tensors,
-                                with_drafts)
+                                with_drafts, embeds)
         if isinstance(self.drafter, DraftModelProposer):
             self.drafter.mirror(rows, inputs, with_drafts)
         return hidden
 
     def run_model(self, model: torch.nn.Module, graphs: CPUGraphRunner | None, rows: StepInputs,
                   inputs: StepInputs, intermediate_tensors: IntermediateTensors | None,
-                  with_drafts: bool):
+                  with_drafts: bool, inputs_embeds: torch.Tensor | None = None):
         """One forward of `model` (the target, or the draft) over a step: replayed from `graphs`
         where they can, else eagerly with the step's attention metadata built from `rows`."""
-        if graphs is not None and intermediate_tensors is None and graphs.can_run(rows):
+        if graphs is not None and intermediate_tensors is None and inputs_embeds is None \
+                and graphs.can_run(rows):
             return graphs.run(model, rows)     # CPU, one rank: checked by can_run
         common = CommonAttentionMetadata(
             query_start_loc=rows.query_start_loc, seq_lens=rows.seq_lens,
@@ -272,7 +282,8 @@ class ModelRunner:
                                  decode_with_drafts=with_drafts):
             return model(input_ids=inputs.input_ids.to(self.device),
                          positions=inputs.positions.to(self.device),
-                         intermediate_tensors=intermediate_tensors)
+                         intermediate_tensors=intermediate_tensors,
+                         **({} if inputs_embeds is None else {"inputs_embeds": inputs_embeds}))
 
     def _per_layer_metadata(self, attn_metadata: object, state: object) -> dict:
         """vLLM's form, layer name -> metadata, for models whose state layers read theirs

@@ -178,7 +178,8 @@ def test_add_request_takes_vllm_prompt_dicts(tokenizer):
     assert final["text"].prompt == "Hello world"
     assert final["text"].prompt_token_ids == tokenizer.encode("Hello world")
     assert final["ids"].prompt_token_ids == [5, 6, 7]
-    for bad, match in [({"text": "x"}, "'prompt' or 'prompt_token_ids'"), (3.5, "Unsupported")]:
+    for bad, match in [({"text": "x"}, "'prompt', 'prompt_token_ids' or 'prompt_embeds'"),
+                       (3.5, "Unsupported")]:
         with pytest.raises(ValueError, match=match):
             engine.add_request("bad", bad, SamplingParams())
     assert not engine.has_unfinished_requests()

@@ -37,7 +37,7 @@ def test_prompt_forms_agree(llm):
     ({"prompt": 5}, "A prompt dict's 'prompt' must be a string, got int"),
     ({"prompt_token_ids": "1 2"}, "'prompt_token_ids' must be a list of token ids (ints), got str"),
     ({"prompt_token_ids": [1, 2.5]}, "must be a list of token ids"),
-    ({"text": "x"}, "A prompt dict needs 'prompt' or 'prompt_token_ids'"),
+    ({"text": "x"}, "A prompt dict needs 'prompt', 'prompt_token_ids' or 'prompt_embeds'"),
     ([[1, 2], 3.5], "Unsupported prompt type float"),
 ])
 def test_bad_prompts_name_the_valid_forms(llm, prompt, message):

@@ -6,7 +6,8 @@ import time
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, ValidationInfo, field_validator,
+                      model_validator)
 
 from minivllm.entrypoints.openai.tool_parsers import tool_choice_mode, tool_choice_schema
 from minivllm.inputs import check_cache_salt
@@ -207,13 +208,24 @@ class _SamplingRequest(OpenAIBaseModel):
 # ---------------------------------------------------------------- /v1/completions
 
 class CompletionRequest(_SamplingRequest):
-    prompt: str | list[str] | list[int] | list[list[int]]
+    # vLLM's (--enable-prompt-embeds): prompts as base64 of torch.save'd [num_tokens, H] tensors
+    prompt_embeds: str | list[str] | None = None
+    # (after prompt_embeds: its check reads that field)
+    prompt: str | list[str] | list[int] | list[list[int]] | None = Field(default=None,
+                                                                         validate_default=True)
     max_tokens: int | None = 16
     logprobs: int | None = Field(default=None, ge=0)
     echo: bool = False
     suffix: str | None = None
     best_of: int | None = None
     add_special_tokens: bool = True   # vLLM's: text prompts get the tokenizer's BOS etc.
+
+    @field_validator("prompt")
+    @classmethod
+    def _needs_a_prompt(cls, prompt: Any, info: ValidationInfo) -> Any:
+        if prompt is None and not info.data.get("prompt_embeds"):
+            raise ValueError("Give `prompt` or `prompt_embeds`.")
+        return prompt
 
     def to_sampling_params(self, max_tokens: int,
                            defaults: dict[str, Any] | None = None) -> SamplingParams:

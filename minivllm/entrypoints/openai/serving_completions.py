@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import base64
 import dataclasses
+import io
 import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
@@ -20,13 +23,23 @@ from minivllm.entrypoints.openai.serving_engine import (ChunkEncoder, OpenAIErro
                                                         clamp_logprob, engine_error, merge_streams,
                                                         prompt_logprobs_entries,
                                                         run_until_disconnect, sse_error, usage_dict)
+from minivllm.inputs import EmbedsPrompt
 from minivllm.outputs import CompletionOutput, Logprob, RequestOutput
 
 
 @dataclass
 class _Prompt:
     text: str           # for echo
-    token_ids: list[int]
+    token_ids: list[int]   # stand-in zeros, one per position, for a prompt given as embeddings
+    embeds: torch.Tensor | None = None   # [L, H]: a `prompt_embeds` prompt
+
+    @property
+    def engine_prompt(self) -> list[int] | EmbedsPrompt:
+        return self.token_ids if self.embeds is None else EmbedsPrompt(prompt_embeds=self.embeds)
+
+    @property
+    def known_token_ids(self) -> list[int] | None:
+        return self.token_ids if self.embeds is None else None
 
 
 @dataclass
@@ -69,7 +82,7 @@ class OpenAIServingCompletion(OpenAIServing):
                                                    max_tokens, job.request_id, lora_request)
         else:
             job.streams = self.add_requests(
-                [(f"{job.request_id}-{i}", p.token_ids, self.sampling_params(request, m))
+                [(f"{job.request_id}-{i}", p.engine_prompt, self.sampling_params(request, m))
                  for i, (p, m) in enumerate(zip(job.prompts, max_tokens))], lora_request,
                 request.priority, request.cache_salt)
         if request.stream:
@@ -85,6 +98,13 @@ class OpenAIServingCompletion(OpenAIServing):
         return JSONResponse(self._response(job, finals).model_dump(mode="json"))
 
     def _prompts(self, request: CompletionRequest) -> list[_Prompt]:
+        """`prompt`'s then `prompt_embeds`' prompts."""
+        embeds = request.prompt_embeds
+        embeds = [embeds] if isinstance(embeds, str) else list(embeds or [])
+        prompts = self._token_prompts(request) if request.prompt is not None else []
+        return prompts + [self._embeds_prompt(request, i, data) for i, data in enumerate(embeds)]
+
+    def _token_prompts(self, request: CompletionRequest) -> list[_Prompt]:
         """Each prompt's text and ids (truncated as `truncate_prompt_tokens` asks: the text
         is then the kept tokens')."""
         prompt = request.prompt
@@ -104,6 +124,30 @@ class OpenAIServingCompletion(OpenAIServing):
                 text = self.async_llm.tokenizer.decode(kept) if self.async_llm.tokenizer else ""
                 prompts.append(_Prompt(text, kept))
         return prompts
+
+    def _embeds_prompt(self, request: CompletionRequest, index: int, data: str) -> _Prompt:
+        """vLLM's form: base64 of a torch.save'd float tensor [num_tokens, H] (the engine's
+        checks apply: --enable-prompt-embeds, the hidden size, max_model_len, truncation)."""
+        processor = self.async_llm.engine.input_processor
+        if not processor.enable_prompt_embeds:   # before decoding what would be refused
+            raise OpenAIError("prompt_embeds needs a server started with --enable-prompt-embeds.",
+                              param="prompt_embeds")
+        for name in ("echo", "use_beam_search"):
+            if getattr(request, name):
+                raise OpenAIError(f"{name} is not supported with prompt_embeds.", param=name)
+        try:
+            tensor = torch.load(io.BytesIO(base64.b64decode(data, validate=True)),
+                                weights_only=True, map_location="cpu")
+        except Exception as exc:   # noqa: BLE001 - any decoding failure is the client's
+            raise OpenAIError(f"prompt_embeds[{index}] is not a base64-encoded tensor saved "
+                              f"with torch.save: {exc}", param="prompt_embeds") from None
+        if isinstance(tensor, torch.Tensor) and tensor.layout != torch.strided:
+            tensor = tensor.to_dense()
+        try:
+            processed = processor.process(EmbedsPrompt(prompt_embeds=tensor), request)
+        except ValueError as exc:
+            raise OpenAIError(f"prompt_embeds[{index}]: {exc}", param="prompt_embeds") from exc
+        return _Prompt("", processed.token_ids, processed.embeds)
 
     @staticmethod
     async def _collect(streams: list[RequestStream]) -> list[RequestOutput]:
@@ -134,7 +178,7 @@ class OpenAIServingCompletion(OpenAIServing):
                     index=i * request.n + out.index, text=text, logprobs=logprobs,
                     finish_reason=out.finish_reason, stop_reason=out.stop_reason,
                     prompt_logprobs=prompt_logprobs,
-                    prompt_token_ids=prompt.token_ids if ids else None,
+                    prompt_token_ids=prompt.known_token_ids if ids else None,
                     token_ids=list(out.token_ids) if ids else None))
         return CompletionResponse(
             id=job.request_id, created=job.created, model=self.model_name(request.model),
@@ -202,7 +246,7 @@ class OpenAIServingCompletion(OpenAIServing):
                   "finish_reason": out.finish_reason, "stop_reason": out.stop_reason}
         if request.return_token_ids:   # the prompt's with the first chunk, then the new ids
             if state.num_ids_sent == 0:
-                choice["prompt_token_ids"] = prompt.token_ids
+                choice["prompt_token_ids"] = prompt.known_token_ids
             choice["token_ids"] = list(out.token_ids[state.num_ids_sent:])
             state.num_ids_sent = len(out.token_ids)
         return choice

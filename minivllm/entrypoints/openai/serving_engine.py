@@ -17,7 +17,7 @@ from minivllm.engine.async_llm import (AsyncLLM, EngineDeadError, QueueFullError
 from minivllm.engine.beam_search_stream import BeamSearchStream
 from minivllm.entrypoints.openai.protocol import (ErrorInfo, ErrorResponse, PromptLogprob,
                                                   PromptLogprobs, random_uuid)
-from minivllm.inputs import TokensPrompt, check_prompt_token_ids, truncate_prompt
+from minivllm.inputs import PromptType, TokensPrompt, check_prompt_token_ids, truncate_prompt
 from minivllm.lora.request import LoRARequest
 from minivllm.outputs import RequestOutput
 from minivllm.sampling_params import MAX_LOGPROBS, BeamSearchParams, SamplingParams
@@ -259,7 +259,7 @@ class OpenAIServing:
         return tokenizer.decode(tokens, skip_special_tokens=skip_special_tokens) \
             if tokenizer is not None else ""
 
-    def add_requests(self, requests: list[tuple[str, list[int], SamplingParams]],
+    def add_requests(self, requests: list[tuple[str, PromptType, SamplingParams]],
                      lora_request: LoRARequest | None = None, priority: int = 0,
                      cache_salt: str | None = None) -> list[RequestStream]:
         """Admits all requests or none (a batch that hits a full queue gets one 429); all use
@@ -272,9 +272,10 @@ class OpenAIServing:
                               param="n")
         streams: list[RequestStream] = []
         try:
-            for request_id, prompt_ids, params in requests:
-                prompt = prompt_ids if cache_salt is None else \
-                    TokensPrompt(prompt_token_ids=prompt_ids, cache_salt=cache_salt)
+            for request_id, prompt, params in requests:
+                if cache_salt is not None:
+                    prompt = {**prompt, "cache_salt": cache_salt} if isinstance(prompt, dict) \
+                        else TokensPrompt(prompt_token_ids=prompt, cache_salt=cache_salt)
                 streams.append(self.async_llm.add_request(request_id, prompt, params,
                                                           lora_request, priority))
         except Exception as exc:

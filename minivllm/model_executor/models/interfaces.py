@@ -79,7 +79,7 @@ class IsAttentionFree(Protocol):
 @runtime_checkable
 class SupportsMambaPrefixCaching(Protocol):
     """vLLM caches such a model's states at block boundaries ("align" mode). minivllm does
-    not: prefix caching stays off for every model with inner state (`_prefix_caching`)."""
+    not: prefix caching stays off for every model with inner state (`engine/model_defaults.prefix_caching`)."""
 
     supports_mamba_prefix_caching: ClassVar[Literal[True]] = True
 

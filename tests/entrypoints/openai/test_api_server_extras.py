@@ -2,7 +2,11 @@
 return_token_ids, the priority field and --enable-prompt-tokens-details (tiny checkpoint behind
 the shared server fixture)."""
 
+import base64
+import io
+
 import httpx
+import torch
 
 from tests.entrypoints.openai._helpers import openai_client
 from tests.entrypoints.openai.test_api_server import (MESSAGES, MODEL, PROMPT,  # noqa: F401
@@ -105,3 +109,11 @@ def test_tokenize_renders_tools_as_chat_does(server, client):
     assert chat.usage.prompt_tokens == with_tools["count"]
     bad = httpx.post(f"{server.url}/tokenize", json={**body, "tools": [{"type": "function"}]})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "tools"
+
+
+def test_prompt_embeds_need_the_flag(server):
+    buffer = io.BytesIO()
+    torch.save(torch.zeros(2, 4), buffer)
+    r = httpx.post(f"{server.url}/v1/completions", json={
+        "model": MODEL, "max_tokens": 2, "prompt_embeds": base64.b64encode(buffer.getvalue()).decode()})
+    assert r.status_code == 400 and "--enable-prompt-embeds" in r.json()["error"]["message"]

@@ -1,12 +1,16 @@
 """vLLM's per-request extras on completions, chat and responses: cache_salt (prefix-cache
 isolation), return_tokens_as_token_ids (and --return-tokens-as-token-ids), chat echo,
-add_special_tokens, documents, request_id and --enable-request-id-headers, and vllm_xargs for
-the server's custom logits processors. A real server on a
+add_special_tokens, documents, request_id and --enable-request-id-headers, vllm_xargs for
+the server's custom logits processors, and prompt_embeds. A real server on a
 tiny checkpoint whose tokenizer adds a BOS token, as Llama's does."""
 
+import base64
+import io
+import json
 import re
 
 import httpx
+import torch
 import pytest
 from tokenizers import processors
 
@@ -29,8 +33,8 @@ def server(tmp_path_factory):
     with running_server(folder, {"enable_prompt_tokens_details": True,
                                  "return_tokens_as_token_ids": True,
                                  "enable_request_id_headers": True},
-                        logits_processors=["tests.v1.sample._logitsprocs:TargetTokenProcessor"]
-                        ) as server:
+                        {"logits_processors": ["tests.v1.sample._logitsprocs:TargetTokenProcessor"],
+                         "enable_prompt_embeds": True}) as server:
         yield server
 
 
@@ -186,3 +190,41 @@ def test_vllm_xargs_reach_the_custom_logits_processors(server):
         assert r.status_code == 400 and "target_token must be a token id" in r.text, r.text
     r = _post(server, "/v1/completions", {"prompt": PROMPT, "vllm_xargs": {"a": {"nested": 1}}})
     assert r.status_code == 400 and "vllm_xargs" in r.text
+
+
+def _b64_tensor(tensor) -> str:
+    buffer = io.BytesIO()
+    torch.save(tensor, buffer)
+    return base64.b64encode(buffer.getvalue()).decode()
+
+
+def test_prompt_embeds_complete_as_their_tokens(server):
+    """vLLM's completions `prompt_embeds`: the tokens' own embeddings answer as the tokens do,
+    beside text prompts in one request; bad tensors are 400s naming prompt_embeds."""
+    ids = _post(server, "/tokenize", {"prompt": PROMPT}).json()["tokens"]
+    [embeds] = server.async_llm.engine.collective_rpc(
+        lambda worker: worker.get_model().embed_input_ids(torch.tensor(ids)))
+    body = {"max_tokens": 5, "temperature": 0.0, "ignore_eos": True, "return_token_ids": True}
+    plain = _post(server, "/v1/completions", {**body, "prompt": PROMPT}).json()
+    both = _post(server, "/v1/completions", {**body, "prompt": PROMPT, "n": 1,
+                                             "prompt_embeds": [_b64_tensor(embeds)]}).json()
+    first, second = both["choices"]
+    assert first["token_ids"] == second["token_ids"] == plain["choices"][0]["token_ids"]
+    assert second["text"] == plain["choices"][0]["text"] and second["prompt_token_ids"] is None
+    assert both["usage"]["prompt_tokens"] == 2 * len(ids)
+    chunks = httpx.post(f"{server.url}/v1/completions", timeout=60, json={
+        "model": MODEL, **body, "stream": True, "prompt_embeds": _b64_tensor(embeds)}).text
+    assert plain["choices"][0]["text"] == "".join(
+        json.loads(line[6:])["choices"][0]["text"] for line in chunks.splitlines()
+        if line.startswith("data: {") and json.loads(line[6:])["choices"])
+    hidden = embeds.shape[1]
+    for bad, message in (("not base64!", "base64-encoded tensor"),
+                         (_b64_tensor(torch.zeros(3, hidden + 1)), f"(num_tokens, {hidden})"),
+                         (_b64_tensor({"a": 1}), "floating-point torch.Tensor")):
+        r = _post(server, "/v1/completions", {"prompt_embeds": bad, "max_tokens": 2})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "prompt_embeds", r.text
+        assert message in r.json()["error"]["message"]
+    r = _post(server, "/v1/completions", {"prompt_embeds": _b64_tensor(embeds), "echo": True})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "echo"
+    r = _post(server, "/v1/completions", {"max_tokens": 2})
+    assert r.status_code == 400 and "Give `prompt` or `prompt_embeds`" in r.text

@@ -24,6 +24,7 @@ class NewRequestData:
     block_ids: list[int]                 # the whole block table
     num_computed_tokens: int             # tokens whose KV is already in the cache
     lora_request: Any = None             # a LoRARequest, or None for the base model
+    prompt_embeds: Any = None            # [L, H] tensor: the prompt given as embeddings
 
 
 @dataclass
