@@ -105,12 +105,15 @@ def test_bad_embeds_name_the_problem(llm, checkpoint):
         off.generate(EmbedsPrompt(prompt_embeds=torch.zeros(3, hidden)), GREEDY, use_tqdm=False)
 
 
-def test_tensor_parallel(llm, checkpoint):
+@pytest.mark.parametrize("parallel", [
+    {"tensor_parallel_size": 2},
+    pytest.param({"pipeline_parallel_size": 2}, marks=pytest.mark.slow)], ids=["tp2", "pp2"])
+def test_parallel(llm, checkpoint, parallel):
     ids = llm.get_tokenizer().encode(TEXTS[0])
     embeds = _embed(llm, ids)
     expected = _tokens(llm.generate(TokensPrompt(prompt_token_ids=ids), GREEDY, use_tqdm=False))
     tp = LLM(model=checkpoint, dtype="float32", max_model_len=64, num_gpu_blocks_override=16,
-             enable_prompt_embeds=True, tensor_parallel_size=2)
+             enable_prompt_embeds=True, **parallel)
     try:
         out = tp.generate([EmbedsPrompt(prompt_embeds=embeds), TokensPrompt(prompt_token_ids=ids)],
                           GREEDY, use_tqdm=False)
