@@ -50,6 +50,9 @@ environment_variables: dict[str, Callable[[], Any]] = {
     "VLLM_PP_LAYER_PARTITION": _str("VLLM_PP_LAYER_PARTITION"),
     # the server's /v1/load_lora_adapter and /v1/unload_lora_adapter routes
     "VLLM_ALLOW_RUNTIME_LORA_UPDATING": _flag("VLLM_ALLOW_RUNTIME_LORA_UPDATING", False),
+    # vLLM's: the server adds its development routes (/reset_prefix_cache, /collective_rpc,
+    # /server_info); never on a server others can reach
+    "VLLM_SERVER_DEV_MODE": _flag("VLLM_SERVER_DEV_MODE", False),
     # the server's API key when --api-key is not given
     "VLLM_API_KEY": _str("VLLM_API_KEY"),
     # KV-cache GiB per rank on CPU when --kv-cache-memory-bytes is not given; 0: the default

@@ -15,12 +15,13 @@ import threading
 import time
 from collections import defaultdict, deque
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from minivllm.engine.arg_utils import EngineArgs
 from minivllm.engine.engine_thread import EngineThread, put_all_soon, run_call, settle
 from minivllm.engine.llm_engine import LLMEngine
+from minivllm.engine.request_stream import RequestStream, _Stream
 from minivllm.inputs import PromptType
 from minivllm.lora.request import LoRARequest
 from minivllm.logger import init_logger
@@ -63,49 +64,6 @@ class StatLogger(Protocol):
     def on_new_tokens(self, num_new_tokens: int, ttft_s: float | None, itl_s: float | None) -> None: ...
 
     def on_request_finished(self, finish_reason: str, e2e_s: float) -> None: ...
-
-
-@dataclass
-class _Stream:
-    """The loop-side state of one request: where its outputs go, and its timings."""
-
-    loop: asyncio.AbstractEventLoop
-    queue: asyncio.Queue
-    num_seqs: int
-    arrival_s: float                # time.monotonic() at submission
-    admitted: bool = False          # handed to the engine
-    num_tokens: int = 0
-    last_token_s: float | None = None
-
-
-@dataclass
-class RequestStream:
-    """What a handler iterates: the cumulative `RequestOutput`s of one request."""
-
-    request_id: str
-    _stream: _Stream
-    _abort: Callable[[str], None]
-    finished: bool = field(default=False, init=False)
-
-    async def outputs(self) -> AsyncIterator[RequestOutput]:
-        """Yields outputs until the request finishes; leaving early aborts the request.
-
-        Outputs are cumulative, so when the consumer lags, only the newest one is yielded.
-        """
-        try:
-            while not self.finished:
-                items = [await self._stream.queue.get()]
-                while not self._stream.queue.empty():
-                    items.append(self._stream.queue.get_nowait())
-                item = items[-1]
-                if isinstance(item, BaseException):
-                    self.finished = True
-                    raise item
-                self.finished = item.finished
-                yield item
-        finally:
-            if not self.finished:
-                self._abort(self.request_id)
 
 
 class AsyncLLM:
@@ -245,6 +203,15 @@ class AsyncLLM:
 
     async def remove_lora(self, lora_id: int) -> bool:
         return await self._call_engine("remove_lora", lora_id)
+
+    async def reset_prefix_cache(self) -> bool:
+        """vLLM's: forgets the cached KV blocks (False while requests hold blocks)."""
+        return await self._call_engine("reset_prefix_cache")
+
+    async def collective_rpc(self, method: str | Callable[..., Any], timeout: float | None = None,
+                             args: tuple = (), kwargs: dict[str, Any] | None = None) -> list[Any]:
+        """`LLMEngine.collective_rpc` between two steps (every rank's result, in rank order)."""
+        return await self._call_engine("collective_rpc", method, timeout, tuple(args), kwargs)
 
     async def _call_engine(self, method: str, *args: Any) -> Any:
         """Runs `engine.<method>(*args)` between two steps: only the loop thread touches it."""

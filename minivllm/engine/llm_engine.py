@@ -262,6 +262,10 @@ class LLMEngine:
                              "(`--enable-lora`; `--max-loras`, `--max-lora-rank` size the "
                              "adapter slots)")
 
+    def reset_prefix_cache(self) -> bool:
+        """Forgets every cached KV block; False, with nothing done, while requests hold blocks."""
+        return self.scheduler.reset_prefix_cache()
+
     def collective_rpc(self, method: str | Callable[..., Any], timeout: float | None = None,
                        args: tuple = (), kwargs: dict[str, Any] | None = None) -> list[Any]:
         """vLLM's: a Worker method (by name) or `method(worker, ...)` on every rank; the

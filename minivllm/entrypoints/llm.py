@@ -175,7 +175,7 @@ class LLM:
     def reset_prefix_cache(self) -> bool:
         """Forgets every cached KV block (vLLM's); False, with nothing done, while requests
         hold blocks."""
-        return self.llm_engine.scheduler.reset_prefix_cache()
+        return self.llm_engine.reset_prefix_cache()
 
     def embed(self, prompts: PromptType | Sequence[PromptType],
               pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,

@@ -21,6 +21,7 @@ from minivllm import envs
 from minivllm.engine.arg_utils import EngineArgs
 from minivllm.engine.async_llm import AsyncLLM
 from minivllm.entrypoints.openai.cli_args import LoRAModulePath
+from minivllm.entrypoints.openai.dev_routes import register_dev_routes
 from minivllm.entrypoints.openai.metrics import CONTENT_TYPE, ServerMetrics
 from minivllm.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
 from minivllm.entrypoints.openai.server_options import (APIKeyMiddleware, CORSOptions,
@@ -165,6 +166,8 @@ def build_app(async_llm: AsyncLLM, served_model_name: str | list[str] | None = N
         app.add_middleware(RequestIdHeaderMiddleware)
     if envs.VLLM_ALLOW_RUNTIME_LORA_UPDATING:
         _add_lora_routes(app, models)
+    if envs.VLLM_SERVER_DEV_MODE:
+        register_dev_routes(app, async_llm)
     # Added last, so outermost: a preflight is answered before the API-key check.
     app.add_middleware(CORSMiddleware, **(cors or CORSOptions()).middleware_kwargs())
     _install_error_handlers(app)

@@ -1,0 +1,58 @@
+"""vLLM's development routes (`VLLM_SERVER_DEV_MODE=1`): `POST /reset_prefix_cache`,
+`POST /collective_rpc` (a Worker method by name on every rank) and `GET /server_info`. They
+reach into the engine, so they are off unless asked for, and the API key guards them when set
+(APIKeyMiddleware checks /v1 only: these paths are meant for a trusted operator)."""
+
+from __future__ import annotations
+
+from http import HTTPStatus
+from typing import Any
+
+from fastapi import FastAPI, Response
+from fastapi.encoders import jsonable_encoder
+from fastapi.responses import JSONResponse
+from pydantic import Field
+
+import minivllm
+from minivllm.engine.async_llm import AsyncLLM
+from minivllm.entrypoints.openai.protocol import OpenAIBaseModel
+from minivllm.entrypoints.openai.serving_engine import OpenAIError
+
+
+class CollectiveRPCRequest(OpenAIBaseModel):
+    method: str = Field(min_length=1)   # a Worker method's name (functions do not travel as JSON)
+    timeout: float | None = Field(default=None, gt=0)
+    args: list[Any] = Field(default_factory=list)
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+
+
+def register_dev_routes(app: FastAPI, async_llm: AsyncLLM) -> None:
+
+    @app.post("/reset_prefix_cache")
+    async def reset_prefix_cache() -> Response:
+        if not await async_llm.reset_prefix_cache():
+            raise OpenAIError("The prefix cache cannot be reset while requests hold KV blocks; "
+                              "retry when the server is idle.", HTTPStatus.CONFLICT)
+        return Response(status_code=200)
+
+    @app.post("/collective_rpc")
+    async def collective_rpc(request: CollectiveRPCRequest) -> JSONResponse:
+        if request.method.startswith("_"):
+            raise OpenAIError(f"{request.method!r} is private; name a public Worker method.",
+                              param="method")
+        try:
+            results = await async_llm.collective_rpc(request.method, request.timeout,
+                                                     tuple(request.args), request.kwargs)
+        except (ValueError, TypeError) as exc:   # an unknown method, wrong arguments
+            raise OpenAIError(f"collective_rpc {request.method!r} failed: {exc}",
+                              param="method") from exc
+        try:
+            return JSONResponse({"results": jsonable_encoder(results)})
+        except (TypeError, ValueError) as exc:
+            raise OpenAIError(f"{request.method!r} returned a result that is not JSON: {exc}",
+                              param="method") from exc
+
+    @app.get("/server_info")
+    async def server_info() -> dict[str, Any]:
+        config = getattr(async_llm.engine, "vllm_config", None)
+        return {"version": minivllm.__version__, "vllm_config": str(config)}

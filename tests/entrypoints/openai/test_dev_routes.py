@@ -1,0 +1,53 @@
+"""vLLM's development routes (VLLM_SERVER_DEV_MODE=1): /reset_prefix_cache empties the prefix
+cache, /collective_rpc runs a Worker method on every rank, /server_info; all absent otherwise."""
+
+import httpx
+import pytest
+
+from tests.entrypoints.openai.test_api_server import (MODEL, PROMPT, checkpoint,  # noqa: F401
+                                                      running_server, server)
+
+
+@pytest.fixture(scope="module")
+def dev_server(checkpoint):   # noqa: F811
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("VLLM_SERVER_DEV_MODE", "1")
+        with running_server(checkpoint, {"enable_prompt_tokens_details": True}) as dev:
+            yield dev
+
+
+def _cached(url: str, prompt: str) -> int:
+    r = httpx.post(f"{url}/v1/completions", json={"model": MODEL, "prompt": prompt,
+                                                  "max_tokens": 1}, timeout=60)
+    return r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+
+def test_routes_are_absent_without_dev_mode(server):   # noqa: F811
+    for method, path in (("POST", "/reset_prefix_cache"), ("POST", "/collective_rpc"),
+                         ("GET", "/server_info")):
+        assert httpx.request(method, f"{server.url}{path}", json={}).status_code == 404
+
+
+def test_reset_prefix_cache(dev_server):
+    prompt = " ".join([PROMPT] * 16)
+    _cached(dev_server.url, prompt)
+    assert _cached(dev_server.url, prompt) >= 32
+    assert httpx.post(f"{dev_server.url}/reset_prefix_cache").status_code == 200
+    assert _cached(dev_server.url, prompt) == 0
+
+
+def test_collective_rpc_and_server_info(dev_server):
+    url = f"{dev_server.url}/collective_rpc"
+    r = httpx.post(url, json={"method": "determine_num_blocks"})
+    assert r.status_code == 200 and r.json() == {"results": [256]}
+    for body, message in (({"method": "no_such_method"}, "has no method"),
+                          ({"method": "list_loras"}, "LoRA is disabled"),
+                          ({"method": "_update_states"}, "private"),
+                          ({"method": "get_model"}, "not JSON"),
+                          ({"method": "determine_num_blocks", "args": [1, 2]}, "argument")):
+        r = httpx.post(url, json=body)
+        assert r.status_code == 400 and message in r.json()["error"]["message"], r.text
+    info = httpx.get(f"{dev_server.url}/server_info").json()
+    assert "max_model_len=512" in info["vllm_config"] and info["version"]
+    assert httpx.post(f"{dev_server.url}/v1/completions", json={
+        "model": MODEL, "prompt": PROMPT, "max_tokens": 2}).status_code == 200
