@@ -34,6 +34,8 @@ class ParallelConfig:
     enable_eplb: bool = False
     eplb_config: EPLBConfig = field(default_factory=EPLBConfig)
     expert_placement_strategy: str = "linear"     # contiguous runs of experts per rank
+    # vLLM's: "module:Class" (or "module.Class") mixed into the Worker class, for collective_rpc
+    worker_extension_cls: str = ""
 
     def __post_init__(self) -> None:
         if self.enable_eplb:

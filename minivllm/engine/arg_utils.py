@@ -100,6 +100,8 @@ class EngineArgs:
     enable_expert_parallel: bool = _arg(False, "MoE layers: split the experts over the tensor-"
                                         "parallel ranks instead of each expert's intermediate "
                                         "dimension")
+    worker_extension_cls: str = _arg("", "a class ('module:Class') whose methods every worker "
+                                     "gains, for collective_rpc")
     nnodes: int = _arg(1, "nodes of a multi-node run (or torchrun's environment)")
     node_rank: int = _arg(0, "this node's rank; nodes 1..nnodes-1 only host worker ranks")
     master_addr: str = _arg("127.0.0.1", "address where the ranks of all nodes meet")
@@ -198,7 +200,8 @@ class EngineArgs:
                                            enable_expert_parallel=self.enable_expert_parallel,
                                            nnodes=self.nnodes, node_rank=self.node_rank,
                                            master_addr=self.master_addr,
-                                           master_port=self.master_port),
+                                           master_port=self.master_port,
+                                           worker_extension_cls=self.worker_extension_cls),
             scheduler_config=SchedulerConfig(
                 max_num_batched_tokens=max(budget, 1),
                 max_num_seqs=max_num_seqs,

@@ -7,7 +7,7 @@ from minivllm.config import VllmConfig
 from minivllm.engine.multiproc_executor import MultiprocExecutor
 from minivllm.lora.request import LoRARequest
 from minivllm.v1.serial_utils import run_method
-from minivllm.worker.worker import Worker
+from minivllm.worker.worker import get_worker_cls
 
 
 class UniProcExecutor:
@@ -15,7 +15,7 @@ class UniProcExecutor:
 
     def __init__(self, vllm_config: VllmConfig) -> None:
         self.vllm_config = vllm_config
-        self.worker = Worker(vllm_config, rank=0)
+        self.worker = get_worker_cls(vllm_config.parallel_config)(vllm_config, rank=0)
         self.worker.init_device()
         self.worker.load_model()
         self.num_blocks = self.worker.determine_num_blocks()
@@ -46,4 +46,5 @@ class UniProcExecutor:
 def create_executor(vllm_config: VllmConfig) -> UniProcExecutor | MultiprocExecutor:
     if vllm_config.parallel_config.world_size == 1:
         return UniProcExecutor(vllm_config)
+    get_worker_cls(vllm_config.parallel_config)   # a bad extension fails before any process starts
     return MultiprocExecutor(vllm_config)

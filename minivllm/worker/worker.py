@@ -10,6 +10,7 @@ from minivllm.distributed import (ensure_model_parallel_initialized, get_pp_grou
                                   init_distributed_environment)
 from minivllm.lora.request import LoRARequest
 from minivllm.sequence import IntermediateTensors
+from minivllm.utils.import_utils import resolve_obj_by_qualname
 from minivllm.v1.core.sched.output import SchedulerOutput
 from minivllm.v1.outputs import ModelRunnerOutput
 from minivllm.worker.model_runner import ModelRunner
@@ -91,3 +92,23 @@ class Worker:
             pp.send_tensor_dict(output.tensors)
             return None
         return output if pp.is_last_rank else None
+
+
+def get_worker_cls(parallel_config: Any) -> type[Worker]:
+    """The Worker class, with vLLM's `worker_extension_cls` mixed in when one is named: its
+    methods become callable by name through `collective_rpc`. ValueError for a name that does
+    not load, or for an extension that would replace a Worker attribute."""
+    name = getattr(parallel_config, "worker_extension_cls", "")
+    if not name:
+        return Worker
+    try:
+        ext = resolve_obj_by_qualname(name)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise ValueError(f"Cannot load worker_extension_cls {name!r}: {exc}") from None
+    if not isinstance(ext, type):
+        raise ValueError(f"worker_extension_cls {name!r} is not a class.")
+    clashes = sorted(n for n in vars(ext) if not n.startswith("__") and hasattr(Worker, n))
+    if clashes:
+        raise ValueError(f"worker_extension_cls {name!r} would replace Worker's "
+                         f"{', '.join(clashes)}; give its methods other names.")
+    return type(f"Worker+{ext.__name__}", (Worker, ext), {})

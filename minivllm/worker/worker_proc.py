@@ -68,12 +68,12 @@ def _run_worker(init: WorkerInit, conn: Connection) -> None:
 
     from minivllm.distributed import GroupCoordinator
     from minivllm.plugins import load_general_plugins
-    from minivllm.worker.worker import Worker
+    from minivllm.worker.worker import get_worker_cls
 
     load_general_plugins()     # models registered by plugins resolve in this rank too
     pc = init.vllm_config.parallel_config
     torch.set_num_threads(init.num_threads)
-    worker = Worker(init.vllm_config, init.rank, init.distributed_init_method)
+    worker = get_worker_cls(pc)(init.vllm_config, init.rank, init.distributed_init_method)
     worker.init_device(timeout_s=DIST_TIMEOUT_S)
     ranks = list(range(pc.world_size))
     control = GroupCoordinator(ranks, init.rank, dist.new_group(ranks, backend="gloo",

@@ -1,6 +1,7 @@
-"""vLLM's `LLM.collective_rpc` and `LLM.apply_model`: a function (a lambda too) or a Worker
-method runs on every rank, results in rank order; one rank's error is raised to the caller and
-the engine keeps serving. One process, and TP=2 / PP=2 worker processes."""
+"""vLLM's `LLM.collective_rpc` and `LLM.apply_model`: a function (a lambda too), a Worker method
+or a `worker_extension_cls` method runs on every rank, results in rank order; one rank's error
+is raised to the caller and the engine keeps serving. One process, and TP=2 / PP=2 worker
+processes."""
 
 import pytest
 import torch
@@ -31,9 +32,16 @@ def _rank_and_layers(worker, extra: int = 0, *, scale: int = 1) -> tuple[int, in
                                      if any(True for _ in m.parameters())]) + extra)
 
 
+EXT = "tests.entrypoints._worker_ext:ParamStats"
+
+
 def test_one_process(checkpoint):
-    llm = _llm(checkpoint)
+    llm = _llm(checkpoint, worker_extension_cls=EXT)
     try:
+        [total] = llm.collective_rpc("num_params")   # an extension method, by name
+        assert total == sum(n for s in llm.apply_model(_shapes) for n in
+                            (torch.Size(v).numel() for v in s.values()))
+        assert llm.collective_rpc("scaled_rank", args=(3,), kwargs={"offset": 1}) == [1]
         [shapes] = llm.apply_model(_shapes)
         hidden = llm.vllm_config.model_config.hf_config.hidden_size
         assert shapes["model.embed_tokens.weight"][1] == hidden
@@ -43,6 +51,24 @@ def test_one_process(checkpoint):
         assert model is llm.llm_engine.executor.worker.model_runner.model
     finally:
         llm.shutdown()
+
+
+def _llm_stats(checkpoint: str) -> list[int]:
+    llm = _llm(checkpoint, worker_extension_cls=EXT)
+    try:
+        return llm.collective_rpc("num_params")
+    finally:
+        llm.shutdown()
+
+
+def test_bad_extensions_are_refused(checkpoint):
+    for name, message in (("tests.entrypoints._worker_ext:Clashing", "replace Worker's execute_model"),
+                          ("tests.entrypoints._worker_ext:Missing", "Cannot load"),
+                          ("no_such_module_xyz.Ext", "Cannot load")):
+        with pytest.raises(ValueError, match=message):
+            _llm(checkpoint, worker_extension_cls=name)
+        with pytest.raises(ValueError, match=message):
+            _llm(checkpoint, worker_extension_cls=name, tensor_parallel_size=2)
 
 
 def test_errors_name_the_problem(checkpoint):
@@ -69,9 +95,15 @@ def test_every_rank_answers_in_rank_order(checkpoint, parallel):
     expected = list(alone.generate("The quick brown fox", GREEDY, use_tqdm=False)[0]
                     .outputs[0].token_ids)
     alone.shutdown()
-    llm = _llm(checkpoint, **parallel)
+    [whole] = _llm_stats(checkpoint)
+    llm = _llm(checkpoint, worker_extension_cls=EXT, **parallel)
     try:
         shards = llm.apply_model(_shapes)   # a plain function and a lambda below
+        assert llm.collective_rpc("scaled_rank", args=(3,)) == [0, 3]
+        if "tensor_parallel_size" in parallel:   # replicated norms are counted twice
+            assert sum(llm.collective_rpc("num_params")) > whole
+        else:
+            assert sum(llm.collective_rpc("num_params")) == whole
         assert llm.collective_rpc(lambda worker: worker.rank * 2) == [0, 2]
         if "tensor_parallel_size" in parallel:   # each rank holds half of a column-split weight
             name = "model.layers.0.mlp.gate_up_proj.weight"

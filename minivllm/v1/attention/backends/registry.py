@@ -4,8 +4,9 @@ backend); every other member names a GPU backend it does not have, and `get_clas
 raises naming the one available. `MambaAttentionBackendEnum` names the recurrent-state layers'
 backends (a layer's `mamba_type`): `GDN_ATTN`."""
 
-import importlib
 from enum import Enum
+
+from minivllm.utils.import_utils import resolve_obj_by_qualname
 
 
 class AttentionBackendEnum(Enum):
@@ -31,8 +32,7 @@ class AttentionBackendEnum(Enum):
             raise NotImplementedError(f"attention backend {self.name} is not available in "
                                       f"minivllm; the one backend is CPU_ATTN")
         # A lazy table, resolved by path (as vLLM's registry): no import of the layers here.
-        module, _, name = self.value.rpartition(".")
-        return getattr(importlib.import_module(module), name)
+        return resolve_obj_by_qualname(self.value)
 
 
 class MambaAttentionBackendEnum(Enum):
@@ -45,5 +45,4 @@ class MambaAttentionBackendEnum(Enum):
         return self.value
 
     def get_class(self) -> type:
-        module, _, name = self.value.rpartition(".")
-        return getattr(importlib.import_module(module), name)
+        return resolve_obj_by_qualname(self.value)

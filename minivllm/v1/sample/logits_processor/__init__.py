@@ -11,7 +11,6 @@ decoding take no custom processors.
 
 from __future__ import annotations
 
-import importlib
 import inspect
 from abc import abstractmethod
 from collections.abc import Callable, Sequence
@@ -23,6 +22,7 @@ import torch
 from minivllm.logits_process import LogitsProcessor as RequestLogitsProcessor
 from minivllm.plugins import load_plugins_by_group
 from minivllm.sampling_params import SamplingParams
+from minivllm.utils.import_utils import resolve_obj_by_qualname
 from minivllm.v1.sample.logits_processor.interface import (AddedRequest, BatchUpdate,
                                                            LogitsProcessor, MovedRequest,
                                                            MoveDirectionality, RemovedRequest)
@@ -96,17 +96,13 @@ def load_custom_logitsprocs(specs: Sequence[str | type] | None) -> list[type[Log
 def _resolve(spec: Any) -> Any:
     if isinstance(spec, type):
         return spec
-    if not isinstance(spec, str) or not spec.strip("."):
+    if not isinstance(spec, str):
         raise ValueError(f"Logits processor {spec!r}: give a LogitsProcessor class or its "
                          "'module:Class' / 'module.Class' name.")
-    module_name, _, qualname = spec.partition(":") if ":" in spec else spec.rpartition(".")
     try:
-        obj = importlib.import_module(module_name)
-        for part in qualname.split("."):
-            obj = getattr(obj, part)
+        return resolve_obj_by_qualname(spec)
     except (ImportError, AttributeError, ValueError) as exc:
         raise ValueError(f"Cannot load logits processor {spec!r}: {exc}") from None
-    return obj
 
 
 def check_logitsprocs_supported(vllm_config: VllmConfig) -> list[type[LogitsProcessor]]:
