@@ -273,7 +273,7 @@ class OpenAIServingChat(OpenAIServing):
                           final: bool = True) -> tuple[str | None, list[ParsedToolCall]]:
         """(content, tool calls) of a choice's text under the request's tool_choice."""
         if mode == "auto":
-            content, calls = self.tool_parser.parse(text, final)
+            content, calls = self.tool_parser.parse(text, final, tools=request.tools)
             return (content if content.strip() or not calls else None), calls
         if mode == "named":
             return None, [ParsedToolCall(request.tool_choice["function"]["name"], text)]

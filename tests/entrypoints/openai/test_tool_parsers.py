@@ -76,5 +76,7 @@ def test_pythonic_calls():
 
 
 def test_unknown_parser_names_the_choices():
-    with pytest.raises(ValueError, match="hermes, llama3_json, llama4_pythonic, mistral, pythonic"):
+    with pytest.raises(ValueError, match="hermes, hunyuan_a13b, internlm, jamba, kimi_k2, "
+                       "llama3_json, llama4_json, llama4_pythonic, minimax, mistral, "
+                       "phi4_mini_json, pythonic, qwen3_coder"):
         get_tool_parser("nope")

@@ -25,7 +25,10 @@ class ToolParser:
     # tokens kept while this parser reads it.
     skip_special_tokens = True
 
-    def parse(self, text: str, final: bool) -> tuple[str, list[ParsedToolCall]]:
+    def parse(self, text: str, final: bool,
+              tools: list[dict[str, Any]] | None = None) -> tuple[str, list[ParsedToolCall]]:
+        """`tools` is the request's OpenAI `tools` list: parsers whose models write arguments as
+        text (XML-like formats) read each parameter's JSON schema type from it."""
         raise NotImplementedError
 
 
@@ -37,6 +40,19 @@ def tool_call_from_json(obj: Any) -> ParsedToolCall | None:
     if isinstance(arguments, str):
         return ParsedToolCall(obj["name"], arguments)
     return ParsedToolCall(obj["name"], json.dumps(arguments, ensure_ascii=False))
+
+
+def tool_calls_from_json_list(text: str) -> list[ParsedToolCall] | None:
+    """`[{"name": ..., "arguments": {...}}, ...]` (all of `text`) -> its calls; None unless it is
+    a non-empty list of calls."""
+    try:
+        items = json.loads(text)
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(items, list) or not items:
+        return None
+    calls = [tool_call_from_json(item) for item in items]
+    return None if None in calls else calls
 
 
 def check_tools(tools: list[Any] | None) -> None:

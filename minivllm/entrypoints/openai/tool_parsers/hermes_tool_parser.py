@@ -3,44 +3,20 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from minivllm.entrypoints.openai.tool_parsers.abstract_tool_parser import (ParsedToolCall,
-                                                                           ToolParser,
                                                                            tool_call_from_json)
-from minivllm.utils.text_utils import held_back
-
-START, END = "<tool_call>", "</tool_call>"
+from minivllm.entrypoints.openai.tool_parsers.block_tool_parser import BlockToolParser
 
 
-class Hermes2ProToolParser(ToolParser):
+class Hermes2ProToolParser(BlockToolParser):
+    START, END = "<tool_call>", "</tool_call>"
 
-    def parse(self, text: str, final: bool) -> tuple[str, list[ParsedToolCall]]:
-        content: list[str] = []
-        calls: list[ParsedToolCall] = []
-        pos = 0
-        while True:
-            start = text.find(START, pos)
-            if start < 0:
-                tail = text[pos:]
-                content.append(tail if final else tail[:len(tail) - held_back(tail, START)])
-                break
-            content.append(text[pos:start])
-            end = text.find(END, start)
-            if end < 0:
-                if final:   # an unterminated block: the text stays content
-                    content.append(text[start:])
-                break
-            call = _parse_call(text[start + len(START):end])
-            if call is None:
-                content.append(text[start:end + len(END)])
-            else:
-                calls.append(call)
-            pos = end + len(END)
-        return "".join(content), calls
-
-
-def _parse_call(body: str) -> ParsedToolCall | None:
-    try:
-        return tool_call_from_json(json.loads(body))
-    except json.JSONDecodeError:
-        return None
+    def parse_block(self, body: str,
+                    tools: list[dict[str, Any]] | None) -> list[ParsedToolCall] | None:
+        try:
+            call = tool_call_from_json(json.loads(body))
+        except json.JSONDecodeError:
+            return None
+        return None if call is None else [call]

@@ -4,6 +4,7 @@ joined by `;`), optionally after `<|python_tag|>`; anything else is plain conten
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from minivllm.entrypoints.openai.tool_parsers.abstract_tool_parser import (ParsedToolCall,
                                                                            ToolParser,
@@ -14,7 +15,8 @@ BOT = "<|python_tag|>"
 
 class Llama3JsonToolParser(ToolParser):
 
-    def parse(self, text: str, final: bool) -> tuple[str, list[ParsedToolCall]]:
+    def parse(self, text: str, final: bool,
+              tools: list[dict[str, Any]] | None = None) -> tuple[str, list[ParsedToolCall]]:
         body = text.strip()
         body = body[len(BOT):].lstrip() if body.startswith(BOT) else body
         if not body.startswith("{") and not BOT.startswith(body):

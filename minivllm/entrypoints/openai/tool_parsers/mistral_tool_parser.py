@@ -6,6 +6,7 @@ special tokens kept (`skip_special_tokens = False`)."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from minivllm.entrypoints.openai.tool_parsers.abstract_tool_parser import (ParsedToolCall,
                                                                            ToolParser,
@@ -18,7 +19,8 @@ BOT, ARGS = "[TOOL_CALLS]", "[ARGS]"
 class MistralToolParser(ToolParser):
     skip_special_tokens = False
 
-    def parse(self, text: str, final: bool) -> tuple[str, list[ParsedToolCall]]:
+    def parse(self, text: str, final: bool,
+              tools: list[dict[str, Any]] | None = None) -> tuple[str, list[ParsedToolCall]]:
         start = text.find(BOT)
         if start < 0:
             return (text, []) if final else (text[:len(text) - held_back(text, BOT)], [])

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import json
+from typing import Any
 
 from minivllm.entrypoints.openai.tool_parsers.abstract_tool_parser import (ParsedToolCall,
                                                                            ToolParser)
@@ -15,7 +16,8 @@ WRAP = ("<|python_start|>", "<|python_end|>")
 
 class PythonicToolParser(ToolParser):
 
-    def parse(self, text: str, final: bool) -> tuple[str, list[ParsedToolCall]]:
+    def parse(self, text: str, final: bool,
+              tools: list[dict[str, Any]] | None = None) -> tuple[str, list[ParsedToolCall]]:
         body = text.strip().removeprefix(WRAP[0]).removesuffix(WRAP[1]).strip()
         if not body.startswith("[") and not WRAP[0].startswith(text.strip()):
             return text, []
