@@ -20,6 +20,7 @@ import minivllm
 from minivllm import envs
 from minivllm.engine.arg_utils import EngineArgs
 from minivllm.engine.async_llm import AsyncLLM
+from minivllm.entrypoints.anthropic.api_router import register_anthropic_routes
 from minivllm.entrypoints.openai.cli_args import LoRAModulePath
 from minivllm.entrypoints.openai.dev_routes import register_dev_routes
 from minivllm.entrypoints.openai.metrics import CONTENT_TYPE, ServerMetrics
@@ -177,6 +178,7 @@ def build_app(async_llm: AsyncLLM, served_model_name: str | list[str] | None = N
     _add_responses_routes(app, async_llm, servings.responses)
     _add_pooling_routes(app, servings)
     register_sagemaker_routes(app, async_llm, servings, app.state.health)
+    register_anthropic_routes(app, servings.chat)
     return app
 
 

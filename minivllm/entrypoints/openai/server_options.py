@@ -22,8 +22,9 @@ ASGIApp = Callable[[dict, Callable[[], Awaitable[dict]], Callable[[dict], Awaita
 
 
 class APIKeyMiddleware:
-    """Requests under /v1 must send `Authorization: Bearer <one of the keys>`, else a 401 in
-    OpenAI's error shape (the openai client raises AuthenticationError). /health, /metrics,
+    """Requests under /v1 must send `Authorization: Bearer <one of the keys>` (or Anthropic's
+    `x-api-key: <key>`), else a 401 in OpenAI's error shape (the openai client raises
+    AuthenticationError). /health, /metrics,
     /version and the tokenizer routes stay open, as in vLLM.
 
     A pure ASGI wrapper: streamed responses pass through untouched (no per-chunk cost)."""
@@ -46,9 +47,13 @@ class APIKeyMiddleware:
         await send({"type": "http.response.body", "body": body})
 
     def _authorized(self, scope: dict) -> bool:
-        header = next((v for k, v in scope.get("headers", ()) if k == b"authorization"), b"")
+        headers = dict(scope.get("headers", ()))
+        bearer = headers.get(b"authorization", b"")
+        # Anthropic's clients send the key as `x-api-key` (/v1/messages).
+        anthropic = b"Bearer " + headers[b"x-api-key"] if b"x-api-key" in headers else b""
         # compare_digest: the time taken does not tell how much of a key matched
-        return any(hmac.compare_digest(header, accepted) for accepted in self._accepted)
+        return any(hmac.compare_digest(header, accepted) for accepted in self._accepted
+                   for header in (bearer, anthropic))
 
 
 class RequestIdHeaderMiddleware:
