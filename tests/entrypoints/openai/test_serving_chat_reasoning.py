@@ -109,3 +109,17 @@ def test_structured_outputs_start_after_the_reasoning(client):
 def test_an_unknown_parser_names_the_known_ones():
     with pytest.raises(ValueError, match="deepseek_r1, qwen3"):
         EngineArgs(model="unused", reasoning_parser="nope").create_engine_config()
+
+
+def test_anthropic_messages_carry_a_thinking_block(server):
+    import anthropic
+
+    client = anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0)
+    kwargs = dict(model=MODEL, max_tokens=32, messages=MESSAGES, extra_body={"temperature": 0})
+    message = client.messages.create(**kwargs)
+    assert [b.type for b in message.content] == ["thinking", "text"]
+    assert message.content[0].thinking == REASONING and message.content[1].text == CONTENT
+    with client.messages.stream(**kwargs) as stream:
+        final = stream.get_final_message()
+    assert [(b.type, getattr(b, "thinking", None) or b.text) for b in final.content] == \
+        [("thinking", REASONING), ("text", CONTENT)]
