@@ -16,12 +16,14 @@ class TokenizeRequest(OpenAIBaseModel):
     model: str | None = None
     prompt: str | None = None
     messages: list[dict[str, Any]] | None = None
-    add_special_tokens: bool = True
+    # vLLM's defaults: True for a prompt, False for messages (the template adds its own)
+    add_special_tokens: bool | None = None
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
     chat_template: str | None = None
     tools: list[dict[str, Any]] | None = None   # rendered as chat completions render them
+    documents: list[dict[str, str]] | None = None
     return_token_strs: bool = False
 
 
@@ -56,10 +58,12 @@ class OpenAIServingTokenization(OpenAIServing):
             ids = self.render_chat(request.messages, request.chat_template, tools=request.tools,
                                    add_generation_prompt=request.add_generation_prompt,
                                    continue_final_message=request.continue_final_message,
-                                   chat_template_kwargs=request.chat_template_kwargs)
+                                   chat_template_kwargs=request.chat_template_kwargs,
+                                   documents=request.documents,
+                                   add_special_tokens=bool(request.add_special_tokens))
         else:
-            ids = list(self.tokenizer.encode(request.prompt,
-                                             add_special_tokens=request.add_special_tokens))
+            special = request.add_special_tokens is not False
+            ids = list(self.tokenizer.encode(request.prompt, add_special_tokens=special))
         strs = self.tokenizer.convert_ids_to_tokens(ids) if request.return_token_strs else None
         return TokenizeResponse(count=len(ids), max_model_len=self.max_model_len, tokens=ids,
                                 token_strs=strs).model_dump(exclude_none=True)

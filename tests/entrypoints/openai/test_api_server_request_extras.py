@@ -228,3 +228,21 @@ def test_prompt_embeds_complete_as_their_tokens(server):
     assert r.status_code == 400 and r.json()["error"]["param"] == "echo"
     r = _post(server, "/v1/completions", {"max_tokens": 2})
     assert r.status_code == 400 and "Give `prompt` or `prompt_embeds`" in r.text
+
+
+def test_tokenize_takes_the_chat_extras(server):
+    body = {"messages": MESSAGES}
+    plain = _post(server, "/tokenize", body).json()["tokens"]
+    assert _post(server, "/tokenize", {**body, "add_special_tokens": True}).json()["tokens"] \
+        == [1, *plain]
+    chat = _post(server, "/v1/chat/completions", {**body, "max_tokens": 1,
+                                                  "return_token_ids": True}).json()
+    assert chat["prompt_token_ids"] == plain
+    template = "{% for d in documents or [] %}{{ d['text'] }}\n{% endfor %}{{ messages[0]['content'] }}"
+    docs = [{"text": "The quick brown fox"}]
+    with_docs = _post(server, "/tokenize", {**body, "documents": docs,
+                                            "chat_template": template}).json()["count"]
+    assert with_docs > _post(server, "/tokenize", {**body, "chat_template": template}).json()["count"]
+    assert _post(server, "/tokenize", {"prompt": PROMPT}).json()["tokens"][0] == 1
+    assert _post(server, "/tokenize", {"prompt": PROMPT, "add_special_tokens": False}
+                 ).json()["tokens"][0] != 1
