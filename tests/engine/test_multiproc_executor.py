@@ -97,6 +97,7 @@ def test_killed_worker_raises_quickly_and_leaves_no_process(tiny_path):
         greedy_run(llm, prompts())                # the executor stays failed, it does not hang
 
 
+@pytest.mark.slow   # TP=2 and PP=3 runs of tiny models stay in the default suite
 def test_smollm2_tp3_matches_tp1(default_model_path):
     params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
     prompt = "The capital of France is"

@@ -69,7 +69,9 @@ def checkpoints(tmp_path_factory) -> dict[str, str]:
     return paths
 
 
-@pytest.mark.parametrize("name", list(VARIANTS))
+# glm4_moe_lite's MLA file is also checked by test_registry_vllm_mla_files (default suite).
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n == "glm4_moe_lite"
+                                  else n for n in VARIANTS])
 def test_deepseek_matches_transformers(checkpoints, name):
     assert_matches_transformers(checkpoints[name])
 
@@ -120,6 +122,7 @@ def test_deepseek_parallel_matches_single_process(checkpoints, parallel):
     assert_parallel_matches_one_process(checkpoints["v3"], **parallel)
 
 
+@pytest.mark.slow   # 8.5 s on 2 cores
 def test_deepseek_online_fp8_absorbs_the_dequantised_kv_b_proj(checkpoints):
     # kv_b_proj's fp8 weight never runs as a linear: MLA absorbs its dequantised values.
     from minivllm.model_executor.layers.attention.mla_attention import MLAAttention

@@ -69,7 +69,7 @@ def test_vllm_mamba1_preempted_sequences_restart_their_state(paths, registered_v
     assert_preemption_keeps_tokens(paths[name])
 
 
-@pytest.mark.parametrize("name", ["mamba", "jamba"])
+@pytest.mark.parametrize("name", ["mamba", pytest.param("jamba", marks=pytest.mark.slow)])
 def test_vllm_mamba1_file_at_tp2_equals_one_process(paths, registered_vllm_class, name):
     """Channels split over two ranks: x_proj (row-parallel) all-reduces dt / B / C."""
     from minivllm.entrypoints.check_model.build import model_file_plugin

@@ -182,7 +182,12 @@ def _released_dory_layout(state: dict[str, torch.Tensor]) -> dict[str, torch.Ten
     return released
 
 
-@pytest.mark.parametrize("case", sorted(FAMILIES))
+# The slowest families (4-7 s each on 2 cores) run in the slow suite.
+_SLOW_FAMILIES = {"lfm2_moe", "AXK1", "sarvam_mla"}
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.slow)
+                                  if c in _SLOW_FAMILIES else c for c in sorted(FAMILIES)])
 def test_vllm_file_matches_transformers(case, registered_vllm_class, tmp_path):
     file, config_name, arch, overrides = FAMILIES[case]
     cls = registered_vllm_class(file, arch, None)
