@@ -53,6 +53,11 @@ environment_variables: dict[str, Callable[[], Any]] = {
     # vLLM's: the server adds its development routes (/reset_prefix_cache, /collective_rpc,
     # /server_info); never on a server others can reach
     "VLLM_SERVER_DEV_MODE": _flag("VLLM_SERVER_DEV_MODE", False),
+    # vLLM's torch profiler: traces of LLM.start_profile() .. stop_profile() (and the server's
+    # /start_profile, /stop_profile) go to this folder, one per rank
+    "VLLM_TORCH_PROFILER_DIR": _str("VLLM_TORCH_PROFILER_DIR"),
+    "VLLM_TORCH_PROFILER_RECORD_SHAPES": _flag("VLLM_TORCH_PROFILER_RECORD_SHAPES", False),
+    "VLLM_TORCH_PROFILER_WITH_STACK": _flag("VLLM_TORCH_PROFILER_WITH_STACK", True),
     # the server's API key when --api-key is not given
     "VLLM_API_KEY": _str("VLLM_API_KEY"),
     # KV-cache GiB per rank on CPU when --kv-cache-memory-bytes is not given; 0: the default

@@ -208,6 +208,12 @@ class AsyncLLM:
         """vLLM's: forgets the cached KV blocks (False while requests hold blocks)."""
         return await self._call_engine("reset_prefix_cache")
 
+    async def start_profile(self) -> None:
+        await self._call_engine("start_profile")
+
+    async def stop_profile(self) -> None:
+        await self._call_engine("stop_profile")
+
     async def collective_rpc(self, method: str | Callable[..., Any], timeout: float | None = None,
                              args: tuple = (), kwargs: dict[str, Any] | None = None) -> list[Any]:
         """`LLMEngine.collective_rpc` between two steps (every rank's result, in rank order)."""

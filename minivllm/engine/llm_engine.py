@@ -15,15 +15,18 @@ step that schedules no tokens, so the runner always learns about finished and pr
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 from tqdm import tqdm
 
+from minivllm import envs
 from minivllm.engine import pooling
 from minivllm.engine.arg_utils import EngineArgs
 from minivllm.engine.detokenizer import IncrementalDetokenizer
 from minivllm.engine.input_processor import InputProcessor
+from minivllm.engine.lora_mixin import LoRAMixin
 from minivllm.engine.output_processor import (ChildState, ParentState, process_child,
                                               to_logprob_dict)
 from minivllm.engine.request import Request, RequestStatus
@@ -48,7 +51,7 @@ class Executor(Protocol):
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput: ...
 
 
-class LLMEngine:
+class LLMEngine(LoRAMixin):
     """Drives the scheduler and an executor; turns sampled tokens into `RequestOutput`s."""
 
     def __init__(self, vllm_config: Any, executor: Executor, tokenizer: Any | None,
@@ -224,47 +227,22 @@ class LLMEngine:
     def has_unfinished_requests(self) -> bool:
         return bool(self._parents)
 
-    # ------------------------------------------------------------------ LoRA adapters
-
-    def add_lora(self, lora_request: LoRARequest) -> bool:
-        """Loads an adapter on every worker rank (ValueError naming the problem if it cannot
-        be read or does not fit the model); True once it is ready. Idempotent per id."""
-        self._check_lora_enabled()
-        known = self._lora_requests.get(lora_request.lora_int_id)
-        if known is not None:
-            if (known.lora_name, known.lora_path) != (lora_request.lora_name, lora_request.lora_path):
-                raise ValueError(f"lora_int_id {lora_request.lora_int_id} is already adapter "
-                                 f"{known.lora_name!r} ({known.lora_path}); give "
-                                 f"{lora_request.lora_name!r} another id")
-            return True
-        if not lora_request.lora_path:
-            raise ValueError(f"LoRA adapter {lora_request.lora_name!r} has no lora_path; give "
-                             "the folder holding adapter_config.json")
-        self.executor.add_lora(lora_request)
-        self._lora_requests[lora_request.lora_int_id] = lora_request
-        return True
-
-    def remove_lora(self, lora_id: int) -> bool:
-        """Forgets an adapter (its ranks' copies too); False when it was not loaded."""
-        self._check_lora_enabled()
-        known = self._lora_requests.pop(lora_id, None)
-        removed = self.executor.remove_lora(lora_id)
-        return known is not None or bool(removed)
-
-    def list_loras(self) -> set[int]:
-        """Ids of the adapters added and not removed."""
-        self._check_lora_enabled()
-        return set(self._lora_requests)
-
-    def _check_lora_enabled(self) -> None:
-        if self.lora_config is None:
-            raise ValueError("LoRA is disabled for this engine: create it with enable_lora=True "
-                             "(`--enable-lora`; `--max-loras`, `--max-lora-rank` size the "
-                             "adapter slots)")
-
     def reset_prefix_cache(self) -> bool:
         """Forgets every cached KV block; False, with nothing done, while requests hold blocks."""
         return self.scheduler.reset_prefix_cache()
+
+    def start_profile(self) -> None:
+        """vLLM's: every rank runs the torch profiler until `stop_profile` (traces in
+        VLLM_TORCH_PROFILER_DIR, one per rank); ValueError when it is not set."""
+        trace_dir = envs.VLLM_TORCH_PROFILER_DIR
+        if not trace_dir:
+            raise ValueError("Set VLLM_TORCH_PROFILER_DIR to the folder the profiler traces go to.")
+        self.collective_rpc("start_profile", args=(os.path.abspath(trace_dir),
+                                                   envs.VLLM_TORCH_PROFILER_RECORD_SHAPES,
+                                                   envs.VLLM_TORCH_PROFILER_WITH_STACK))
+
+    def stop_profile(self) -> None:
+        self.collective_rpc("stop_profile")
 
     def collective_rpc(self, method: str | Callable[..., Any], timeout: float | None = None,
                        args: tuple = (), kwargs: dict[str, Any] | None = None) -> list[Any]:

@@ -172,6 +172,14 @@ class LLM:
         """vLLM's: `func(model)` on every rank's model (its TP shard, its PP stage)."""
         return self.collective_rpc("apply_model", args=(func,))
 
+    def start_profile(self) -> None:
+        """vLLM's: the torch profiler runs on every rank until `stop_profile`, which writes
+        one trace per rank into VLLM_TORCH_PROFILER_DIR (open it in Perfetto or TensorBoard)."""
+        self.llm_engine.start_profile()
+
+    def stop_profile(self) -> None:
+        self.llm_engine.stop_profile()
+
     def reset_prefix_cache(self) -> bool:
         """Forgets every cached KV block (vLLM's); False, with nothing done, while requests
         hold blocks."""

@@ -67,6 +67,27 @@ class Worker:
         """vLLM's: `func(model)` on this rank (`LLM.apply_model` runs it on every rank)."""
         return func(self.get_model())
 
+    def start_profile(self, trace_dir: str, record_shapes: bool = False,
+                      with_stack: bool = True) -> None:
+        """vLLM's torch profiler on this rank, until `stop_profile` writes its trace (gzipped
+        Chrome / TensorBoard format, named after the rank) into `trace_dir`."""
+        if getattr(self, "profiler", None) is not None:
+            raise ValueError("The profiler is already running; call stop_profile first.")
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if torch.cuda.is_available():
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        self.profiler = torch.profiler.profile(
+            activities=activities, record_shapes=record_shapes, with_stack=with_stack,
+            on_trace_ready=torch.profiler.tensorboard_trace_handler(
+                trace_dir, worker_name=f"rank{self.rank}", use_gzip=True))
+        self.profiler.start()
+
+    def stop_profile(self) -> None:
+        if getattr(self, "profiler", None) is None:
+            raise ValueError("The profiler is not running; call start_profile first.")
+        profiler, self.profiler = self.profiler, None
+        profiler.stop()   # writes the trace
+
     def apply_sampled_tokens(self, sampled: dict[str, list[int]]) -> None:
         """Learn the tokens the last PP stage sampled in the previous step.
 

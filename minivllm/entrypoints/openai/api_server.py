@@ -22,7 +22,7 @@ from minivllm.engine.arg_utils import EngineArgs
 from minivllm.engine.async_llm import AsyncLLM
 from minivllm.entrypoints.anthropic.api_router import register_anthropic_routes
 from minivllm.entrypoints.openai.cli_args import LoRAModulePath
-from minivllm.entrypoints.openai.dev_routes import register_dev_routes
+from minivllm.entrypoints.openai.dev_routes import register_dev_routes, register_profiler_routes
 from minivllm.entrypoints.openai.metrics import CONTENT_TYPE, ServerMetrics
 from minivllm.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
 from minivllm.entrypoints.openai.server_options import (APIKeyMiddleware, CORSOptions,
@@ -169,6 +169,8 @@ def build_app(async_llm: AsyncLLM, served_model_name: str | list[str] | None = N
         _add_lora_routes(app, models)
     if envs.VLLM_SERVER_DEV_MODE:
         register_dev_routes(app, async_llm)
+    if envs.VLLM_TORCH_PROFILER_DIR:
+        register_profiler_routes(app, async_llm)
     # Added last, so outermost: a preflight is answered before the API-key check.
     app.add_middleware(CORSMiddleware, **(cors or CORSOptions()).middleware_kwargs())
     _install_error_handlers(app)

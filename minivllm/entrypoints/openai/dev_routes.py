@@ -1,5 +1,6 @@
 """vLLM's development routes (`VLLM_SERVER_DEV_MODE=1`): `POST /reset_prefix_cache`,
-`POST /collective_rpc` (a Worker method by name on every rank) and `GET /server_info`. They
+`POST /collective_rpc` (a Worker method by name on every rank) and `GET /server_info`; and the
+profiler's `/start_profile` and `/stop_profile` (when VLLM_TORCH_PROFILER_DIR is set). They
 reach into the engine, so they are off unless asked for, and the API key guards them when set
 (APIKeyMiddleware checks /v1 only: these paths are meant for a trusted operator)."""
 
@@ -24,6 +25,27 @@ class CollectiveRPCRequest(OpenAIBaseModel):
     timeout: float | None = Field(default=None, gt=0)
     args: list[Any] = Field(default_factory=list)
     kwargs: dict[str, Any] = Field(default_factory=dict)
+
+
+def register_profiler_routes(app: FastAPI, async_llm: AsyncLLM) -> None:
+    """vLLM's /start_profile and /stop_profile, registered when VLLM_TORCH_PROFILER_DIR is set:
+    every rank's torch profiler, its traces written to that folder on stop."""
+
+    @app.post("/start_profile")
+    async def start_profile() -> Response:
+        try:
+            await async_llm.start_profile()
+        except ValueError as exc:   # already running
+            raise OpenAIError(str(exc), HTTPStatus.CONFLICT) from exc
+        return Response(status_code=200)
+
+    @app.post("/stop_profile")
+    async def stop_profile() -> Response:
+        try:
+            await async_llm.stop_profile()
+        except ValueError as exc:   # not running
+            raise OpenAIError(str(exc), HTTPStatus.CONFLICT) from exc
+        return Response(status_code=200)
 
 
 def register_dev_routes(app: FastAPI, async_llm: AsyncLLM) -> None:
