@@ -31,21 +31,18 @@ def register_profiler_routes(app: FastAPI, async_llm: AsyncLLM) -> None:
     """vLLM's /start_profile and /stop_profile, registered when VLLM_TORCH_PROFILER_DIR is set:
     every rank's torch profiler, its traces written to that folder on stop."""
 
-    @app.post("/start_profile")
-    async def start_profile() -> Response:
-        try:
-            await async_llm.start_profile()
-        except ValueError as exc:   # already running
-            raise OpenAIError(str(exc), HTTPStatus.CONFLICT) from exc
-        return Response(status_code=200)
+    for name in ("start_profile", "stop_profile"):
+        app.add_api_route(f"/{name}", _profiler_call(async_llm, name), methods=["POST"])
 
-    @app.post("/stop_profile")
-    async def stop_profile() -> Response:
+
+def _profiler_call(async_llm: AsyncLLM, name: str):
+    async def call() -> Response:
         try:
-            await async_llm.stop_profile()
-        except ValueError as exc:   # not running
+            await getattr(async_llm, name)()
+        except ValueError as exc:   # already running / not running
             raise OpenAIError(str(exc), HTTPStatus.CONFLICT) from exc
         return Response(status_code=200)
+    return call
 
 
 def register_dev_routes(app: FastAPI, async_llm: AsyncLLM) -> None:
