@@ -109,3 +109,17 @@ def test_refused_where_vllm_refuses(checkpoint):
              convert="embed")
     with pytest.raises(ValueError, match="is not a subclass"):
         _llm(checkpoint, logits_processors=["tests.v1.sample._logitsprocs:NotAProcessor"])
+
+
+def test_preempted_requests_keep_their_processor_state(checkpoint):
+    """Preemption drops a request from the batch and brings it back: the processor's
+    per-request function keeps seeing the whole output (no token repeats)."""
+    small = LLM(model=checkpoint, max_model_len=32, block_size=4, num_gpu_blocks_override=12,
+                logits_processors=["tests.v1.sample._logitsprocs:NoRepeatProcessor"])
+    params = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True,
+                            extra_args={"no_repeat": True})
+    outs = small.generate([p[:20] for p in PROMPTS + PROMPTS[:2]], params, use_tqdm=False)
+    for out in outs:
+        tokens = list(out.outputs[0].token_ids)
+        assert len(set(tokens)) == 20 and not set(tokens) & set(out.prompt_token_ids)
+    assert next(m for m in small.get_metrics() if m.name == "vllm:num_preemptions").value > 0

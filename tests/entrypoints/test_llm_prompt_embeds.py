@@ -120,3 +120,18 @@ def test_parallel(llm, checkpoint, parallel):
         assert _tokens(out) == expected * 2
     finally:
         tp.shutdown()
+
+
+def test_preemption_recomputes_from_the_vectors(llm, checkpoint):
+    """A cache too small for the batch preempts requests; their recomputed prompts are read
+    from the vectors again, so the tokens stay those of the token prompts."""
+    params = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
+    ids = [llm.get_tokenizer().encode(t)[:8] for t in TEXTS + TEXTS[:2]]
+    expected = _tokens(llm.generate([TokensPrompt(prompt_token_ids=i) for i in ids], params,
+                                    use_tqdm=False))
+    small = LLM(model=checkpoint, dtype="float32", max_model_len=32, block_size=4,
+                num_gpu_blocks_override=12, enable_prompt_embeds=True)
+    outs = small.generate([EmbedsPrompt(prompt_embeds=_embed(llm, i)) for i in ids], params,
+                          use_tqdm=False)
+    assert _tokens(outs) == expected
+    assert next(m for m in small.get_metrics() if m.name == "vllm:num_preemptions").value > 0
