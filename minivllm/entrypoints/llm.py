@@ -20,7 +20,7 @@ from minivllm.outputs import (ClassificationRequestOutput, EmbeddingRequestOutpu
 from minivllm.pooling_params import PoolingParams
 from minivllm.sampling_params import BeamSearchParams, SamplingParams
 from minivllm.transformers_utils.chat_template import (chat_template_arguments, chat_token_ids,
-                                                      normalize_messages)
+                                                      normalize_messages, resolve_content_format)
 from minivllm.v1.metrics.reader import Metric
 
 if TYPE_CHECKING:
@@ -124,16 +124,19 @@ class LLM:
              lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
              chat_template: str | None = None, add_generation_prompt: bool = True,
              continue_final_message: bool = False, tools: list[dict[str, Any]] | None = None,
-             chat_template_kwargs: dict[str, Any] | None = None) -> list[RequestOutput]:
+             chat_template_kwargs: dict[str, Any] | None = None,
+             chat_template_content_format: str = "auto") -> list[RequestOutput]:
         """Apply the tokenizer's chat template to each conversation, then generate (vLLM's
         options: `continue_final_message` continues the last assistant message, `tools` go to
         the template, `chat_template_kwargs` are extra template variables such as Qwen3's
-        `enable_thinking`)."""
+        `enable_thinking`, `chat_template_content_format` auto / string / openai: whether
+        contents reach the template as text or as lists of parts)."""
         conversations = messages if messages and isinstance(messages[0], (list, tuple)) \
             else [messages]
         prompts = [self.apply_chat_template(
             c, add_generation_prompt, chat_template, continue_final_message=continue_final_message,
-            tools=tools, chat_template_kwargs=chat_template_kwargs) for c in conversations]
+            tools=tools, chat_template_kwargs=chat_template_kwargs,
+            chat_template_content_format=chat_template_content_format) for c in conversations]
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm,
                              lora_request=lora_request)
 
@@ -144,7 +147,11 @@ class LLM:
         chat_template_kwargs (as `chat`)."""
         if chat_template is None and not getattr(self.tokenizer, "chat_template", None):
             raise ValueError("This tokenizer has no chat template; pass chat_template=...")
-        conversation = normalize_messages(conversation)   # the server's OpenAI message rules
+        content_format = resolve_content_format(
+            options.pop("chat_template_content_format", "auto"),
+            chat_template or self.tokenizer.chat_template)
+        # the server's OpenAI message rules
+        conversation = normalize_messages(conversation, content_format)
         kwargs = chat_template_arguments(add_generation_prompt, **options)
         try:
             return chat_token_ids(self.tokenizer, conversation, chat_template=chat_template,

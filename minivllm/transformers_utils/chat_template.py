@@ -13,8 +13,13 @@ from datetime import datetime
 from functools import lru_cache
 from typing import Any
 
-__all__ = ["chat_template_arguments", "chat_token_ids", "is_plain_chat", "normalize_messages",
-           "render_chat"]
+__all__ = ["CHAT_TEMPLATE_CONTENT_FORMATS", "chat_template_arguments", "chat_token_ids",
+           "is_plain_chat", "normalize_messages", "render_chat", "resolve_content_format"]
+
+# vLLM's --chat-template-content-format: how a message's content reaches the template: "string"
+# (text parts joined), "openai" (a list of {"type": "text", "text": ...} parts), or "auto": openai
+# when the template loops over a message's content, else string.
+CHAT_TEMPLATE_CONTENT_FORMATS = ("auto", "string", "openai")
 
 _PLAIN_MESSAGE_KEYS = frozenset({"role", "content", "name"})
 # `{% generation %}` needs transformers' AssistantTracker extension.
@@ -72,14 +77,54 @@ def chat_template_arguments(add_generation_prompt: bool = True,
     return kwargs
 
 
-def normalize_messages(messages: Any) -> list[dict[str, Any]]:
+def resolve_content_format(given: str, chat_template: Any) -> str:
+    """"string" or "openai" for `given` (one of CHAT_TEMPLATE_CONTENT_FORMATS; ValueError
+    otherwise), "auto" decided by the template."""
+    if given not in CHAT_TEMPLATE_CONTENT_FORMATS:
+        raise ValueError(f"chat_template_content_format must be one of "
+                         f"{', '.join(CHAT_TEMPLATE_CONTENT_FORMATS)}, got {given!r}.")
+    if given != "auto":
+        return given
+    return _detect_content_format(chat_template) if isinstance(chat_template, str) else "string"
+
+
+@lru_cache(maxsize=32)
+def _detect_content_format(chat_template: str) -> str:
+    """"openai" when some `{% for ... in <message>['content'] %}` (or `.content`, through
+    filters too) iterates a message's content parts; vLLM's detection reads the Jinja AST
+    the same way."""
+    from jinja2 import Environment, nodes
+
+    try:
+        ast = Environment(extensions=["jinja2.ext.loopcontrols"]).parse(chat_template)
+    except Exception:   # noqa: BLE001 - e.g. transformers' {% generation %} tag
+        return "string"
+    for loop in ast.find_all(nodes.For):
+        node = loop.iter
+        while isinstance(node, nodes.Filter):
+            node = node.node
+        if (isinstance(node, nodes.Getitem) and isinstance(node.arg, nodes.Const)
+                and node.arg.value == "content") or \
+                (isinstance(node, nodes.Getattr) and node.attr == "content"):
+            return "openai"
+    return "string"
+
+
+def normalize_messages(messages: Any, content_format: str = "string") -> list[dict[str, Any]]:
     """OpenAI-style messages as templates read them: each a dict with a string `role`, its
     `content` a string (text parts joined by newlines; None -> ""), tool-call arguments given as
-    JSON text parsed into mappings. ValueError naming the first bad message."""
+    JSON text parsed into mappings; with the "openai" content format, content is a list of
+    text parts. ValueError naming the first bad message."""
     if not isinstance(messages, (list, tuple)):
         raise ValueError("messages must be a list of message dicts, got "
                          f"{type(messages).__name__}.")
-    return [_normalize_message(i, m) for i, m in enumerate(messages)]
+    normalized = [_normalize_message(i, m) for i, m in enumerate(messages)]
+    if content_format == "openai":   # the parts as sent (checked above); a string is one part
+        for original, message in zip(messages, normalized):
+            parts = original.get("content")
+            message["content"] = parts if isinstance(parts, list) else \
+                ([{"type": "text", "text": message["content"]}] if message["content"] else [])
+    return normalized
 
 
 def _normalize_message(index: int, message: Any) -> dict[str, Any]:

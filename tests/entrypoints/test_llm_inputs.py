@@ -142,3 +142,19 @@ def test_cache_salt_keeps_prefixes_apart(llm):
         with pytest.raises(ValueError, match="'cache_salt' must be a non-empty string"):
             llm.generate({"prompt_token_ids": ids, "cache_salt": bad}, GREEDY, use_tqdm=False)
     assert not llm.llm_engine.has_unfinished_requests()
+
+
+def test_chat_template_content_format(llm):
+    from tests.transformers_utils.test_chat_template import PARTS_TEMPLATE
+
+    messages = [{"role": "user", "content": [{"type": "text", "text": "Hello"},
+                                             {"type": "text", "text": "world"}]}]
+
+    def prompt(fmt: str) -> str:
+        out = llm.chat(messages, GREEDY, chat_template=PARTS_TEMPLATE, use_tqdm=False,
+                       add_generation_prompt=False, chat_template_content_format=fmt)[0]
+        return llm.get_tokenizer().decode(out.prompt_token_ids)
+    assert prompt("auto") == prompt("openai") == "user:[Hello][world]"
+    assert prompt("string") == "user:" + "[]" * len("Hello\nworld")
+    with pytest.raises(ValueError, match="auto, string, openai"):
+        prompt("parts")

@@ -56,3 +56,30 @@ def test_is_plain_chat():
                              TEMPLATE, {})                                          # aliased fields
     assert not is_plain_chat([MESSAGES], "{% generation %}x{% endgeneration %}", {})
     assert not is_plain_chat([MESSAGES[0]], TEMPLATE, {})                           # not a list
+
+
+# A template that reads contents as OpenAI lists of parts only (as some vision-era templates do).
+PARTS_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}:{% for p in m['content'] %}"
+                  "[{{ p['text'] }}]{% endfor %}\n{% endfor %}")
+
+
+def test_content_format_detection_and_conversion():
+    from minivllm.transformers_utils.chat_template import (normalize_messages,
+                                                          resolve_content_format)
+
+    both = ("{% for m in messages %}{% if m.content is string %}{{ m.content }}{% else %}"
+            "{% for p in m.content | list %}{{ p.text }}{% endfor %}{% endif %}{% endfor %}")
+    assert resolve_content_format("auto", PARTS_TEMPLATE) == "openai"
+    assert resolve_content_format("auto", both) == "openai"   # `.content` through a filter
+    assert resolve_content_format("auto", TEMPLATE) == "string"
+    assert resolve_content_format("auto", "{% generation %}") == "string"   # unparseable
+    assert resolve_content_format("auto", None) == "string"
+    assert resolve_content_format("string", PARTS_TEMPLATE) == "string"
+    with pytest.raises(ValueError, match="auto, string, openai"):
+        resolve_content_format("parts", PARTS_TEMPLATE)
+    messages = [{"role": "user", "content": [{"type": "text", "text": "a"},
+                                             {"type": "text", "text": "b"}]},
+                {"role": "assistant", "content": "c"}, {"role": "assistant", "content": None}]
+    assert [m["content"] for m in normalize_messages(messages, "openai")] == [
+        messages[0]["content"], [{"type": "text", "text": "c"}], []]
+    assert [m["content"] for m in normalize_messages(messages)] == ["a\nb", "c", ""]

@@ -49,6 +49,7 @@ from minivllm.entrypoints.openai.serving_tokenization import (DetokenizeRequest,
 from minivllm.entrypoints.openai.tool_parsers import TOOL_PARSER_NAMES, get_tool_parser
 from minivllm.entrypoints.openai.sagemaker_routes import register_sagemaker_routes
 from minivllm.logger import init_logger
+from minivllm.transformers_utils.chat_template import resolve_content_format
 
 logger = init_logger(__name__)
 
@@ -123,7 +124,8 @@ def build_app(async_llm: AsyncLLM, served_model_name: str | list[str] | None = N
               api_keys: list[str] | None = None, chat_template: str | None = None,
               enable_prompt_tokens_details: bool = False,
               cors: CORSOptions | None = None, return_tokens_as_token_ids: bool = False,
-              enable_request_id_headers: bool = False) -> FastAPI:
+              enable_request_id_headers: bool = False,
+              chat_template_content_format: str = "auto") -> FastAPI:
     """The OpenAI-compatible app around a (started or not) AsyncLLM; starts its loop (and loads
     the `lora_modules` adapters) on startup. `tool_choice: "auto"` needs
     `enable_auto_tool_choice` and a `tool_call_parser` name. `api_keys` (else VLLM_API_KEY):
@@ -131,7 +133,9 @@ def build_app(async_llm: AsyncLLM, served_model_name: str | list[str] | None = N
     tokenizer's (requests may still pass their own); `enable_prompt_tokens_details`: usage
     reports the prompt tokens the prefix cache served; `cors`: who may call from a browser
     (vLLM's default: any origin); `return_tokens_as_token_ids`: logprobs name tokens by id
-    unless a request says otherwise; `enable_request_id_headers`: X-Request-Id on responses."""
+    unless a request says otherwise; `enable_request_id_headers`: X-Request-Id on responses;
+    `chat_template_content_format`: auto, string or openai (transformers_utils/chat_template)."""
+    resolve_content_format(chat_template_content_format, None)   # a bad value fails here
     if enable_auto_tool_choice and tool_call_parser is None:
         raise ValueError("--enable-auto-tool-choice needs --tool-call-parser (one of "
                          f"{', '.join(TOOL_PARSER_NAMES)}).")
@@ -160,6 +164,7 @@ def build_app(async_llm: AsyncLLM, served_model_name: str | list[str] | None = N
         serving.chat_template = chat_template
         serving.enable_prompt_tokens_details = enable_prompt_tokens_details
         serving.return_tokens_as_token_ids = return_tokens_as_token_ids
+        serving.chat_template_content_format = chat_template_content_format
     keys = resolve_api_keys(api_keys, envs.VLLM_API_KEY)
     if keys:
         app.add_middleware(APIKeyMiddleware, api_keys=keys)
@@ -361,6 +366,7 @@ def run_server(args: argparse.Namespace) -> int:
                         enable_prompt_tokens_details=args.enable_prompt_tokens_details,
                         return_tokens_as_token_ids=args.return_tokens_as_token_ids,
                         enable_request_id_headers=args.enable_request_id_headers,
+                        chat_template_content_format=args.chat_template_content_format,
                         cors=CORSOptions(args.allowed_origins, args.allow_credentials,
                                          args.allowed_methods, args.allowed_headers))
     except BaseException:

@@ -53,6 +53,11 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
     parser.add_argument("--chat-template", default=None,
                         help="a Jinja chat template file (or the template itself) in place of "
                              "the tokenizer's")
+    parser.add_argument("--chat-template-content-format", default="auto",
+                        choices=["auto", "string", "openai"],
+                        help="message contents reach the template as text (string) or as "
+                             "lists of parts (openai); auto: openai when the template loops "
+                             "over a message's content")
     parser.add_argument("--enable-auto-tool-choice", action="store_true",
                         help='let the model decide to call tools (tool_choice "auto"); needs '
                              "--tool-call-parser")

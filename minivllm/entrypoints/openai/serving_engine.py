@@ -22,7 +22,7 @@ from minivllm.lora.request import LoRARequest
 from minivllm.outputs import RequestOutput
 from minivllm.sampling_params import MAX_LOGPROBS, BeamSearchParams, SamplingParams
 from minivllm.transformers_utils.chat_template import (chat_template_arguments, chat_token_ids,
-                                                      normalize_messages)
+                                                      normalize_messages, resolve_content_format)
 from minivllm.v1.structured_output import validate_structured_outputs
 
 T = TypeVar("T")
@@ -88,6 +88,7 @@ class OpenAIServing:
         # An OpenAIServingModels (set by build_app): the base model and its LoRA adapters.
         self.models: Any = None
         self.chat_template: str | None = None   # --chat-template: in place of the tokenizer's
+        self.chat_template_content_format = "auto"   # --chat-template-content-format
         self.enable_prompt_tokens_details = False   # usage reports the prefix-cached tokens
         self.return_tokens_as_token_ids = False      # --return-tokens-as-token-ids
         # The model's generation-config defaults for what requests leave unset (vLLM's; set by
@@ -160,7 +161,8 @@ class OpenAIServing:
             raise OpenAIError("This model has no chat template; pass `chat_template` or use "
                               "/v1/completions.", param="chat_template")
         try:
-            conversation = normalize_messages(messages)
+            conversation = normalize_messages(messages, resolve_content_format(
+                self.chat_template_content_format, chat_template or tokenizer.chat_template))
         except ValueError as exc:
             raise OpenAIError(str(exc), param="messages") from exc
         try:

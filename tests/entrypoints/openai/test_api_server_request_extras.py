@@ -23,13 +23,19 @@ GREEDY = dict(model=MODEL, temperature=0.0, extra_body={"ignore_eos": True})
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def bos_checkpoint(tmp_path_factory) -> str:
     folder = str(tmp_path_factory.mktemp("bos_ckpt"))
     tokenizer = make_tokenizer()
     tokenizer.backend_tokenizer.post_processor = processors.TemplateProcessing(
         single="<s> $A", special_tokens=[("<s>", 1)])
     write_tiny_llama(folder, vocab_size=len(tokenizer))
     tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def server(bos_checkpoint):
+    folder = bos_checkpoint
     with running_server(folder, {"enable_prompt_tokens_details": True,
                                  "return_tokens_as_token_ids": True,
                                  "enable_request_id_headers": True},
@@ -246,3 +252,19 @@ def test_tokenize_takes_the_chat_extras(server):
     assert _post(server, "/tokenize", {"prompt": PROMPT}).json()["tokens"][0] == 1
     assert _post(server, "/tokenize", {"prompt": PROMPT, "add_special_tokens": False}
                  ).json()["tokens"][0] != 1
+
+
+def test_chat_template_content_format(server, bos_checkpoint):
+    """A template that loops over content parts: auto detects the OpenAI format (the parts
+    reach it); string (the server's flag) gives it text, which it cannot read."""
+    from tests.transformers_utils.test_chat_template import PARTS_TEMPLATE
+
+    body = {"messages": [{"role": "user", "content": "Hello world"}],
+            "chat_template": PARTS_TEMPLATE}
+    auto = _post(server, "/tokenize", {**body, "add_generation_prompt": False}).json()
+    assert _post(server, "/detokenize", {"tokens": auto["tokens"]}).json()["prompt"] == \
+        "user:[Hello world]"   # (trim_blocks eats the newline after a block tag)
+    with running_server(bos_checkpoint, {"chat_template_content_format": "string"}) as plain:
+        text = _post(plain, "/tokenize", {**body, "add_generation_prompt": False}).json()
+        assert _post(plain, "/detokenize", {"tokens": text["tokens"]}).json()["prompt"] == \
+            "user:" + "[]" * len("Hello world")   # one empty part per character
