@@ -55,6 +55,19 @@ def tool_calls_from_json_list(text: str) -> list[ParsedToolCall] | None:
     return None if None in calls else calls
 
 
+def named_call(name: str, arguments: str) -> list[ParsedToolCall] | None:
+    """[the call] when `name` is one and `arguments` the text of a JSON object, else None (the
+    block stays content)."""
+    name = name.strip()
+    try:
+        parsed = json.loads(arguments)
+    except json.JSONDecodeError:
+        return None
+    if not name or not isinstance(parsed, dict):
+        return None
+    return [ParsedToolCall(name, json.dumps(parsed, ensure_ascii=False))]
+
+
 def check_tools(tools: list[Any] | None) -> None:
     """ValueError naming the first entry of `tools` that is not OpenAI's {"type": "function",
     "function": {"name": str, "parameters": {...}}}: the chat template, the tool_choice schema

@@ -10,10 +10,10 @@ The markers are special tokens (full-width bars, "▁" for spaces), kept by deco
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-from minivllm.entrypoints.openai.tool_parsers.abstract_tool_parser import ParsedToolCall
+from minivllm.entrypoints.openai.tool_parsers.abstract_tool_parser import (ParsedToolCall,
+                                                                           named_call)
 from minivllm.entrypoints.openai.tool_parsers.block_tool_parser import BlockToolParser
 
 SEP = "<｜tool▁sep｜>"
@@ -33,7 +33,7 @@ class DeepSeekV3ToolParser(BlockToolParser):
                 not arguments.endswith("```") or len(arguments) < 6:
             return None
         arguments = arguments[3:-3].removeprefix("json")   # the fence's language tag
-        return _call(name, arguments)
+        return named_call(name, arguments)
 
 
 class DeepSeekV31ToolParser(DeepSeekV3ToolParser):
@@ -41,16 +41,4 @@ class DeepSeekV31ToolParser(DeepSeekV3ToolParser):
     def parse_block(self, body: str,
                     tools: list[dict[str, Any]] | None) -> list[ParsedToolCall] | None:
         name, found, arguments = body.partition(SEP)
-        return _call(name, arguments) if found else None
-
-
-def _call(name: str, arguments: str) -> list[ParsedToolCall] | None:
-    """[the call] when `name` is one and `arguments` a JSON object, else None."""
-    name = name.strip()
-    try:
-        parsed = json.loads(arguments)
-    except json.JSONDecodeError:
-        return None
-    if not name or not isinstance(parsed, dict):
-        return None
-    return [ParsedToolCall(name, json.dumps(parsed, ensure_ascii=False))]
+        return named_call(name, arguments) if found else None

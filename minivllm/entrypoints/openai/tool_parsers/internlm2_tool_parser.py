@@ -4,22 +4,11 @@
 
 from __future__ import annotations
 
-import json
-from typing import Any
-
-from minivllm.entrypoints.openai.tool_parsers.abstract_tool_parser import (ParsedToolCall,
-                                                                           tool_call_from_json)
-from minivllm.entrypoints.openai.tool_parsers.block_tool_parser import BlockToolParser
+from minivllm.entrypoints.openai.tool_parsers.hermes_tool_parser import Hermes2ProToolParser
 
 
-class InternLM2ToolParser(BlockToolParser):
+class InternLM2ToolParser(Hermes2ProToolParser):
+    """Hermes' JSON body between InternLM's plugin markers."""
+
     skip_special_tokens = False
     START, END = "<|action_start|><|plugin|>", "<|action_end|>"
-
-    def parse_block(self, body: str,
-                    tools: list[dict[str, Any]] | None) -> list[ParsedToolCall] | None:
-        try:
-            call = tool_call_from_json(json.loads(body))
-        except json.JSONDecodeError:
-            return None
-        return None if call is None else [call]

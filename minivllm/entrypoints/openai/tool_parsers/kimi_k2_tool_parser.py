@@ -4,10 +4,10 @@ calls (special tokens, kept by decoding with `skip_special_tokens = False`)."""
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-from minivllm.entrypoints.openai.tool_parsers.abstract_tool_parser import ParsedToolCall
+from minivllm.entrypoints.openai.tool_parsers.abstract_tool_parser import (ParsedToolCall,
+                                                                           named_call)
 from minivllm.entrypoints.openai.tool_parsers.block_tool_parser import BlockToolParser
 
 ARGUMENTS = "<|tool_call_argument_begin|>"
@@ -23,10 +23,4 @@ class KimiK2ToolParser(BlockToolParser):
         call_id, found, arguments = body.partition(ARGUMENTS)
         # the id is "functions.NAME:IDX"; a name may itself hold dots or colons
         name = call_id.strip().removeprefix("functions.").rpartition(":")[0]
-        try:
-            parsed = json.loads(arguments)
-        except json.JSONDecodeError:
-            return None
-        if not found or not name or not isinstance(parsed, dict):
-            return None
-        return [ParsedToolCall(name, json.dumps(parsed, ensure_ascii=False))]
+        return named_call(name, arguments) if found else None
