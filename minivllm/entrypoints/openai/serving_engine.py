@@ -373,11 +373,6 @@ def usage_dict(num_prompt_tokens: int, num_completion_tokens: int,
     return usage
 
 
-def sse(payload: dict[str, Any] | str) -> str:
-    data = payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False)
-    return f"data: {data}\n\n"
-
-
 # Compact JSON as pydantic's model_dump_json writes it (UTF-8 text, no spaces).
 _dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 

@@ -30,14 +30,11 @@ def checkpoint(tmp_path_factory) -> str:
 @contextmanager
 def running_server(checkpoint: str, app_kwargs: dict | None = None,
                    engine_kwargs: dict | None = None, **kwargs):
-    """A real server for `checkpoint` (fp32); `app_kwargs` go to build_app, `max_num_seqs`,
-    `max_num_queued_requests` and `engine_kwargs` to the engine, the rest to AsyncLLM."""
-    # A small KV cache (256 blocks x 16 tokens): allocating a RAM-sized one takes seconds.
-    engine_args = EngineArgs(model=checkpoint, dtype="float32", max_model_len=512,
-                             num_gpu_blocks_override=256,
-                             max_num_seqs=kwargs.pop("max_num_seqs", 64),
-                             max_num_queued_requests=kwargs.pop("max_num_queued_requests", 1024),
-                             **(engine_kwargs or {}))
+    """A real server for `checkpoint` (fp32, a small KV cache: a RAM-sized one takes seconds to
+    allocate); `app_kwargs` go to build_app, `engine_kwargs` to the engine, the rest to AsyncLLM."""
+    engine_args = EngineArgs(**{"model": checkpoint, "dtype": "float32", "max_model_len": 512,
+                                "num_gpu_blocks_override": 256, "max_num_seqs": 64,
+                                "max_num_queued_requests": 1024, **(engine_kwargs or {})})
     async_llm = AsyncLLM.from_engine_args(engine_args, **kwargs)
     with ServerThread(build_app(async_llm, MODEL, **(app_kwargs or {}))) as server:
         server.async_llm = async_llm
@@ -335,7 +332,8 @@ def test_bench_serve_against_the_server(server, capsys):
 
 
 def test_full_queue_429_then_stopped_loop_503(checkpoint):
-    with running_server(checkpoint, max_num_seqs=1, max_num_queued_requests=2) as server:
+    with running_server(checkpoint, engine_kwargs={"max_num_seqs": 1,
+                                                   "max_num_queued_requests": 2}) as server:
         body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 150, "ignore_eos": True}
 
         async def burst():
