@@ -158,7 +158,7 @@ LAYERS = [
      "transformers_utils", "sampling_params", "pooling_params", "outputs", "logger",
      "_custom_ops", "_aiter_ops", "plugins", "envs", "platforms", "utils", "inputs",
      "beam_search", "reasoning", "logits_process",
-     "triton_utils", "tasks"],
+     "triton_utils", "tasks", "multimodal"],
 ]
 
 

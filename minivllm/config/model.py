@@ -271,7 +271,19 @@ class ModelConfig:
     def get_vocab_size(self) -> int:
         return self.hf_text_config.vocab_size
 
-    def get_num_layers(self) -> int:
+    def get_num_layers(self, parallel_config: Any = None) -> int:
+        """The layers of this pipeline stage (vLLM's signature); all of them without a
+        parallel config or with one stage."""
+        total = self.get_total_num_hidden_layers()
+        pp = getattr(parallel_config, "pipeline_parallel_size", 1)
+        if pp == 1:
+            return total
+        from minivllm.distributed.utils import get_pp_indices
+
+        start, end = get_pp_indices(total, parallel_config.rank // parallel_config.tensor_parallel_size, pp)
+        return end - start
+
+    def get_total_num_hidden_layers(self) -> int:
         return self.hf_text_config.num_hidden_layers
 
     def get_num_attention_heads(self) -> int:

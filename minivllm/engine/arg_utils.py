@@ -21,7 +21,7 @@ from minivllm.config.compilation import CompilationMode
 from minivllm.config.load import LOAD_FORMATS
 from minivllm.config.model import CONVERT_TYPES, RUNNER_TYPES
 from minivllm.config.scheduler import SCHEDULING_POLICIES
-from minivllm.config.speculative import SpeculativeConfig
+from minivllm.config.speculative import DRAFT_CHECKPOINT_METHODS, SpeculativeConfig, check_eagle_head
 from minivllm.config.utils import check_config_keys
 from minivllm.engine.model_defaults import (apply_class_pooling_default, check_pooling_model,
                                             prefix_caching, step_limits)
@@ -30,6 +30,7 @@ from minivllm.model_executor.layers.quantization import (QUANTIZATION_METHODS,
 from minivllm.model_executor.model_loader.weight_utils import get_quant_config
 from minivllm.plugins import load_general_plugins
 from minivllm.reasoning import ReasoningParserManager
+from minivllm.transformers_utils.config import get_config
 
 _DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
 _DEVICE_CHOICES = ("cpu", "cuda", "auto")
@@ -214,10 +215,12 @@ class EngineArgs:
             compilation_config=self._compilation_config(),
             quant_config=get_quant_config(model_config, load_config, device_config.device),
             lora_config=self._lora_config(),
-            speculative_config=self._speculative_config(model_config),
+            speculative_config=self._speculative_config(model_config, load_config,
+                                                        device_config.device),
             structured_outputs_config=structured_outputs_config)
 
-    def _speculative_config(self, model_config: ModelConfig) -> SpeculativeConfig | None:
+    def _speculative_config(self, model_config: ModelConfig, load_config: LoadConfig,
+                            device: str) -> SpeculativeConfig | None:
         spec = self.speculative_config
         if spec is None or isinstance(spec, SpeculativeConfig):
             return spec
@@ -226,22 +229,31 @@ class EngineArgs:
             raise ValueError("speculative_config applies to text generation; this engine runs "
                              "the pooling runner (embeddings, classification), which samples "
                              "no tokens")
-        if spec.method == "draft_model":
+        if spec.method in DRAFT_CHECKPOINT_METHODS:
             spec.draft_model_config = self._draft_model_config(spec, model_config)
+            spec.draft_quant_config = get_quant_config(
+                spec.draft_model_config, load_config, device)
         return spec
 
     def _draft_model_config(self, spec: SpeculativeConfig, target: ModelConfig) -> ModelConfig:
         """The draft's ModelConfig: its checkpoint at the target's dtype and length, the target's
         tokenizer; one rank only, and the target's vocabulary."""
         if self.tensor_parallel_size * self.pipeline_parallel_size != 1:
-            raise ValueError("speculative_config method 'draft_model' runs on one rank; got "
+            raise ValueError(f"speculative_config method {spec.method!r} runs on one rank; got "
                              f"tensor_parallel_size={self.tensor_parallel_size}, "
                              f"pipeline_parallel_size={self.pipeline_parallel_size} (the ngram "
                              "method runs with any)")
+        hf_config = None
+        if spec.use_eagle:     # a head trained at a shorter length still drafts at any position
+            hf_config = get_config(os.path.expanduser(spec.model))
+            hf_config.max_position_embeddings = max(
+                getattr(hf_config, "max_position_embeddings", 0) or 0, target.max_model_len)
         draft = ModelConfig(model=spec.model, tokenizer=target.tokenizer, dtype=target.dtype,
                             max_model_len=target.max_model_len, seed=self.seed,
-                            quantization=spec.quantization)
-        if draft.get_vocab_size() != target.get_vocab_size():
+                            quantization=spec.quantization, hf_config=hf_config)
+        if spec.use_eagle:
+            check_eagle_head(draft, target, spec.method)
+        elif draft.get_vocab_size() != target.get_vocab_size():
             raise ValueError(f"The draft model's vocabulary ({draft.get_vocab_size()} tokens) "
                              f"differs from the target's ({target.get_vocab_size()}); a draft "
                              "model must share the target's tokenizer")

@@ -20,7 +20,6 @@ import torch
 
 from minivllm.config import VllmConfig
 from minivllm.model_executor.model_loader import get_model
-from minivllm.model_executor.model_loader.weight_utils import get_quant_config
 from minivllm.worker.cpu_graph_runner import CPUGraphRunner
 from minivllm.worker.input_batch import StepInputs, decode_step_inputs
 
@@ -37,8 +36,7 @@ def draft_vllm_config(vllm_config: VllmConfig) -> VllmConfig:
     return dataclasses.replace(
         vllm_config, model_config=spec.draft_model_config,
         cache_config=dataclasses.replace(vllm_config.cache_config, sliding_window=None),
-        quant_config=get_quant_config(spec.draft_model_config, vllm_config.load_config,
-                                      vllm_config.device_config.device),
+        quant_config=spec.draft_quant_config,
         lora_config=None)
 
 

@@ -20,10 +20,12 @@ from minivllm.v1.spec_decode.ngram_proposer import NgramProposer
 from minivllm.worker import hugepages
 from minivllm.worker.cpu_graph_runner import CPUGraphRunner
 from minivllm.worker.draft_model_proposer import DraftModelProposer
+from minivllm.worker.eagle_proposer import EagleProposer
 from minivllm.worker.input_batch import (CachedRequestState, StepInputs, as_decode_rows,
                                          check_prompt_embeds_support, is_decode_with_drafts,
                                          prepare_inputs, step_inputs_embeds, update_states)
 from minivllm.worker.pooling import PoolingRunner
+from minivllm.worker.prompt_logprobs import prompt_logprobs
 from minivllm.worker.rejection_sampler import verify_drafts
 from minivllm.worker.sampler import RequestSamplingStates, Sampler
 from minivllm.worker.state_slots import StateSlots
@@ -56,7 +58,7 @@ class ModelRunner:
         self.pooling: PoolingRunner | None = None   # set for pooling models: pool, never sample
         self.state_slots: StateSlots | None = None   # models with recurrent state
         # speculative decoding's proposer
-        self.drafter: NgramProposer | DraftModelProposer | None = None
+        self.drafter: NgramProposer | DraftModelProposer | EagleProposer | None = None
         self.logitsprocs: LogitsProcessorBatch | None = None   # custom logits processors
         self.enable_prompt_embeds = False   # steps may carry prompt embeddings (load_model)
 
@@ -88,6 +90,11 @@ class ModelRunner:
             if spec.method == "ngram":
                 self.drafter = NgramProposer(spec.num_speculative_tokens,
                                              spec.prompt_lookup_min, spec.prompt_lookup_max)
+            elif spec.use_eagle:
+                if self.enable_prompt_embeds:
+                    raise ValueError("EAGLE drafts from token ids; prompt embeddings "
+                                     "(enable_prompt_embeds) cannot be used with it")
+                self.drafter = EagleProposer(self.vllm_config, self.model, self.step_context)
             else:   # its layers join the static forward context: KV caches come with them
                 self.drafter = DraftModelProposer(self.vllm_config, self.run_model)
                 if self.device.type == "cpu":
@@ -214,7 +221,11 @@ class ModelRunner:
             return hidden
         if self.pooling is not None:
             return self.pooling.pool(inputs, hidden)
-        return self.sample(inputs, hidden, so.grammar_output, so.scheduled_spec_decode_tokens)
+        features = None     # what an EAGLE head reads of the target's step
+        if isinstance(self.drafter, EagleProposer):
+            hidden, features = self.drafter.target_features(hidden)
+        return self.sample(inputs, hidden, so.grammar_output, so.scheduled_spec_decode_tokens,
+                           features)
 
     def _update_states(self, so: SchedulerOutput) -> None:
         for req_id in so.finished_req_ids:
@@ -263,6 +274,15 @@ class ModelRunner:
         if graphs is not None and intermediate_tensors is None and inputs_embeds is None \
                 and graphs.can_run(rows):
             return graphs.run(model, rows)     # CPU, one rank: checked by can_run
+        with self.step_context(rows, inputs, with_drafts):
+            return model(input_ids=inputs.input_ids.to(self.device),
+                         positions=inputs.positions.to(self.device),
+                         intermediate_tensors=intermediate_tensors,
+                         **({} if inputs_embeds is None else {"inputs_embeds": inputs_embeds}))
+
+    def step_context(self, rows: StepInputs, inputs: StepInputs, with_drafts: bool = False):
+        """The forward context of one eager step: attention metadata built from `rows` (the
+        sequences attention sees), slots and token counts from `inputs`."""
         common = CommonAttentionMetadata(
             query_start_loc=rows.query_start_loc, seq_lens=rows.seq_lens,
             block_table=rows.block_table, slot_mapping=inputs.slot_mapping,
@@ -277,13 +297,9 @@ class ModelRunner:
                                            inputs.query_start_loc))
         if state is not None and self.mamba_layers:
             attn_metadata = self._per_layer_metadata(attn_metadata, state)
-        with set_forward_context(attn_metadata, self.vllm_config, slot_mapping=slot_mapping,
-                                 batch_descriptor=batch, state_metadata=state,
-                                 decode_with_drafts=with_drafts):
-            return model(input_ids=inputs.input_ids.to(self.device),
-                         positions=inputs.positions.to(self.device),
-                         intermediate_tensors=intermediate_tensors,
-                         **({} if inputs_embeds is None else {"inputs_embeds": inputs_embeds}))
+        return set_forward_context(attn_metadata, self.vllm_config, slot_mapping=slot_mapping,
+                                   batch_descriptor=batch, state_metadata=state,
+                                   decode_with_drafts=with_drafts)
 
     def _per_layer_metadata(self, attn_metadata: object, state: object) -> dict:
         """vLLM's form, layer name -> metadata, for models whose state layers read theirs
@@ -300,7 +316,8 @@ class ModelRunner:
 
     def sample(self, inputs: StepInputs, hidden: torch.Tensor,
                grammar: GrammarOutput | None = None,
-               spec_tokens: dict[str, list[int]] | None = None) -> ModelRunnerOutput:
+               spec_tokens: dict[str, list[int]] | None = None,
+               features: torch.Tensor | None = None) -> ModelRunnerOutput:
         """Logits for the rows that sample, then their tokens (within the grammars' bitmask
         where requests are constrained; drafts verified where scheduled); prompt logprobs if
         asked; the next step's drafts when speculating."""
@@ -322,16 +339,26 @@ class ModelRunner:
                 self.states[req_id].token_ids.extend(ids)
         drafts_out = None
         if self.drafter is not None:
-            states = [self.states[r] for r in sample_ids]
-            proposed = dict(zip(sample_ids, self.drafter.propose(
-                sample_ids, states if isinstance(self.drafter, DraftModelProposer)
-                else [s.token_ids for s in states])))
-            drafts_out = [proposed.get(r, []) for r in inputs.req_ids]
+            drafts_out = self._propose(inputs, sample_ids, features)
         return ModelRunnerOutput(
             req_ids=inputs.req_ids,
             sampled_token_ids=[sampled_lists.get(r, []) for r in inputs.req_ids],
             logprobs=[logprob_lists.get(r) for r in inputs.req_ids] if logprob_lists else None,
-            prompt_logprobs=self._prompt_logprobs(inputs, hidden), spec_token_ids=drafts_out)
+            prompt_logprobs=prompt_logprobs(self.model, self.states, inputs, hidden), spec_token_ids=drafts_out)
+
+    def _propose(self, inputs: StepInputs, sample_ids: list[str],
+                 features: torch.Tensor | None) -> list[list[int]]:
+        """The next step's drafts, one list per request of the step (empty: none)."""
+        if isinstance(self.drafter, EagleProposer):
+            # Runs in every step, sampling or not: the head's cache follows the target's.
+            proposed = self.drafter.propose(inputs, features, self.states, sample_ids)
+        elif isinstance(self.drafter, DraftModelProposer):
+            proposed = self.drafter.propose(sample_ids, [self.states[r] for r in sample_ids])
+        else:
+            proposed = self.drafter.propose(sample_ids,
+                                            [self.states[r].token_ids for r in sample_ids])
+        by_id = dict(zip(sample_ids, proposed))
+        return [by_id.get(r, []) for r in inputs.req_ids]
 
     def _sample_tokens(self, logits: torch.Tensor, sample_ids: list[str],
                        grammar: GrammarOutput | None) -> tuple[list[list[int]], list | None]:
@@ -357,44 +384,6 @@ class ModelRunner:
                         for lp in out.logprobs_tensors.tolists(metadata.num_logprobs)]
         return [[t] for t in tokens], logprobs
 
-    def _prompt_logprobs(self, inputs: StepInputs, hidden: torch.Tensor) -> dict[str, list]:
-        """For prompt positions p of this chunk with p + 1 < prompt length: logprob of token p+1."""
-        rows, targets, owners, max_k = [], [], [], 0
-        for b, req_id in enumerate(inputs.req_ids):
-            state = self.states[req_id]
-            k = state.sampling_params.prompt_logprobs
-            if k is None:
-                continue
-            start = inputs.num_computed[b]
-            end = min(start + inputs.query_lens[b], state.num_prompt_tokens - 1)
-            if end <= start:
-                continue
-            first = int(inputs.query_start_loc[b])
-            rows.extend(range(first, first + end - start))
-            targets.extend(state.token_ids[start + 1:end + 1])
-            owners.append((req_id, end - start, k))
-            max_k = max(max_k, k)
-        if not rows:
-            return {}
-        logprobs = torch.log_softmax(self.model.compute_logits(hidden[rows]).float(), dim=-1)
-        target = torch.tensor(targets)
-        target_lp = logprobs.gather(1, target[:, None])                   # [R, 1]
-        ranks = (logprobs > target_lp).sum(-1) + 1                         # [R]
-        top_lp, top_ids = logprobs.topk(max_k, dim=-1) if max_k else (logprobs[:, :0], target[:, None][:, :0])
-        entries = _rows_to_entries(target.tolist(), target_lp[:, 0].tolist(), ranks.tolist(),
-                                   top_ids.tolist(), top_lp.tolist())
-        result, pos = {}, 0
-        for req_id, count, k in owners:
-            result[req_id] = [e[:k + 1] for e in entries[pos:pos + count]]
-            pos += count
-        return result
-
 
 def _kv_sharing_target(layer: object) -> str | None:
     return getattr(layer, "kv_sharing_target_layer_name", None)
-
-
-def _rows_to_entries(tokens: list[int], lps: list[float], ranks: list[int],
-                     top_ids: list[list[int]], top_lps: list[list[float]]) -> list[list[tuple]]:
-    return [[(t, lp, r)] + [(i, l, j + 1) for j, (i, l) in enumerate(zip(ti, tl))]
-            for t, lp, r, ti, tl in zip(tokens, lps, ranks, top_ids, top_lps)]

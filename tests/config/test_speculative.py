@@ -19,14 +19,21 @@ def test_ngram_window_defaults_as_vllm():
     assert SpeculativeConfig(model="[ngram]", num_speculative_tokens=2).method == "ngram"
     draft = SpeculativeConfig(model="/some/draft", num_speculative_tokens=2)
     assert draft.method == "draft_model" and draft.num_lookahead_slots == 2
+    # ... and EAGLE heads by vLLM's reading of their names.
+    for model, method in (("yuhuili/EAGLE-LLaMA3-Instruct-8B", "eagle"),
+                          ("yuhuili/EAGLE3-LLaMA3.1-Instruct-8B", "eagle3"),
+                          ("/heads/my-eagle3-head", "eagle3")):
+        spec = SpeculativeConfig(model=model, num_speculative_tokens=3)
+        assert spec.method == method and spec.use_eagle and spec.num_lookahead_slots == 3
     assert both.num_lookahead_slots == 0
 
 
 @pytest.mark.parametrize("values, message", [
     ({"num_speculative_tokens": 2}, "needs a method (or a draft model); supported: ngram, "
-                                    "draft_model"),
+                                    "draft_model, eagle, eagle3"),
     ({"method": "draft_model", "num_speculative_tokens": 2}, "needs `model`: the draft"),
-    ({"method": "eagle", "num_speculative_tokens": 2}, "'eagle' is not supported by minivllm"),
+    ({"method": "mtp", "num_speculative_tokens": 2}, "'mtp' is not supported by minivllm"),
+    ({"method": "eagle3", "num_speculative_tokens": 2}, "'eagle3' needs `model`: the EAGLE"),
     ({"method": "magic", "num_speculative_tokens": 2}, "not a speculative decoding method"),
     ({"method": "ngram"}, "num_speculative_tokens must be a positive integer"),
     ({"method": "ngram", "num_speculative_tokens": 0}, "positive integer, got 0"),

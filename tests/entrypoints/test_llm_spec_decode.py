@@ -178,22 +178,26 @@ def test_default_model_copying_text_accepts_most_drafts(default_model_path):
     assert llm.llm_engine.scheduler.spec_stats.mean_acceptance_length > 2.5
 
 
-@pytest.mark.parametrize("method", ["ngram", "draft_model"])
+@pytest.mark.parametrize("method", ["ngram", "draft_model", "eagle"])
 def test_lora_requests_verify_drafts_through_their_adapter(tmp_path, method):
     """Requests with and without an adapter in one batch: drafts (from the base model, for the
     draft model) are verified by the adapted target, whose tokens they keep."""
     from minivllm.lora.request import LoRARequest
     from tests.conftest import write_tiny_llama
     from tests.lora._lora_helpers import ALL_LINEAR, write_adapter
+    from tests.worker._eagle_heads import write_aligned_head, write_eagle_target
 
-    base = write_tiny_llama(str(tmp_path / "base"))
+    # EAGLE: a target its aligned head guesses well (tests/worker/_eagle_heads.py)
+    base = (write_eagle_target if method == "eagle" else write_tiny_llama)(str(tmp_path / "base"))
     adapter = LoRARequest("a", 1, write_adapter(base, str(tmp_path / "adapter"), 2, ALL_LINEAR))
     prompts = [{"prompt_token_ids": ids} for ids in
                ([5, 6, 7, 8, 5, 6, 7, 8, 5, 6], [9, 10, 11, 9, 10, 11, 9], [3, 4, 3, 4, 3, 4])]
     loras = [adapter, None, adapter]
     params = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
-    spec = ({"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1}
-            if method == "ngram" else {"model": base, "num_speculative_tokens": 3})
+    spec = {"ngram": {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1},
+            "draft_model": {"model": base, "num_speculative_tokens": 3},
+            "eagle": {"method": "eagle", "num_speculative_tokens": 3,
+                      "model": write_aligned_head(str(tmp_path / "head"), base)}}[method]
     kwargs = dict(model=base, dtype="float32", max_model_len=128, num_gpu_blocks_override=64,
                   enable_lora=True, max_lora_rank=8)
     expected = LLM(**kwargs).generate(prompts, params, lora_request=loras, use_tqdm=False)

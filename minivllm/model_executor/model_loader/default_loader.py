@@ -25,16 +25,19 @@ class BaseModelLoader:
         self.load_config = load_config
 
     def load_model(self, vllm_config: VllmConfig, model_config: ModelConfig | None = None,
-                   prefix: str = "") -> nn.Module:
+                   prefix: str = "", eagle_head: bool = False) -> nn.Module:
+        """`eagle_head`: an EAGLE head, whose embedding and LM head may be missing from its
+        checkpoint (`has_own_*` False): the proposer then gives it the target's."""
         model_config = model_config or vllm_config.model_config
         model = initialize_model(vllm_config, prefix=prefix, model_config=model_config)
-        self.load_weights(model, model_config)
+        self.load_weights(model, model_config, eagle_head)
         process_weights_after_loading(model, model_config, vllm_config.device_config.device)
         if model_config.is_gguf and model_config.quantization == "gguf":
             release_file_pages(model_config.model)
         return model.eval()
 
-    def load_weights(self, model: nn.Module, model_config: ModelConfig) -> None:
+    def load_weights(self, model: nn.Module, model_config: ModelConfig,
+                     eagle_head: bool = False) -> None:
         raise NotImplementedError
 
 
@@ -63,7 +66,8 @@ class DefaultModelLoader(BaseModelLoader):
             weights = ((name, w) for name, w in weights if not unused(name))
         return weights
 
-    def load_weights(self, model: nn.Module, model_config: ModelConfig) -> None:
+    def load_weights(self, model: nn.Module, model_config: ModelConfig,
+                     eagle_head: bool = False) -> None:
         """Load everything; raise ONE ValueError naming every missing and unexpected weight."""
         weights = self.get_all_weights(model_config, model)
         unexpected: list[str] = []
@@ -75,7 +79,8 @@ class DefaultModelLoader(BaseModelLoader):
             "enable_weights_track", getattr(model, "quant_config", None) is None)
         missing: list[str] = []
         if track and loaded is not None:
-            missing = sorted(name for name, _ in model.named_parameters() if name not in loaded)
+            missing = sorted(name for name, _ in model.named_parameters() if name not in loaded
+                             and not (eagle_head and _shared_from_target(model, name)))
             missing += _missing_shards(model)
         if missing or unexpected:
             raise ValueError(_load_error(type(model).__name__, missing, unexpected))
@@ -84,7 +89,8 @@ class DefaultModelLoader(BaseModelLoader):
 class DummyModelLoader(BaseModelLoader):
     """Random weights, no checkpoint (benchmarks and tests)."""
 
-    def load_weights(self, model: nn.Module, model_config: ModelConfig) -> None:
+    def load_weights(self, model: nn.Module, model_config: ModelConfig,
+                     eagle_head: bool = False) -> None:
         initialize_dummy_weights(model, seed=model_config.seed)
 
 
@@ -109,10 +115,18 @@ def get_model_loader(load_config: LoadConfig) -> BaseModelLoader:
     return DefaultModelLoader(load_config)
 
 
-def get_model(*, vllm_config: VllmConfig, model_config: ModelConfig | None = None, prefix: str = "") -> nn.Module:
+def get_model(*, vllm_config: VllmConfig, model_config: ModelConfig | None = None, prefix: str = "",
+              eagle_head: bool = False) -> nn.Module:
     """Build and load the model described by `vllm_config` (ready for inference, in eval mode)."""
     loader = get_model_loader(vllm_config.load_config)
-    return loader.load_model(vllm_config, model_config=model_config, prefix=prefix)
+    return loader.load_model(vllm_config, model_config=model_config, prefix=prefix,
+                             eagle_head=eagle_head)
+
+
+def _shared_from_target(model: nn.Module, name: str) -> bool:
+    """An EAGLE head's embedding or LM head its checkpoint did not bring."""
+    return (("embed_tokens" in name and not getattr(model, "has_own_embed_tokens", False))
+            or ("lm_head" in name and not getattr(model, "has_own_lm_head", False)))
 
 
 def _missing_shards(model: nn.Module) -> list[str]:

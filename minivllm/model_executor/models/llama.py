@@ -100,8 +100,9 @@ class LlamaAttention(nn.Module):
 
         sliding_window = None
         if layer_types := getattr(config, "layer_types", None):
-            # EAGLE-3 drafts index layer_types past the target model's layers.
-            effective_idx = layer_idx + getattr(config, "target_layer_count", 0)
+            # An EAGLE-3 draft's layers are named past the target's (layers.{L + i}); its
+            # layer_types count from its own first layer.
+            effective_idx = layer_idx - getattr(config, "target_layer_count", 0)
             if layer_types[effective_idx] == "sliding_attention":
                 sliding_window = config.sliding_window
         attn_cls = EncoderOnlyAttention if attn_type == AttentionType.ENCODER_ONLY else Attention

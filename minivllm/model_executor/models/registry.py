@@ -100,7 +100,14 @@ _EMBEDDING_MODELS: dict[str, tuple[str, str]] = {
 _SEQUENCE_CLASSIFICATION_MODELS: dict[str, tuple[str, str]] = {
     "LlamaBidirectionalForSequenceClassification": ("llama", "LlamaBidirectionalForSequenceClassification"),
 }
-_VLLM_MODELS = {**_TEXT_GENERATION_MODELS, **_EMBEDDING_MODELS, **_SEQUENCE_CLASSIFICATION_MODELS}
+# EAGLE heads, built by the speculative proposer beside the target (never served alone).
+_SPECULATIVE_DECODING_MODELS: dict[str, tuple[str, str]] = {
+    "EagleLlamaForCausalLM": ("llama_eagle", "EagleLlamaForCausalLM"),
+    "Eagle3LlamaForCausalLM": ("llama_eagle3", "Eagle3LlamaForCausalLM"),
+    "LlamaForCausalLMEagle3": ("llama_eagle3", "Eagle3LlamaForCausalLM"),
+}
+_VLLM_MODELS = {**_TEXT_GENERATION_MODELS, **_EMBEDDING_MODELS, **_SEQUENCE_CLASSIFICATION_MODELS,
+                **_SPECULATIVE_DECODING_MODELS}
 
 
 @dataclass(frozen=True)

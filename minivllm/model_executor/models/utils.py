@@ -19,7 +19,7 @@ from minivllm.sequence import IntermediateTensors
 __all__ = [
     "AutoWeightsLoader", "PPMissingLayer", "ShardId", "ShardIds", "StageMissingLayer",
     "UnexpectedWeightsError", "WeightsMapper", "extract_layer_index", "fast_topk",
-    "get_pp_missing_layer_names",
+    "get_draft_quant_config", "get_pp_missing_layer_names", "process_eagle_weight",
     "is_pp_missing_parameter", "make_empty_intermediate_tensors_factory", "make_layers",
     "get_spec_layer_idx_from_weight_name", "maybe_fuse_shared_experts", "maybe_prefix",
     "no_init_weights", "sequence_parallel_chunk", "skip_spec_layers",
@@ -156,6 +156,23 @@ def spec_decode_needs_target_embed(vllm_config: Any, *, include_mtp: bool = Fals
         return False
     pp = get_pp_group()
     return pp.world_size > 1 and pp.is_last_rank
+
+
+def get_draft_quant_config(vllm_config: Any) -> Any:
+    """The quantization config of the speculative draft's own checkpoint (an EAGLE head builds
+    its layers with it, not with the target's); None when it has none. EngineArgs reads it
+    from the draft's checkpoint beside the draft's ModelConfig."""
+    spec = vllm_config.speculative_config
+    return None if spec is None else spec.draft_quant_config
+
+
+def process_eagle_weight(model: nn.Module, name: str) -> None:
+    """Notes, while an EAGLE head loads, that its checkpoint has its own LM head or embedding
+    (otherwise the proposer gives it the target's)."""
+    if "lm_head" in name:
+        model.has_own_lm_head = True
+    if "embed_tokens" in name:
+        model.has_own_embed_tokens = True
 
 
 @contextlib.contextmanager
