@@ -112,7 +112,8 @@ class DraftModelProposer:
         if last_of is not None:
             last_row = {i: r for r, (i, _, _) in enumerate(rows)}
             hidden = hidden[[last_row[i] for i in last_of]]
-        return self.model.compute_logits(hidden).argmax(dim=-1).tolist()
+        # fp32 first: torch's bf16 argmax over a [1, 49152] row takes 3x as long (~180 us)
+        return self.model.compute_logits(hidden).float().argmax(dim=-1).tolist()
 
     def remove(self, req_ids: set[str]) -> None:
         """Forgets finished and preempted requests (a resumed one is mirrored afresh)."""

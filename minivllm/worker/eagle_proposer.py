@@ -136,7 +136,8 @@ class EagleProposer:
     def _greedy(self, feats: torch.Tensor) -> list[int]:
         if feats.shape[0] == 0:
             return []
-        return self.model.compute_logits(feats).argmax(dim=-1).tolist()
+        # fp32 first: torch's bf16 argmax over a [1, 49152] row takes 3x as long (~180 us)
+        return self.model.compute_logits(feats).float().argmax(dim=-1).tolist()
 
     def _first_pass_inputs(self, inputs: StepInputs, states: dict[str, CachedRequestState]
                            ) -> tuple[StepInputs, list[int], torch.Tensor]:
