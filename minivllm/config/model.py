@@ -143,6 +143,7 @@ class ModelConfig:
     logits_processors: list[str | type] | None = None
     # vLLM's: requests may give their prompt as input embeddings (inputs.EmbedsPrompt)
     enable_prompt_embeds: bool = False
+    enable_sleep_mode: bool = False      # LLM.sleep / wake_up (engine/sleep_mixin.py)
 
     def __post_init__(self) -> None:
         if self.model is None:

@@ -156,6 +156,9 @@ class EngineArgs:
                                         choices=sorted(ReasoningParserManager.reasoning_parsers))
     enable_prompt_embeds: bool = _arg(False, "accept prompts given as input embeddings "
                                       "(prompt_embeds) instead of token ids")
+    enable_sleep_mode: bool = _arg(False, "allow LLM.sleep() / wake_up() (the server's /sleep "
+                                   "and /wake_up in dev mode): free the KV cache, or the "
+                                   "weights too, while idle")
     logits_processors: list[str | type] | None = _arg(
         None, "custom logits processors: LogitsProcessor classes as 'module:Class' names",
         type=str, nargs="+")
@@ -178,6 +181,7 @@ class EngineArgs:
                                    generation_config=self.generation_config,
                                    logits_processors=self.logits_processors,
                                    enable_prompt_embeds=self.enable_prompt_embeds,
+                                   enable_sleep_mode=self.enable_sleep_mode,
                                    override_generation_config=_json_object(
                                        "override_generation_config",
                                        self.override_generation_config))

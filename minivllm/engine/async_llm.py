@@ -208,6 +208,16 @@ class AsyncLLM:
         """vLLM's: forgets the cached KV blocks (False while requests hold blocks)."""
         return await self._call_engine("reset_prefix_cache")
 
+    async def sleep(self, level: int = 1) -> None:
+        """vLLM's: `LLMEngine.sleep` between two steps."""
+        await self._call_engine("sleep", level)
+
+    async def wake_up(self, tags: list[str] | None = None) -> None:
+        await self._call_engine("wake_up", tags)
+
+    async def is_sleeping(self) -> bool:
+        return await self._call_engine("is_sleeping")
+
     async def start_profile(self) -> None:
         await self._call_engine("start_profile")
 

@@ -27,6 +27,7 @@ from minivllm.engine.arg_utils import EngineArgs
 from minivllm.engine.detokenizer import IncrementalDetokenizer
 from minivllm.engine.input_processor import InputProcessor
 from minivllm.engine.lora_mixin import LoRAMixin
+from minivllm.engine.sleep_mixin import SleepMixin
 from minivllm.engine.output_processor import (ChildState, ParentState, process_child,
                                               to_logprob_dict)
 from minivllm.engine.request import Request, RequestStatus
@@ -51,7 +52,7 @@ class Executor(Protocol):
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput: ...
 
 
-class LLMEngine(LoRAMixin):
+class LLMEngine(LoRAMixin, SleepMixin):
     """Drives the scheduler and an executor; turns sampled tokens into `RequestOutput`s."""
 
     def __init__(self, vllm_config: Any, executor: Executor, tokenizer: Any | None,
@@ -121,6 +122,7 @@ class LLMEngine(LoRAMixin):
         """
         if request_id in self._parents:
             raise ValueError(f"Request id {request_id!r} is already in use.")
+        self.check_awake()
         if priority and not self.scheduler.by_priority:
             raise ValueError(f"priority {priority} needs priority scheduling; start the engine "
                              "with --scheduling-policy priority.")

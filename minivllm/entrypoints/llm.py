@@ -187,6 +187,17 @@ class LLM:
     def stop_profile(self) -> None:
         self.llm_engine.stop_profile()
 
+    def sleep(self, level: int = 1) -> None:
+        """vLLM's sleep mode (needs `enable_sleep_mode=True`): level 1 frees the KV cache,
+        level 2 the weights too; requests are refused until `wake_up`. ValueError while
+        requests run."""
+        self.llm_engine.sleep(level)
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """Takes back the weights (reloaded after level 2) and / or the KV cache: `tags` from
+        "weights", "kv_cache" (None: both; the weights must wake first)."""
+        self.llm_engine.wake_up(tags)
+
     def reset_prefix_cache(self) -> bool:
         """Forgets every cached KV block (vLLM's); False, with nothing done, while requests
         hold blocks."""

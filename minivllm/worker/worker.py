@@ -13,7 +13,9 @@ from minivllm.sequence import IntermediateTensors
 from minivllm.utils.import_utils import resolve_obj_by_qualname
 from minivllm.v1.core.sched.output import SchedulerOutput
 from minivllm.v1.outputs import ModelRunnerOutput
+from minivllm.worker import sleep_mode
 from minivllm.worker.model_runner import ModelRunner
+from minivllm.worker.sleep_mode import SleepState
 
 
 class Worker:
@@ -23,6 +25,7 @@ class Worker:
         self.rank = rank
         self.distributed_init_method = distributed_init_method
         self.model_runner = ModelRunner(vllm_config, vllm_config.device_config.device)
+        self.sleep_state = SleepState()
 
     def init_device(self, timeout_s: float = 600.0) -> None:
         """Join the world (gloo on CPU, NCCL on CUDA; `timeout_s` bounds a hung collective)."""
@@ -66,6 +69,14 @@ class Worker:
     def apply_model(self, func: Callable[[torch.nn.Module], Any]) -> Any:
         """vLLM's: `func(model)` on this rank (`LLM.apply_model` runs it on every rank)."""
         return func(self.get_model())
+
+    def sleep(self, level: int = 1) -> None:
+        """vLLM's: frees this rank's KV cache (level 1), and its weights (level 2)."""
+        sleep_mode.sleep(self.model_runner, self.sleep_state, level)
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """vLLM's: takes back the weights and / or the KV cache (`tags`; None: both)."""
+        sleep_mode.wake_up(self.model_runner, self.sleep_state, tags)
 
     def start_profile(self, trace_dir: str, record_shapes: bool = False,
                       with_stack: bool = True) -> None:

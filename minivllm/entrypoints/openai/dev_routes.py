@@ -1,5 +1,6 @@
 """vLLM's development routes (`VLLM_SERVER_DEV_MODE=1`): `POST /reset_prefix_cache`,
-`POST /collective_rpc` (a Worker method by name on every rank) and `GET /server_info`; and the
+`POST /collective_rpc` (a Worker method by name on every rank), `GET /server_info`, sleep mode's
+`POST /sleep?level=N`, `POST /wake_up?tags=...` and `GET /is_sleeping`; and the
 profiler's `/start_profile` and `/stop_profile` (when VLLM_TORCH_PROFILER_DIR is set). They
 reach into the engine, so they are off unless asked for, and the API key guards them when set
 (APIKeyMiddleware checks /v1 only: these paths are meant for a trusted operator)."""
@@ -9,7 +10,7 @@ from __future__ import annotations
 from http import HTTPStatus
 from typing import Any
 
-from fastapi import FastAPI, Response
+from fastapi import FastAPI, Request, Response
 from fastapi.encoders import jsonable_encoder
 from fastapi.responses import JSONResponse
 from pydantic import Field
@@ -71,7 +72,38 @@ def register_dev_routes(app: FastAPI, async_llm: AsyncLLM) -> None:
             raise OpenAIError(f"{request.method!r} returned a result that is not JSON: {exc}",
                               param="method") from exc
 
+    register_sleep_routes(app, async_llm)
+
     @app.get("/server_info")
     async def server_info() -> dict[str, Any]:
         config = getattr(async_llm.engine, "vllm_config", None)
         return {"version": minivllm.__version__, "vllm_config": str(config)}
+
+
+def register_sleep_routes(app: FastAPI, async_llm: AsyncLLM) -> None:
+    """vLLM's sleep mode routes: a bad level or tag is a 400 naming the valid ones; sleeping
+    while requests run (or without --enable-sleep-mode) a 409."""
+
+    @app.post("/sleep")
+    async def sleep(request: Request) -> Response:
+        raw = request.query_params.get("level", "1")
+        if raw not in ("1", "2"):
+            raise OpenAIError(f"level must be 1 or 2, got {raw!r}", param="level")
+        try:
+            await async_llm.sleep(int(raw))
+        except ValueError as exc:
+            raise OpenAIError(str(exc), HTTPStatus.CONFLICT) from exc
+        return Response(status_code=200)
+
+    @app.post("/wake_up")
+    async def wake_up(request: Request) -> Response:
+        tags = request.query_params.getlist("tags") or None
+        try:
+            await async_llm.wake_up(tags)
+        except ValueError as exc:
+            raise OpenAIError(str(exc), param="tags") from exc
+        return Response(status_code=200)
+
+    @app.get("/is_sleeping")
+    async def is_sleeping() -> dict[str, bool]:
+        return {"is_sleeping": await async_llm.is_sleeping()}

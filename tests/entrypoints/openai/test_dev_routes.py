@@ -51,3 +51,36 @@ def test_collective_rpc_and_server_info(dev_server):
     assert "max_model_len=512" in info["vllm_config"] and info["version"]
     assert httpx.post(f"{dev_server.url}/v1/completions", json={
         "model": MODEL, "prompt": PROMPT, "max_tokens": 2}).status_code == 200
+
+
+def test_sleep_needs_sleep_mode(dev_server):
+    r = httpx.post(f"{dev_server.url}/sleep")
+    assert r.status_code == 409 and "enable_sleep_mode" in r.json()["error"]["message"]
+    assert httpx.get(f"{dev_server.url}/is_sleeping").json() == {"is_sleeping": False}
+
+
+def test_sleep_and_wake_up_routes(checkpoint):   # noqa: F811
+    """vLLM's /sleep?level=N, /wake_up?tags=..., /is_sleeping: requests sent while asleep get
+    a 400 saying so; after waking (level 2: weights first, then the cache) the answers are the
+    same as before."""
+    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 8, "temperature": 0}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("VLLM_SERVER_DEV_MODE", "1")
+        with running_server(checkpoint, engine_kwargs={"enable_sleep_mode": True}) as srv:
+            url = srv.url
+            before = httpx.post(f"{url}/v1/completions", json=body).json()["choices"][0]["text"]
+            for level, wake in (("1", [None]), ("2", ["weights", "kv_cache"])):
+                assert httpx.post(f"{url}/sleep", params={"level": level}).status_code == 200
+                assert httpx.get(f"{url}/is_sleeping").json() == {"is_sleeping": True}
+                r = httpx.post(f"{url}/v1/completions", json=body)
+                assert r.status_code == 400 and "asleep" in r.json()["error"]["message"]
+                for tag in wake:
+                    params = {} if tag is None else {"tags": tag}
+                    assert httpx.post(f"{url}/wake_up", params=params).status_code == 200
+                assert httpx.get(f"{url}/is_sleeping").json() == {"is_sleeping": False}
+                after = httpx.post(f"{url}/v1/completions", json=body).json()
+                assert after["choices"][0]["text"] == before
+            r = httpx.post(f"{url}/sleep", params={"level": "3"})
+            assert r.status_code == 400 and "level must be 1 or 2" in r.json()["error"]["message"]
+            r = httpx.post(f"{url}/wake_up", params={"tags": "everything"})
+            assert r.status_code == 400 and "'weights', 'kv_cache'" in r.json()["error"]["message"]

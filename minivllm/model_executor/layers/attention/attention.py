@@ -138,6 +138,9 @@ class Attention(nn.Module):
     def bind_kv_cache(self, kv_cache: torch.Tensor) -> None:
         """Attach this layer's cache (shape `get_kv_cache_shape(...)`, contiguous)."""
         self.kv_cache = kv_cache
+        forget = getattr(self.impl, "forget_kv_cache", None)
+        if forget is not None:     # the backend's views of the previous cache go with it
+            forget()
 
     def get_attn_backend(self) -> type:
         return self.attn_backend

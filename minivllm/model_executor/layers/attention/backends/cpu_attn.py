@@ -142,6 +142,11 @@ class TorchAttentionImpl:
         self._views = (kv_cache, views)
         return views
 
+    def forget_kv_cache(self) -> None:
+        """Drops the views of the cache last used (they keep its memory alive): the layer is
+        being given another cache, or none (sleep mode)."""
+        self._views = None
+
     def forward(self, layer: torch.nn.Module, query: torch.Tensor, key: torch.Tensor | None,
                 value: torch.Tensor | None, kv_cache: torch.Tensor,
                 attn_metadata: TorchAttentionMetadata | None, output: torch.Tensor,
