@@ -1,6 +1,7 @@
 """One rank: joins the process groups, loads its model shard, owns its KV cache, runs steps."""
 
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -9,6 +10,7 @@ from minivllm.config import VllmConfig
 from minivllm.distributed import (ensure_model_parallel_initialized, get_pp_group,
                                   init_distributed_environment)
 from minivllm.lora.request import LoRARequest
+from minivllm.model_executor.model_loader.weight_iterators import safetensors_weights_iterator
 from minivllm.sequence import IntermediateTensors
 from minivllm.utils.import_utils import resolve_obj_by_qualname
 from minivllm.v1.core.sched.output import SchedulerOutput
@@ -69,6 +71,22 @@ class Worker:
     def apply_model(self, func: Callable[[torch.nn.Module], Any]) -> Any:
         """vLLM's: `func(model)` on this rank (`LLM.apply_model` runs it on every rank)."""
         return func(self.get_model())
+
+    def reload_weights(self, weights_iterator: Iterable[tuple[str, torch.Tensor]] | None = None,
+                       weights_path: str | None = None) -> None:
+        """vLLM's: loads new weights into the running model, in checkpoint format: the given
+        (name, tensor) pairs, else a checkpoint folder's safetensors, else the model's own
+        checkpoint again. Each rank takes its shard. ValueError for a model whose layers
+        cannot be reloaded (quantized ones). The KV already cached was computed with the old
+        weights: reset the prefix cache after (`LLM.reset_prefix_cache()`)."""
+        model = self.model_runner.model
+        if weights_iterator is None:
+            path = weights_path or self.vllm_config.model_config.model
+            if not os.path.isdir(path):
+                raise ValueError(f"reload_weights reads a checkpoint folder of safetensors; "
+                                 f"{path!r} is not one")
+            weights_iterator = safetensors_weights_iterator(path)
+        model.load_weights(weights_iterator)
 
     def sleep(self, level: int = 1) -> None:
         """vLLM's: frees this rank's KV cache (level 1), and its weights (level 2)."""

@@ -11,6 +11,7 @@ from minivllm.model_executor.model_loader.gguf_loader import (dequantize_for_pla
                                                               gguf_quant_weights_iterator,
                                                               release_file_pages)
 from minivllm.model_executor.model_loader.utils import initialize_model, process_weights_after_loading
+from minivllm.model_executor.model_loader.weight_updates import allow_weight_updates
 from minivllm.model_executor.model_loader.weight_iterators import (gguf_weights_iterator,
                                                                    safetensors_weights_iterator)
 from minivllm.model_executor.models.auto_weights_loader import UnexpectedWeightsError
@@ -34,6 +35,7 @@ class BaseModelLoader:
         process_weights_after_loading(model, model_config, vllm_config.device_config.device)
         if model_config.is_gguf and model_config.quantization == "gguf":
             release_file_pages(model_config.model)
+        allow_weight_updates(model)    # later load_weights calls (RLHF) refresh derived copies
         return model.eval()
 
     def load_weights(self, model: nn.Module, model_config: ModelConfig,
