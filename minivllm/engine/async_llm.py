@@ -21,6 +21,7 @@ from typing import Any, Protocol
 from minivllm.engine.arg_utils import EngineArgs
 from minivllm.engine.engine_thread import EngineThread, put_all_soon, run_call, settle
 from minivllm.engine.llm_engine import LLMEngine
+from minivllm.engine.pause_mixin import PauseMixin
 from minivllm.engine.request_stream import RequestStream, _Stream
 from minivllm.inputs import PromptType
 from minivllm.lora.request import LoRARequest
@@ -66,7 +67,7 @@ class StatLogger(Protocol):
     def on_request_finished(self, finish_reason: str, e2e_s: float) -> None: ...
 
 
-class AsyncLLM:
+class AsyncLLM(PauseMixin):
     """Runs an `LLMEngine` in one thread; `add_request` and `abort` may be called from asyncio."""
 
     def __init__(self, engine: Any, *, max_num_queued_requests: int = 1024,
@@ -299,6 +300,8 @@ class AsyncLLM:
                     self.engine.abort_request(command[1])
                 elif command[0] == "call":
                     run_call(self.engine, *command[1:])
+                elif self._paused:       # pause_generation: held until resume
+                    self._commands.append(command)
                 else:
                     self._add_to_engine(*command[1:])
             if commands:

@@ -177,7 +177,16 @@ class LLMEngine(LoRAMixin, SleepMixin):
 
     def abort_request(self, request_id: str | Iterable[str]) -> None:
         """Aborts requests (by the id given to add_request); unknown ids are ignored."""
+        self.abort_with_outputs(request_id, outputs=False)
+
+    def abort_with_outputs(self, request_id: str | Iterable[str],
+                           outputs: bool = True) -> list[RequestOutput]:
+        """Aborts requests and returns each generating one's final output (finish_reason
+        "abort", what it generated so far): for callers whose clients still wait
+        (pause_generation). Pooling requests have no partial result: none is returned."""
         request_ids = [request_id] if isinstance(request_id, str) else list(request_id)
+        parents = [self._parents[r] for r in request_ids
+                   if r in self._parents and self._parents[r].pooling_params is None]
         child_ids = []
         for parent_id in request_ids:
             parent = self._parents.pop(parent_id, None)
@@ -187,6 +196,7 @@ class LLMEngine(LoRAMixin, SleepMixin):
                 child_ids.append(child.request.request_id)
                 del self._children[child.request.request_id]
         self.scheduler.finish_requests(child_ids, RequestStatus.FINISHED_ABORTED)
+        return [self._make_output(parent) for parent in parents] if outputs else []
 
     def run_until_finished(self, request_ids: list[str],
                            on_output: Callable[[RequestOutput], None] | None = None, *,

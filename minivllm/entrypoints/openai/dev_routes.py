@@ -1,6 +1,7 @@
 """vLLM's development routes (`VLLM_SERVER_DEV_MODE=1`): `POST /reset_prefix_cache`,
 `POST /collective_rpc` (a Worker method by name on every rank), `GET /server_info`, sleep mode's
-`POST /sleep?level=N`, `POST /wake_up?tags=...` and `GET /is_sleeping`; and the
+`POST /sleep?level=N`, `POST /wake_up?tags=...` and `GET /is_sleeping`; `POST /pause`,
+`POST /resume` and `GET /is_paused` (RL weight updates); and the
 profiler's `/start_profile` and `/stop_profile` (when VLLM_TORCH_PROFILER_DIR is set). They
 reach into the engine, so they are off unless asked for, and the API key guards them when set
 (APIKeyMiddleware checks /v1 only: these paths are meant for a trusted operator)."""
@@ -73,6 +74,7 @@ def register_dev_routes(app: FastAPI, async_llm: AsyncLLM) -> None:
                               param="method") from exc
 
     register_sleep_routes(app, async_llm)
+    register_pause_routes(app, async_llm)
 
     @app.get("/server_info")
     async def server_info() -> dict[str, Any]:
@@ -107,3 +109,34 @@ def register_sleep_routes(app: FastAPI, async_llm: AsyncLLM) -> None:
     @app.get("/is_sleeping")
     async def is_sleeping() -> dict[str, bool]:
         return {"is_sleeping": await async_llm.is_sleeping()}
+
+
+def register_pause_routes(app: FastAPI, async_llm: AsyncLLM) -> None:
+    """vLLM's /pause?wait_for_inflight_requests=false&clear_cache=true, /resume, /is_paused:
+    while paused, new requests wait (they are not refused)."""
+
+    @app.post("/pause")
+    async def pause(request: Request) -> Response:
+        flags = {name: _query_bool(request, name, default)
+                 for name, default in (("wait_for_inflight_requests", False),
+                                       ("clear_cache", True))}
+        await async_llm.pause_generation(**flags)
+        return Response(status_code=200)
+
+    @app.post("/resume")
+    async def resume() -> Response:
+        await async_llm.resume_generation()
+        return Response(status_code=200)
+
+    @app.get("/is_paused")
+    async def is_paused() -> dict[str, bool]:
+        return {"is_paused": await async_llm.is_paused()}
+
+
+def _query_bool(request: Request, name: str, default: bool) -> bool:
+    raw = request.query_params.get(name)
+    if raw is None:
+        return default
+    if raw.lower() not in ("true", "false", "1", "0"):
+        raise OpenAIError(f"{name} must be true or false, got {raw!r}", param=name)
+    return raw.lower() in ("true", "1")

@@ -15,6 +15,7 @@ from fastapi import Request
 from minivllm.engine.async_llm import (AsyncLLM, EngineDeadError, QueueFullError,
                                                       RequestStream)
 from minivllm.engine.beam_search_stream import BeamSearchStream
+from minivllm.engine.pause_mixin import GenerationAborted
 from minivllm.entrypoints.openai.protocol import (ErrorInfo, ErrorResponse, PromptLogprob,
                                                   PromptLogprobs, random_uuid)
 from minivllm.inputs import PromptType, TokensPrompt, check_prompt_token_ids, truncate_prompt
@@ -57,7 +58,7 @@ def engine_error(exc: BaseException) -> OpenAIError:
     if isinstance(exc, QueueFullError):
         return OpenAIError(str(exc), HTTPStatus.TOO_MANY_REQUESTS,
                            headers={"Retry-After": str(exc.retry_after_s)})
-    if isinstance(exc, EngineDeadError):
+    if isinstance(exc, (EngineDeadError, GenerationAborted)):
         return OpenAIError(str(exc), HTTPStatus.SERVICE_UNAVAILABLE)
     if isinstance(exc, ValueError):
         return OpenAIError(str(exc), HTTPStatus.BAD_REQUEST)

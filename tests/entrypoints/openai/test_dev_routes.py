@@ -1,11 +1,14 @@
 """vLLM's development routes (VLLM_SERVER_DEV_MODE=1): /reset_prefix_cache empties the prefix
-cache, /collective_rpc runs a Worker method on every rank, /server_info; all absent otherwise."""
+cache, /collective_rpc runs a Worker method on every rank, /server_info, sleep mode's /sleep,
+/wake_up, /is_sleeping, and /pause, /resume, /is_paused; all absent otherwise."""
+
+import time
 
 import httpx
 import pytest
 
 from tests.entrypoints.openai.test_api_server import (MODEL, PROMPT, checkpoint,  # noqa: F401
-                                                      running_server, server)
+                                                      metric, running_server, server)
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +27,8 @@ def _cached(url: str, prompt: str) -> int:
 
 def test_routes_are_absent_without_dev_mode(server):   # noqa: F811
     for method, path in (("POST", "/reset_prefix_cache"), ("POST", "/collective_rpc"),
-                         ("GET", "/server_info")):
+                         ("GET", "/server_info"), ("POST", "/sleep"), ("POST", "/pause"),
+                         ("GET", "/is_paused")):
         assert httpx.request(method, f"{server.url}{path}", json={}).status_code == 404
 
 
@@ -84,3 +88,37 @@ def test_sleep_and_wake_up_routes(checkpoint):   # noqa: F811
             assert r.status_code == 400 and "level must be 1 or 2" in r.json()["error"]["message"]
             r = httpx.post(f"{url}/wake_up", params={"tags": "everything"})
             assert r.status_code == 400 and "'weights', 'kv_cache'" in r.json()["error"]["message"]
+
+
+def test_pause_resume_routes(dev_server):
+    """/pause aborts what runs (the client gets finish_reason "abort"), holds what comes in
+    until /resume; bad flags are a 400."""
+    import threading
+
+    url = dev_server.url
+    results: dict[str, dict] = {}
+
+    def complete(name: str, max_tokens: int) -> None:
+        results[name] = httpx.post(f"{url}/v1/completions", timeout=60, json={
+            "model": MODEL, "prompt": PROMPT, "max_tokens": max_tokens, "ignore_eos": True,
+            "stream": False}).json()
+
+    running = threading.Thread(target=complete, args=("running", 450))
+    running.start()
+    deadline = time.monotonic() + 30
+    while metric(url, "vllm:num_requests_running") < 1 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert httpx.post(f"{url}/pause").status_code == 200
+    running.join(30)
+    assert results["running"]["choices"][0]["finish_reason"] == "abort"
+    assert httpx.get(f"{url}/is_paused").json() == {"is_paused": True}
+    held = threading.Thread(target=complete, args=("held", 4))
+    held.start()
+    held.join(0.5)
+    assert held.is_alive()
+    assert httpx.post(f"{url}/resume").status_code == 200
+    held.join(30)
+    assert results["held"]["choices"][0]["finish_reason"] == "length"
+    assert httpx.get(f"{url}/is_paused").json() == {"is_paused": False}
+    r = httpx.post(f"{url}/pause", params={"clear_cache": "maybe"})
+    assert r.status_code == 400 and "clear_cache must be true or false" in r.text
