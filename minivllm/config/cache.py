@@ -17,6 +17,9 @@ class CacheConfig:
     # Recurrent-state layers (Mamba, short conv): their conv state, and Mamba's SSM state.
     mamba_cache_dtype: str = "auto"          # "auto" = the model dtype
     mamba_ssm_cache_dtype: str = "auto"      # "auto" = mamba_cache_dtype's
+    # vLLM's: on CUDA, the share of the GPU's memory the engine may fill (the KV cache gets what
+    # the weights leave) when kv_cache_memory_bytes is not set; CPU budgets ignore it.
+    gpu_memory_utilization: float = 0.9
     # vLLM's YOCO fast prefill (KV-sharing layers skip prompt tokens): not provided, False only.
     kv_sharing_fast_prefill: bool = False
 
@@ -32,5 +35,8 @@ class CacheConfig:
         if self.kv_sharing_fast_prefill:
             raise NotImplementedError("kv_sharing_fast_prefill is not supported: KV-sharing "
                                       "layers run every prompt token; leave it False")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError("gpu_memory_utilization must be in (0, 1], got "
+                             f"{self.gpu_memory_utilization}")
         if self.num_gpu_blocks_override is not None and self.num_gpu_blocks_override < 1:
             raise ValueError("num_gpu_blocks_override must be >= 1")

@@ -3,6 +3,7 @@
 import importlib.util
 import os
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -144,13 +145,20 @@ class ModelConfig:
     # vLLM's: requests may give their prompt as input embeddings (inputs.EmbedsPrompt)
     enable_prompt_embeds: bool = False
     enable_sleep_mode: bool = False      # LLM.sleep / wake_up (engine/sleep_mixin.py)
+    # vLLM's: let transformers run the folder's own config / tokenizer code; the tokenizer's
+    # mode (transformers_utils/tokenizer.TOKENIZER_MODES); no tokenizer at all (token ids in
+    # and out); a dict (or a function) laid over the HF config once read.
+    trust_remote_code: bool = False
+    tokenizer_mode: str = "auto"
+    skip_tokenizer_init: bool = False
+    hf_overrides: dict[str, Any] | Callable | None = None
 
     def __post_init__(self) -> None:
         if self.model is None:
             self.model = default_model_path()
         self.model = os.path.expanduser(self.model)
         if self.hf_config is None:
-            self.hf_config = get_config(self.model)
+            self.hf_config = get_config(self.model, self.trust_remote_code, self.hf_overrides)
         if self.tokenizer is None:
             self.tokenizer = self.model
         self.quantization = resolve_quantization(self.quantization, self.hf_config,

@@ -4,6 +4,9 @@ import os
 from dataclasses import dataclass, field
 
 
+EXECUTOR_BACKENDS = ("mp", "uni")
+
+
 @dataclass
 class EPLBConfig:
     """vLLM's expert-load-balancer settings, which MoE model files read. minivllm has no balancer:
@@ -36,6 +39,9 @@ class ParallelConfig:
     expert_placement_strategy: str = "linear"     # contiguous runs of experts per rank
     # vLLM's: "module:Class" (or "module.Class") mixed into the Worker class, for collective_rpc
     worker_extension_cls: str = ""
+    # vLLM's: "mp" (a worker process per rank), "uni" (the one rank in the engine's process);
+    # None: uni for one rank, mp for several.
+    distributed_executor_backend: str | None = None
 
     def __post_init__(self) -> None:
         if self.enable_eplb:
@@ -48,6 +54,13 @@ class ParallelConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not 0 <= self.node_rank < self.nnodes:
             raise ValueError(f"node_rank must be in [0, {self.nnodes}), got {self.node_rank}")
+        backend = self.distributed_executor_backend
+        if backend not in (None, *EXECUTOR_BACKENDS):
+            raise ValueError(f"distributed_executor_backend {backend!r} is not supported; "
+                             f"choose one of {', '.join(EXECUTOR_BACKENDS)}")
+        if backend == "uni" and self.world_size > 1:
+            raise ValueError(f"distributed_executor_backend 'uni' runs one rank in this "
+                             f"process; this engine has {self.world_size} (use 'mp')")
         if self.world_size % self.nnodes != 0:
             raise ValueError(f"world size {self.world_size} (TP x PP) must be divisible by nnodes={self.nnodes}")
 

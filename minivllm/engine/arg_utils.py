@@ -20,6 +20,7 @@ from minivllm.config.cache import CACHE_DTYPES
 from minivllm.config.compilation import CompilationMode
 from minivllm.config.load import LOAD_FORMATS
 from minivllm.config.model import CONVERT_TYPES, RUNNER_TYPES
+from minivllm.config.parallel import EXECUTOR_BACKENDS
 from minivllm.config.scheduler import SCHEDULING_POLICIES
 from minivllm.config.speculative import DRAFT_CHECKPOINT_METHODS, SpeculativeConfig, check_eagle_head
 from minivllm.config.utils import check_config_keys
@@ -31,6 +32,7 @@ from minivllm.model_executor.model_loader.weight_utils import get_quant_config
 from minivllm.plugins import load_general_plugins
 from minivllm.reasoning import ReasoningParserManager
 from minivllm.transformers_utils.config import get_config
+from minivllm.transformers_utils.tokenizer import TOKENIZER_MODES
 
 _DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
 _DEVICE_CHOICES = ("cpu", "cuda", "auto")
@@ -156,6 +158,23 @@ class EngineArgs:
                                         choices=sorted(ReasoningParserManager.reasoning_parsers))
     enable_prompt_embeds: bool = _arg(False, "accept prompts given as input embeddings "
                                       "(prompt_embeds) instead of token ids")
+    trust_remote_code: bool = _arg(False, "let transformers run the checkpoint folder's own "
+                                   "config and tokenizer code")
+    tokenizer_mode: str = _arg("auto", "auto / hf: the fast tokenizer where there is one; "
+                               "slow: the Python one", choices=TOKENIZER_MODES)
+    skip_tokenizer_init: bool = _arg(False, "load no tokenizer: prompts as token ids, outputs "
+                                     "without text")
+    hf_overrides: dict[str, Any] | None = _arg(
+        None, "JSON laid over the checkpoint's HF config, e.g. '{\"max_position_embeddings\": "
+        "4096}' (LLM(hf_overrides=...) also takes a function config -> config)",
+        type=_parse_json_object)
+    gpu_memory_utilization: float = _arg(
+        0.9, "CUDA: the share of the GPU's memory this engine may fill, the KV cache taking "
+        "what the weights leave (when --kv-cache-memory-bytes is not set); CPU: unused, as in "
+        "vLLM's CPU backend (VLLM_CPU_KVCACHE_SPACE or --kv-cache-memory-bytes size the cache)")
+    distributed_executor_backend: str | None = _arg(
+        None, "mp: a process per rank (the default with several); uni: this process (one rank)",
+        choices=EXECUTOR_BACKENDS)
     enable_sleep_mode: bool = _arg(False, "allow LLM.sleep() / wake_up() (the server's /sleep "
                                    "and /wake_up in dev mode): free the KV cache, or the "
                                    "weights too, while idle")
@@ -182,6 +201,10 @@ class EngineArgs:
                                    logits_processors=self.logits_processors,
                                    enable_prompt_embeds=self.enable_prompt_embeds,
                                    enable_sleep_mode=self.enable_sleep_mode,
+                                   trust_remote_code=self.trust_remote_code,
+                                   tokenizer_mode=self.tokenizer_mode,
+                                   skip_tokenizer_init=self.skip_tokenizer_init,
+                                   hf_overrides=self.hf_overrides,
                                    override_generation_config=_json_object(
                                        "override_generation_config",
                                        self.override_generation_config))
@@ -199,14 +222,17 @@ class EngineArgs:
                                      num_gpu_blocks_override=self.num_gpu_blocks_override,
                                      kv_cache_memory_bytes=self.kv_cache_memory_bytes,
                                      mamba_cache_dtype=self.mamba_cache_dtype,
-                                     mamba_ssm_cache_dtype=self.mamba_ssm_cache_dtype),
+                                     mamba_ssm_cache_dtype=self.mamba_ssm_cache_dtype,
+                                     gpu_memory_utilization=self.gpu_memory_utilization),
             parallel_config=ParallelConfig(tensor_parallel_size=self.tensor_parallel_size,
                                            pipeline_parallel_size=self.pipeline_parallel_size,
                                            enable_expert_parallel=self.enable_expert_parallel,
                                            nnodes=self.nnodes, node_rank=self.node_rank,
                                            master_addr=self.master_addr,
                                            master_port=self.master_port,
-                                           worker_extension_cls=self.worker_extension_cls),
+                                           worker_extension_cls=self.worker_extension_cls,
+                                           distributed_executor_backend=(
+                                               self.distributed_executor_backend)),
             scheduler_config=SchedulerConfig(
                 max_num_batched_tokens=max(budget, 1),
                 max_num_seqs=max_num_seqs,

@@ -44,7 +44,11 @@ class UniProcExecutor:
 
 
 def create_executor(vllm_config: VllmConfig) -> UniProcExecutor | MultiprocExecutor:
-    if vllm_config.parallel_config.world_size == 1:
+    """In this process for one rank (or `distributed_executor_backend="uni"`), else (or with
+    "mp") a worker process per rank."""
+    pc = vllm_config.parallel_config
+    if pc.distributed_executor_backend == "uni" or (
+            pc.world_size == 1 and pc.distributed_executor_backend is None):
         return UniProcExecutor(vllm_config)
     get_worker_cls(vllm_config.parallel_config)   # a bad extension fails before any process starts
     return MultiprocExecutor(vllm_config)

@@ -103,7 +103,9 @@ class LLMEngine(LoRAMixin, SleepMixin):
 
         vllm_config = engine_args.create_engine_config()
         check_logitsprocs_supported(vllm_config)   # before any worker builds them
-        tokenizer = get_tokenizer(vllm_config.model_config.tokenizer)
+        model_config = vllm_config.model_config
+        tokenizer = None if model_config.skip_tokenizer_init else get_tokenizer(
+            model_config.tokenizer, model_config.trust_remote_code, model_config.tokenizer_mode)
         executor = create_executor(vllm_config)
         try:
             return cls(vllm_config, executor, tokenizer)

@@ -3,6 +3,7 @@
 import importlib
 import json
 import os
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from huggingface_hub.errors import StrictDataclassError
@@ -80,22 +81,44 @@ def is_gguf(model: str) -> bool:
     return os.path.isfile(model) and model.endswith(".gguf")
 
 
-def get_config(model: str) -> "PretrainedConfig | HFTextConfig":
-    """Read the HF config of a checkpoint folder or of a `.gguf` file's metadata."""
+def get_config(model: str, trust_remote_code: bool = False,
+               hf_overrides: "dict[str, Any] | Callable | None" = None
+               ) -> "PretrainedConfig | HFTextConfig":
+    """Read the HF config of a checkpoint folder or of a `.gguf` file's metadata, then lay
+    `hf_overrides` over it (vLLM's: a dict, nested dicts merged into sub-configs, or a
+    function config -> config). `trust_remote_code` lets transformers run the folder's own
+    configuration code."""
     if is_gguf(model):
         config = _gguf_config(model)
     elif os.path.isdir(model):
         if not os.path.isfile(os.path.join(model, "config.json")):
             raise ValueError(f"{model!r} has no config.json; pass a HF checkpoint folder or a .gguf file")
-        config = _folder_config(model)
+        config = _folder_config(model, trust_remote_code)
     else:
         raise ValueError(f"Model path {model!r} is neither a folder nor a .gguf file "
                          "(minivllm never downloads from a hub)")
+    if hf_overrides:
+        config = hf_overrides(config) if callable(hf_overrides) else \
+            _override(config, hf_overrides)
     patch_rope_parameters(config)
     return config
 
 
-def _folder_config(model: str) -> "PretrainedConfig":
+def _override(config: Any, overrides: dict[str, Any]) -> Any:
+    """Sets each key on `config`; a dict given for a sub-config (text_config) is merged into
+    it key by key, one given for a dict-valued field (rope_scaling) updates that dict."""
+    for key, value in overrides.items():
+        current = getattr(config, key, None)
+        if isinstance(value, dict) and current is not None and hasattr(current, "to_dict"):
+            _override(current, value)
+        elif isinstance(value, dict) and isinstance(current, dict):
+            setattr(config, key, {**current, **value})
+        else:
+            setattr(config, key, value)
+    return config
+
+
+def _folder_config(model: str, trust_remote_code: bool = False) -> "PretrainedConfig":
     """AutoConfig's reading of a folder, or one of `configs.CONFIG_REGISTRY`'s classes for the
     model types transformers does not know (legacy Falcon's "RefinedWeb")."""
     with open(os.path.join(model, "config.json")) as f:
@@ -107,7 +130,7 @@ def _folder_config(model: str) -> "PretrainedConfig":
     # Imported here for start-up time: the auto tables cost ~0.3 s and GGUF runs skip them.
     from transformers import AutoConfig
 
-    return AutoConfig.from_pretrained(model)
+    return AutoConfig.from_pretrained(model, trust_remote_code=trust_remote_code)
 
 
 def gguf_config_dict(gguf_file: GGUFFile) -> dict[str, Any]:

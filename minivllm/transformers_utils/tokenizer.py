@@ -25,8 +25,19 @@ _GPT2_SPLIT_PRES = (None, "default", "gpt-2", "gpt2", "smollm")
 _GGUF_TOKENIZER_CLASSES = {"gemma": "GemmaTokenizer"}
 
 
-def get_tokenizer(path: str) -> "PreTrainedTokenizerBase | FastTokenizer | None":
-    """Load the tokenizer; a folder without tokenizer files gives None (token-id prompts only)."""
+# vLLM's --tokenizer-mode values minivllm runs ("hf" is vLLM's name for "auto").
+TOKENIZER_MODES = ("auto", "hf", "slow")
+
+
+def get_tokenizer(path: str, trust_remote_code: bool = False, tokenizer_mode: str = "auto"
+                  ) -> "PreTrainedTokenizerBase | FastTokenizer | None":
+    """Load the tokenizer; a folder without tokenizer files gives None (token-id prompts only).
+    `tokenizer_mode` "slow" asks transformers for the Python tokenizer; `trust_remote_code`
+    lets it run the folder's own tokenizer code."""
+    if tokenizer_mode not in TOKENIZER_MODES:
+        raise ValueError(f"Unknown tokenizer_mode {tokenizer_mode!r}; minivllm runs "
+                         f"{', '.join(TOKENIZER_MODES)} (mistral and custom modes need "
+                         "packages it does not use)")
     if is_gguf(path):
         return _gguf_tokenizer(os.path.abspath(path))
     if os.path.isdir(path) and not any(os.path.isfile(os.path.join(path, f)) for f in _TOKENIZER_FILES):
@@ -35,7 +46,8 @@ def get_tokenizer(path: str) -> "PreTrainedTokenizerBase | FastTokenizer | None"
     # Imported here for start-up time: the auto tables cost ~0.3 s and GGUF runs skip them.
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(path)
+    return AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code,
+                                         use_fast=tokenizer_mode != "slow")
 
 
 def _gguf_tokenizer(path: str) -> "PreTrainedTokenizerBase | FastTokenizer":

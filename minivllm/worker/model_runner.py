@@ -2,7 +2,6 @@
 
 import torch
 
-from minivllm import envs
 from minivllm.config import CompilationMode, VllmConfig
 from minivllm.forward_context import BatchDescriptor, set_forward_context
 from minivllm.logger import init_logger
@@ -24,6 +23,7 @@ from minivllm.worker.eagle_proposer import EagleProposer
 from minivllm.worker.input_batch import (CachedRequestState, StepInputs, as_decode_rows,
                                          check_prompt_embeds_support, is_decode_with_drafts,
                                          prepare_inputs, step_inputs_embeds, update_states)
+from minivllm.worker.kv_budget import default_kv_bytes
 from minivllm.worker.pooling import PoolingRunner
 from minivllm.worker.prompt_logprobs import prompt_logprobs
 from minivllm.worker.rejection_sampler import verify_drafts
@@ -31,16 +31,6 @@ from minivllm.worker.sampler import RequestSamplingStates, Sampler
 from minivllm.worker.state_slots import StateSlots
 
 logger = init_logger(__name__)
-_DEFAULT_KV_BYTES = 1 << 30   # 1 GiB per rank when neither a byte budget nor a block count is set
-
-
-def _default_kv_bytes(device: torch.device) -> int:
-    """The KV budget without --kv-cache-memory-bytes: on CPU vLLM's VLLM_CPU_KVCACHE_SPACE (GiB)
-    where set and not 0, else `_DEFAULT_KV_BYTES`."""
-    gib = envs.VLLM_CPU_KVCACHE_SPACE if device.type == "cpu" else 0
-    return int(gib * (1 << 30)) or _DEFAULT_KV_BYTES
-
-
 class ModelRunner:
     """Holds the model, its KV cache and per-request state of one rank."""
 
@@ -142,7 +132,8 @@ class ModelRunner:
             sched = self.vllm_config.scheduler_config
             max_len = self.vllm_config.model_config.max_model_len
             return sched.max_num_seqs * -(-max_len // self.block_size)
-        budget = cache_config.kv_cache_memory_bytes or _default_kv_bytes(self.device)
+        budget = cache_config.kv_cache_memory_bytes or default_kv_bytes(
+            self.device, cache_config.gpu_memory_utilization)
         return max(1, budget // per_block)
 
     def initialize_kv_cache(self, num_blocks: int) -> None:

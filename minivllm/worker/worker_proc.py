@@ -76,14 +76,17 @@ def _run_worker(init: WorkerInit, conn: Connection) -> None:
     worker = get_worker_cls(pc)(init.vllm_config, init.rank, init.distributed_init_method)
     worker.init_device(timeout_s=DIST_TIMEOUT_S)
     ranks = list(range(pc.world_size))
-    control = GroupCoordinator(ranks, init.rank, dist.new_group(ranks, backend="gloo",
-                                                                timeout=_CONTROL_TIMEOUT), "control")
+    # One rank (distributed_executor_backend="mp" at TP = PP = 1) has no group to join.
+    group = (dist.new_group(ranks, backend="gloo", timeout=_CONTROL_TIMEOUT)
+             if pc.world_size > 1 else None)
+    control = GroupCoordinator(ranks, init.rank, group, "control")
     if pc.nnodes > 1:
         _check_same_settings(init, control)
     worker.load_model()
     # Every rank must index the same blocks: all use the smallest count any rank can afford.
     num_blocks = torch.tensor([worker.determine_num_blocks()], dtype=torch.int64)
-    dist.all_reduce(num_blocks, op=dist.ReduceOp.MIN, group=control.cpu_group)
+    if pc.world_size > 1:
+        dist.all_reduce(num_blocks, op=dist.ReduceOp.MIN, group=control.cpu_group)
     worker.initialize_cache(int(num_blocks))
     conn.send(("ready", init.rank, int(num_blocks)))
     _step_loop(worker, control, conn, init)
@@ -160,8 +163,10 @@ def _run_rpc(worker: Any, control: Any, conn: Connection, rank: int, call: bytes
             result = ("error", cloudpickle.dumps(exc))
         except Exception:      # noqa: BLE001 - an exception that does not pickle
             result = ("error", cloudpickle.dumps(RuntimeError(f"{type(exc).__name__}: {exc}")))
-    results: list[Any] = [None] * control.world_size
-    dist.all_gather_object(results, result, group=control.cpu_group)
+    results: list[Any] = [result]
+    if control.world_size > 1:
+        results = [None] * control.world_size
+        dist.all_gather_object(results, result, group=control.cpu_group)
     if rank == 0:
         conn.send(("rpc_result", results))
 
