@@ -36,6 +36,18 @@ def _gib(name: str) -> float:
     return value
 
 
+def _seconds(name: str, default: float) -> float:
+    """A positive number of seconds (unset: `default`); ValueError naming the variable."""
+    text = os.environ.get(name, "").strip()
+    try:
+        value = float(text) if text else default
+    except ValueError:
+        value = -1.0
+    if not 0 < value < float("inf"):
+        raise ValueError(f"{name} must be a positive number of seconds, got {text!r}.")
+    return value
+
+
 def _choice(name: str, choices: tuple[str, ...]) -> str:
     """One of `choices` (unset: the first); ValueError naming them otherwise."""
     value = os.environ.get(name, choices[0]).strip().lower() or choices[0]
@@ -64,6 +76,8 @@ environment_variables: dict[str, Callable[[], Any]] = {
     "VLLM_CPU_KVCACHE_SPACE": lambda: _gib("VLLM_CPU_KVCACHE_SPACE"),
     # /v1/responses keeps responses (store=true) for GET, previous_response_id and background
     "VLLM_ENABLE_RESPONSES_API_STORE": _flag("VLLM_ENABLE_RESPONSES_API_STORE", False),
+    # seconds between the server's "Avg prompt throughput ..." log lines (--disable-log-stats)
+    "VLLM_LOG_STATS_INTERVAL": lambda: _seconds("VLLM_LOG_STATS_INTERVAL", 10.0),
     # GGUF weights in the x8 layout: auto (CPUs without AMX), 1 (AMX CPUs too), 0 (never)
     "MINIVLLM_GGUF_X8": lambda: _choice("MINIVLLM_GGUF_X8", ("auto", "0", "1")),
 }

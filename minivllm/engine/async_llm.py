@@ -88,6 +88,7 @@ class AsyncLLM(PauseMixin):
         # --reasoning-parser (stateless after construction): the server's reasoning split
         self.reasoning_parser = getattr(engine, "reasoning_parser", None)
         self.stat_loggers: list[StatLogger] = []
+        self.request_logger: Any = None   # --enable-log-requests: entrypoints/logger.py
         self.stats = EngineStats()
         self.dead_error: BaseException | None = None
         self.last_progress_s = time.monotonic()
@@ -178,6 +179,8 @@ class AsyncLLM(PauseMixin):
         if priority and not getattr(getattr(self.engine, "scheduler", None), "by_priority", False):
             raise ValueError(f"priority {priority} needs priority scheduling; start the server "
                              "with --scheduling-policy priority.")
+        if self.request_logger is not None:
+            self.request_logger.log_inputs(request_id, prompt, params, lora_request)
         stream = _Stream(asyncio.get_running_loop(), asyncio.Queue(), params.n, time.monotonic())
         with self._lock:
             if request_id in self._streams:

@@ -25,10 +25,12 @@ from minivllm.entrypoints.openai.cli_args import LoRAModulePath
 from minivllm.entrypoints.openai.dev_routes import register_dev_routes, register_profiler_routes
 from minivllm.entrypoints.openai.metrics import CONTENT_TYPE, ServerMetrics
 from minivllm.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
+from minivllm.entrypoints.openai.server_launch import (check_serve_args,
+                                                       configure_logging_and_middleware,
+                                                       server_log_level, uvicorn_config)
 from minivllm.entrypoints.openai.server_options import (APIKeyMiddleware, CORSOptions,
                                                         RequestIdHeaderMiddleware,
-                                                        bind_listen_socket,
-                                                        load_chat_template, resolve_api_keys)
+                                                        bind_listen_socket, resolve_api_keys)
 from minivllm.entrypoints.openai.serving_chat import OpenAIServingChat
 from minivllm.entrypoints.openai.serving_classification import (ClassificationRequest,
                                                                 OpenAIServingClassification)
@@ -125,7 +127,8 @@ def build_app(async_llm: AsyncLLM, served_model_name: str | list[str] | None = N
               enable_prompt_tokens_details: bool = False,
               cors: CORSOptions | None = None, return_tokens_as_token_ids: bool = False,
               enable_request_id_headers: bool = False,
-              chat_template_content_format: str = "auto") -> FastAPI:
+              chat_template_content_format: str = "auto",
+              response_role: str = "assistant") -> FastAPI:
     """The OpenAI-compatible app around a (started or not) AsyncLLM; starts its loop (and loads
     the `lora_modules` adapters) on startup. `tool_choice: "auto"` needs
     `enable_auto_tool_choice` and a `tool_call_parser` name. `api_keys` (else VLLM_API_KEY):
@@ -134,7 +137,8 @@ def build_app(async_llm: AsyncLLM, served_model_name: str | list[str] | None = N
     reports the prompt tokens the prefix cache served; `cors`: who may call from a browser
     (vLLM's default: any origin); `return_tokens_as_token_ids`: logprobs name tokens by id
     unless a request says otherwise; `enable_request_id_headers`: X-Request-Id on responses;
-    `chat_template_content_format`: auto, string or openai (transformers_utils/chat_template)."""
+    `chat_template_content_format`: auto, string or openai (transformers_utils/chat_template);
+    `response_role`: the role of chat replies after a generation prompt."""
     resolve_content_format(chat_template_content_format, None)   # a bad value fails here
     if enable_auto_tool_choice and tool_call_parser is None:
         raise ValueError("--enable-auto-tool-choice needs --tool-call-parser (one of "
@@ -165,6 +169,7 @@ def build_app(async_llm: AsyncLLM, served_model_name: str | list[str] | None = N
         serving.enable_prompt_tokens_details = enable_prompt_tokens_details
         serving.return_tokens_as_token_ids = return_tokens_as_token_ids
         serving.chat_template_content_format = chat_template_content_format
+    servings.chat.response_role = response_role
     keys = resolve_api_keys(api_keys, envs.VLLM_API_KEY)
     if keys:
         app.add_middleware(APIKeyMiddleware, api_keys=keys)
@@ -347,11 +352,8 @@ def run_server(args: argparse.Namespace) -> int:
     import uvicorn
 
     engine_args = EngineArgs.from_cli_args(args)
-    if args.lora_modules and not engine_args.enable_lora:
-        raise ValueError("--lora-modules needs --enable-lora (and --max-lora-rank at least the "
-                         "adapters' rank)")
-    chat_template = load_chat_template(args.chat_template)   # a bad value fails before loading
-    resolve_api_keys(args.api_key, envs.VLLM_API_KEY)
+    chat_template = check_serve_args(args, engine_args)     # bad flags fail before loading
+    server_log_level()
     sock = bind_listen_socket(args.host, args.port)           # so does a port in use
     try:
         async_llm = AsyncLLM.from_engine_args(engine_args,
@@ -367,19 +369,18 @@ def run_server(args: argparse.Namespace) -> int:
                         return_tokens_as_token_ids=args.return_tokens_as_token_ids,
                         enable_request_id_headers=args.enable_request_id_headers,
                         chat_template_content_format=args.chat_template_content_format,
+                        response_role=args.response_role,
                         cors=CORSOptions(args.allowed_origins, args.allow_credentials,
                                          args.allowed_methods, args.allowed_headers))
+        configure_logging_and_middleware(app, async_llm, args)
     except BaseException:
         async_llm.shutdown()
         sock.close()
         raise
-    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.uvicorn_log_level,
-                            access_log=not args.disable_uvicorn_access_log,
-                            timeout_graceful_shutdown=5)
-    server = uvicorn.Server(config)
-    port = sock.getsockname()[1]
-    print(f"Serving {app.state.served_model_name} on http://{args.host}:{port} "
-          "(OpenAI API under /v1)", flush=True)
+    server = uvicorn.Server(uvicorn_config(app, args))
+    scheme = "https" if args.ssl_certfile else "http"
+    print(f"Serving {app.state.served_model_name} on {scheme}://{args.host}:"
+          f"{sock.getsockname()[1]}{args.root_path} (OpenAI API under /v1)", flush=True)
     try:
         server.run(sockets=[sock])
     finally:

@@ -68,9 +68,37 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
                         help="LoRA adapters to serve (needs --enable-lora): name=path, or JSON "
                              '\'{"name": ..., "path": ..., "base_model_name": ...}\'; requests '
                              "pick one by its name in `model`")
+    _add_deployment_args(parser)
     EngineArgs.add_cli_args(parser)
     parser.set_defaults(func=cmd_serve)
     return parser
+
+
+def _add_deployment_args(parser: argparse.ArgumentParser) -> None:
+    """vLLM's flags for where and how the server runs (server_launch.py)."""
+    parser.add_argument("--response-role", default="assistant",
+                        help="the role of chat replies after a generation prompt")
+    parser.add_argument("--root-path", default="",
+                        help="the path prefix a proxy serves this server under")
+    parser.add_argument("--middleware", action="append", default=[], metavar="IMPORT.PATH",
+                        help="an ASGI middleware class (app.add_middleware) or an HTTP "
+                             "middleware function, by import path; repeatable")
+    parser.add_argument("--ssl-keyfile", default=None, help="TLS: the private key file")
+    parser.add_argument("--ssl-certfile", default=None, help="TLS: the certificate file")
+    parser.add_argument("--ssl-ca-certs", default=None,
+                        help="TLS: CA certificates to check client certificates against")
+    parser.add_argument("--ssl-cert-reqs", type=int, default=0,
+                        help="TLS: whether client certificates are required (Python's "
+                             "ssl.CERT_NONE 0, CERT_OPTIONAL 1, CERT_REQUIRED 2)")
+    parser.add_argument("--enable-log-requests", action="store_true",
+                        help="log each request's prompt and sampling parameters")
+    parser.add_argument("--disable-log-requests", action="store_false",
+                        dest="enable_log_requests", help="vLLM's older spelling: no request log")
+    parser.add_argument("--max-log-len", type=int, default=None,
+                        help="logged prompts are cut to this many characters (or token ids)")
+    parser.add_argument("--disable-log-stats", action="store_true",
+                        help="no periodic throughput / queue / KV-usage log line "
+                             "(VLLM_LOG_STATS_INTERVAL seconds apart)")
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

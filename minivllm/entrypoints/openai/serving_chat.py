@@ -49,6 +49,7 @@ class OpenAIServingChat(OpenAIServing):
     def __init__(self, *args, tool_parser: ToolParser | None = None, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.tool_parser = tool_parser   # set by --enable-auto-tool-choice --tool-call-parser
+        self.response_role = "assistant"   # --response-role: the reply's role
         self.reasoning_parser = getattr(self.async_llm, "reasoning_parser", None)
 
     async def create_chat_completion(self, request: ChatCompletionRequest,
@@ -83,7 +84,7 @@ class OpenAIServingChat(OpenAIServing):
         if final is None:
             return Response(status_code=499)   # the client is gone; nobody reads this
         choices = []
-        role = chat_request_role(request)
+        role = chat_request_role(request, self.response_role)
         echo = echo_text(request, role)
         for out in final.outputs:
             reasoning, text = self.split_reasoning(out.text, True, in_reasoning)
@@ -146,7 +147,7 @@ class OpenAIServingChat(OpenAIServing):
                               self.prompt_tokens_details(final.num_cached_tokens))
         try:
             # The role comes first, in a chunk of its own per choice (as OpenAI does).
-            role = chat_request_role(request)
+            role = chat_request_role(request, self.response_role)
             yield encoder.chunk([_stream_choice(i, {"role": role, "content": ""})
                                  for i in range(request.n)],
                                 usage() if request.continuous_usage else None,
@@ -321,10 +322,10 @@ class OpenAIServingChat(OpenAIServing):
                                      bytes=list(token.encode("utf-8", errors="replace")))
 
 
-def chat_request_role(request: ChatCompletionRequest) -> str:
-    """vLLM's: the reply is the assistant's after a generation prompt, else it continues the
-    last message in that message's role."""
-    return "assistant" if request.add_generation_prompt else request.messages[-1]["role"]
+def chat_request_role(request: ChatCompletionRequest, response_role: str = "assistant") -> str:
+    """vLLM's: the reply is `response_role`'s (--response-role) after a generation prompt,
+    else it continues the last message in that message's role."""
+    return response_role if request.add_generation_prompt else request.messages[-1]["role"]
 
 
 def echo_text(request: ChatCompletionRequest, role: str) -> str:
