@@ -126,9 +126,9 @@ class ReferenceDrafter:
 
     def __init__(self, target: str, head: str) -> None:
         from safetensors.torch import load_file
-        from transformers import LlamaConfig, LlamaForCausalLM
+        from transformers import AutoModelForCausalLM, LlamaConfig
 
-        self.target = LlamaForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
+        self.target = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
         with open(os.path.join(head, "config.json")) as f:
             self.cfg = json.load(f)
         self.w = load_file(os.path.join(head, "model.safetensors"))

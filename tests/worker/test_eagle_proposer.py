@@ -78,6 +78,28 @@ def test_drafts_are_the_heads_and_tokens_the_targets(target, heads, base, head, 
         assert min(stats.num_accepted_tokens_per_pos) > 0
 
 
+def test_eagle3_head_on_a_qwen3_target(tmp_path):
+    """Qwen3 targets (vLLM's EAGLE-3 heads for Qwen3 are Llama-architecture heads): the aux
+    streams come from Qwen3's layers (q/k norms and all); drafts equal the reference's."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from tests.model_executor.models._family_helpers import write_tiny_checkpoint
+
+    target = write_tiny_checkpoint(tmp_path / "qwen3", Qwen3Config, Qwen3ForCausalLM,
+                                   num_hidden_layers=4, head_dim=16)
+    head = write_eagle3_head(str(tmp_path / "head"), target, draft_vocab=300)
+    spec = _spec_llm(target, head, "eagle3", k=3, max_num_batched_tokens=16)
+    record = _record_proposals(spec)
+    prompts = [{"prompt_token_ids": list(range(5 + i, 30 + 3 * i))} for i in range(3)]
+    base = LLM(model=target, dtype="float32", max_model_len=256, num_gpu_blocks_override=96)
+    assert _tokens(spec.generate(prompts, GREEDY, use_tqdm=False)) == \
+        _tokens(base.generate(prompts, GREEDY, use_tqdm=False))
+    reference = ReferenceDrafter(target, head)
+    assert len(record) > 10
+    for known, drafts in record[::4]:
+        assert drafts == reference.drafts(known, len(drafts))
+
+
 def test_sampled_tokens_keep_their_distribution_settings(target, heads, base):
     """Seeded sampling with penalties and logprobs: the tokens of decoding without drafts."""
     spec = _spec_llm(target, heads["aligned"], "eagle", k=4)
@@ -86,6 +108,18 @@ def test_sampled_tokens_keep_their_distribution_settings(target, heads, base):
     assert _tokens(spec.generate(PROMPTS, params, use_tqdm=False)) == \
         _tokens(base.generate(PROMPTS, params, use_tqdm=False))
     assert spec.llm_engine.scheduler.spec_stats.num_accepted_tokens > 0
+
+
+def test_structured_outputs_with_eagle_drafts(target, heads, base):
+    """Drafts a grammar refuses are cut before the target verifies them."""
+    from minivllm.sampling_params import StructuredOutputsParams
+
+    spec = _spec_llm(target, heads["aligned"], "eagle", k=3)
+    params = SamplingParams(temperature=0, max_tokens=30, structured_outputs=
+                            StructuredOutputsParams(regex="(the |quick |brown |fox )+"))
+    got = spec.generate(PROMPTS[:2], params, use_tqdm=False)
+    assert _tokens(got) == _tokens(base.generate(PROMPTS[:2], params, use_tqdm=False))
+    assert all(o.outputs[0].text.startswith(("the", "quick", "brown", "fox")) for o in got)
 
 
 def test_preemption_and_prefix_caching_with_eagle(target, heads, base):
