@@ -267,9 +267,12 @@ class EngineArgs:
 
     def _draft_model_config(self, spec: SpeculativeConfig, target: ModelConfig) -> ModelConfig:
         """The draft's ModelConfig: its checkpoint at the target's dtype and length, the target's
-        tokenizer; one rank only, and the target's vocabulary."""
-        if self.tensor_parallel_size * self.pipeline_parallel_size != 1:
-            raise ValueError(f"speculative_config method {spec.method!r} runs on one rank; got "
+        tokenizer and vocabulary. A draft model runs on one rank; an EAGLE head also with
+        tensor parallelism (its layers sharded like the target's), not over pipeline stages."""
+        one_rank = self.tensor_parallel_size * self.pipeline_parallel_size == 1
+        if not one_rank and not (spec.use_eagle and self.pipeline_parallel_size == 1):
+            where = "without pipeline stages" if spec.use_eagle else "on one rank"
+            raise ValueError(f"speculative_config method {spec.method!r} runs {where}; got "
                              f"tensor_parallel_size={self.tensor_parallel_size}, "
                              f"pipeline_parallel_size={self.pipeline_parallel_size} (the ngram "
                              "method runs with any)")

@@ -142,6 +142,19 @@ def test_preemption_and_prefix_caching_with_eagle(target, heads, base):
         assert drafts == reference.drafts(known, len(drafts))
 
 
+def test_tensor_parallel_heads_draft_as_one_rank(target, heads):
+    """TP=2: the head's layers are sharded like the target's; every rank drafts the same, and
+    the drafts (their acceptance at each position) and tokens are those of one rank."""
+    runs = []
+    for tp in (1, 2):
+        llm = _spec_llm(target, heads["aligned"], "eagle", k=3, tensor_parallel_size=tp)
+        tokens = _tokens(llm.generate(PROMPTS, GREEDY, use_tqdm=False))
+        stats = llm.llm_engine.scheduler.spec_stats
+        runs.append((tokens, stats.num_draft_tokens, stats.num_accepted_tokens_per_pos))
+        llm.shutdown()
+    assert runs[0] == runs[1] and sum(runs[0][2]) > 0
+
+
 def test_eagle_heads_share_the_targets_missing_parts(target, heads, tmp_path):
     """Without embed_tokens (and, for EAGLE, without lm_head) the head uses the target's; a
     head with its own embedding keeps it."""
@@ -172,8 +185,8 @@ def test_eagle_method_follows_the_heads_name(target, heads, tmp_path):
 def test_eagle_errors_name_the_problem(target, heads, tmp_path):
     with pytest.raises(ValueError, match="'eagle' needs `model`: the EAGLE head"):
         LLM(model=target, speculative_config={"method": "eagle", "num_speculative_tokens": 2})
-    with pytest.raises(ValueError, match="runs on one rank"):
-        LLM(model=target, tensor_parallel_size=2,
+    with pytest.raises(ValueError, match="runs without pipeline stages"):
+        LLM(model=target, pipeline_parallel_size=2,
             speculative_config={"method": "eagle", "model": heads["eagle"],
                                 "num_speculative_tokens": 2})
     with pytest.raises(ValueError, match="parallel_drafting is not supported"):
