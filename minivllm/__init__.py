@@ -3,7 +3,8 @@
 from typing import TYPE_CHECKING, Any
 
 __all__ = ["LLM", "SamplingParams", "ModelRegistry", "RequestOutput", "CompletionOutput",
-           "EngineArgs", "PromptType", "TextPrompt", "TokensPrompt"]
+           "EngineArgs", "AsyncEngineArgs", "AsyncLLMEngine", "PromptType", "TextPrompt",
+           "TokensPrompt"]
 
 __version__ = "0.1.0"
 
@@ -15,6 +16,9 @@ _LAZY = {
     "RequestOutput": ("minivllm.outputs", "RequestOutput"),
     "CompletionOutput": ("minivllm.outputs", "CompletionOutput"),
     "EngineArgs": ("minivllm.engine.arg_utils", "EngineArgs"),
+    "AsyncEngineArgs": ("minivllm.engine.arg_utils", "AsyncEngineArgs"),
+    # vLLM's top-level name for its asyncio engine (AsyncLLM in v1)
+    "AsyncLLMEngine": ("minivllm.engine.async_llm", "AsyncLLM"),
     "PromptType": ("minivllm.inputs", "PromptType"),
     "TextPrompt": ("minivllm.inputs", "TextPrompt"),
     "TokensPrompt": ("minivllm.inputs", "TokensPrompt"),

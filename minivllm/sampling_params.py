@@ -15,6 +15,16 @@ MAX_LOGPROBS = 20   # as vLLM's default max_logprobs
 _SAMPLING_EPS = 1e-5
 
 
+class RequestOutputKind(enum.IntEnum):
+    """vLLM's: what each output of a streamed request holds (`AsyncLLM.generate`): all text
+    and tokens so far, only those new since the previous output, or one final output.
+    `LLM.generate` returns final outputs whatever the kind."""
+
+    CUMULATIVE = 0
+    DELTA = 1
+    FINAL_ONLY = 2
+
+
 @dataclass
 class StructuredOutputsParams:
     """One output constraint (vLLM's names): a JSON schema, any JSON object, a regex, one of
@@ -141,6 +151,7 @@ class SamplingParams:
     truncate_prompt_tokens: int | None = None
     # vLLM's: free-form settings for custom logits processors (v1/sample/logits_processor)
     extra_args: dict[str, Any] | None = None
+    output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
     # stop_token_ids plus the model's eos (unless ignore_eos): what min_tokens masks.
     _all_stop_token_ids: set[int] = field(default_factory=set, init=False, repr=False, compare=False)
     # bad_words as token-id sequences (update_from_tokenizer)
@@ -185,6 +196,11 @@ class SamplingParams:
                                      f"{type(value).__name__} {value!r}.")
                 if ok is _is_int:
                     setattr(self, name, int(value))   # numpy / torch ints -> int
+        try:
+            self.output_kind = RequestOutputKind(self.output_kind)
+        except ValueError:
+            raise ValueError("output_kind must be a RequestOutputKind (CUMULATIVE, DELTA, "
+                             f"FINAL_ONLY), got {self.output_kind!r}.") from None
         if self.structured_outputs is not None and not isinstance(
                 self.structured_outputs, StructuredOutputsParams):
             raise ValueError("structured_outputs must be a StructuredOutputsParams or None, got "

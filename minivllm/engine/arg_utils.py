@@ -379,3 +379,9 @@ def _scalar_type(hint: Any) -> type:
     if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
         hint = next(a for a in typing.get_args(hint) if a is not type(None))
     return hint
+
+
+@dataclass
+class AsyncEngineArgs(EngineArgs):
+    """vLLM's name for the engine arguments `AsyncLLM.from_engine_args` takes (the same
+    fields here: the server's own flags live in `minivllm serve`'s parser)."""

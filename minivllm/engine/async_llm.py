@@ -14,15 +14,17 @@ import copy
 import threading
 import time
 from collections import defaultdict, deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from minivllm.engine.arg_utils import EngineArgs
+from minivllm.engine.engine_calls import EngineCallsMixin, EngineDeadError, QueueFullError
 from minivllm.engine.engine_thread import EngineThread, put_all_soon, run_call, settle
 from minivllm.engine.llm_engine import LLMEngine
 from minivllm.engine.pause_mixin import PauseMixin
-from minivllm.engine.request_stream import RequestStream, _Stream
+from minivllm.engine.request_stream import (STREAM_FINISHED, RequestStream, _Stream,
+                                            outputs_of_kind)
 from minivllm.inputs import PromptType
 from minivllm.lora.request import LoRARequest
 from minivllm.logger import init_logger
@@ -33,18 +35,6 @@ from minivllm.v1.spec_decode.metrics import SpecDecodingStats
 logger = init_logger(__name__)
 
 _IDLE_WAIT_S = 1.0   # how long the idle loop sleeps before re-checking the stop flag
-
-
-class EngineDeadError(RuntimeError):
-    """The engine loop stopped or crashed; in-flight and new requests fail with this."""
-
-
-class QueueFullError(RuntimeError):
-    """More requests wait than --max-num-queued-requests allows (HTTP 429)."""
-
-    def __init__(self, message: str, retry_after_s: int = 1) -> None:
-        super().__init__(message)
-        self.retry_after_s = retry_after_s
 
 
 @dataclass(frozen=True)
@@ -67,7 +57,17 @@ class StatLogger(Protocol):
     def on_request_finished(self, finish_reason: str, e2e_s: float) -> None: ...
 
 
-class AsyncLLM(PauseMixin):
+class _Completed:
+    """An awaitable that is already done: what `abort` returns."""
+
+    def __await__(self):
+        return iter(())
+
+
+_DONE = _Completed()
+
+
+class AsyncLLM(EngineCallsMixin, PauseMixin):
     """Runs an `LLMEngine` in one thread; `add_request` and `abort` may be called from asyncio."""
 
     def __init__(self, engine: Any, *, max_num_queued_requests: int = 1024,
@@ -196,66 +196,34 @@ class AsyncLLM(PauseMixin):
         self._wakeup.set()
         return RequestStream(request_id, stream, self.abort)
 
-    async def generate(self, prompt: PromptType, params: SamplingParams,
-                       request_id: str) -> AsyncIterator[RequestOutput]:
-        async for output in self.add_request(request_id, prompt, params).outputs():
+    async def generate(self, prompt: PromptType, sampling_params: SamplingParams,
+                       request_id: str, *, lora_request: LoRARequest | None = None,
+                       priority: int = 0) -> AsyncIterator[RequestOutput]:
+        """vLLM's: the request's outputs as `sampling_params.output_kind` asks (cumulative,
+        deltas, or the final one only); leaving the loop early aborts the request."""
+        stream = self.add_request(request_id, prompt, sampling_params, lora_request, priority)
+        async for output in outputs_of_kind(stream.outputs(), sampling_params.output_kind):
             yield output
 
-    async def add_lora(self, lora_request: LoRARequest) -> bool:
-        """`LLMEngine.add_lora` on the loop thread (a ValueError when the adapter does not fit)."""
-        return await self._call_engine("add_lora", lora_request)
+    def abort(self, request_id: str | Iterable[str]) -> Awaitable[None]:
+        """Aborts requests (no-op when unknown or finished); frees their KV blocks next step.
+        Returns an awaitable: vLLM's callers `await engine.abort(...)`, handlers here need not."""
+        for one in [request_id] if isinstance(request_id, str) else list(request_id):
+            self._abort_one(one)
+        return _DONE
 
-    async def remove_lora(self, lora_id: int) -> bool:
-        return await self._call_engine("remove_lora", lora_id)
-
-    async def reset_prefix_cache(self) -> bool:
-        """vLLM's: forgets the cached KV blocks (False while requests hold blocks)."""
-        return await self._call_engine("reset_prefix_cache")
-
-    async def sleep(self, level: int = 1) -> None:
-        """vLLM's: `LLMEngine.sleep` between two steps."""
-        await self._call_engine("sleep", level)
-
-    async def wake_up(self, tags: list[str] | None = None) -> None:
-        await self._call_engine("wake_up", tags)
-
-    async def is_sleeping(self) -> bool:
-        return await self._call_engine("is_sleeping")
-
-    async def start_profile(self) -> None:
-        await self._call_engine("start_profile")
-
-    async def stop_profile(self) -> None:
-        await self._call_engine("stop_profile")
-
-    async def collective_rpc(self, method: str | Callable[..., Any], timeout: float | None = None,
-                             args: tuple = (), kwargs: dict[str, Any] | None = None) -> list[Any]:
-        """`LLMEngine.collective_rpc` between two steps (every rank's result, in rank order)."""
-        return await self._call_engine("collective_rpc", method, timeout, tuple(args), kwargs)
-
-    async def _call_engine(self, method: str, *args: Any) -> Any:
-        """Runs `engine.<method>(*args)` between two steps: only the loop thread touches it."""
-        if self.dead_error is not None or self._stop.is_set():
-            raise EngineDeadError(f"The engine loop is not running: {self.dead_error or 'stopped'}")
-        future = asyncio.get_running_loop().create_future()
-        with self._lock:
-            self._commands.append(("call", method, args, future))
-        self._wakeup.set()
-        return await future
-
-    def abort(self, request_id: str) -> None:
-        """Aborts a request (no-op when unknown or finished); frees its KV blocks next step."""
+    def _abort_one(self, request_id: str) -> None:
         with self._lock:
             stream = self._streams.pop(request_id, None)
             if stream is None:
                 return
-            if stream.admitted:
-                self._commands.append(("abort", request_id))
+            if stream.admitted:   # its final output ("abort") comes from the loop thread
+                self._commands.append(("abort", request_id, stream))
             else:
                 self._num_pending_seqs -= stream.num_seqs   # its add command will be skipped
+                stream.loop.call_soon_threadsafe(stream.queue.put_nowait, STREAM_FINISHED)
         self._wakeup.set()
-        # The engine reports no output for an aborted request: count its end here (vLLM's
-        # request_success series with finished_reason="abort").
+        # Count its end here (vLLM's request_success series with finished_reason="abort").
         for stat_logger in self.stat_loggers:
             stat_logger.on_request_finished("abort", time.monotonic() - stream.arrival_s)
 
@@ -300,7 +268,12 @@ class AsyncLLM(PauseMixin):
             # pending request (and cancels the add) or an admitted one (and aborts it).
             for command in commands:
                 if command[0] == "abort":
-                    self.engine.abort_request(command[1])
+                    # A consumer still reading (`await engine.abort(id)`) gets the final
+                    # output, finish_reason "abort"; nobody reads it after a disconnect.
+                    final = self.engine.abort_with_outputs(command[1])
+                    stream = command[2]
+                    stream.loop.call_soon_threadsafe(stream.queue.put_nowait,
+                                                     final[-1] if final else STREAM_FINISHED)
                 elif command[0] == "call":
                     run_call(self.engine, *command[1:])
                 elif self._paused:       # pause_generation: held until resume
