@@ -1,5 +1,6 @@
 """AsyncLLM's calls into the engine between two steps (vLLM's async methods: adapters, prefix
-cache, sleep mode, profiler, collective_rpc), and the errors its handlers see."""
+cache, sleep mode, profiler, collective_rpc), vLLM's small EngineClient queries
+(`get_tokenizer`, `model_config`, `is_running`, `errored`), and the errors handlers see."""
 
 from __future__ import annotations
 
@@ -32,7 +33,10 @@ class EngineCallsMixin:
     _commands: deque
     _wakeup: threading.Event
     _stop: threading.Event
+    _thread: threading.Thread | None
     dead_error: BaseException | None
+    engine: Any
+    tokenizer: Any
 
     async def add_lora(self, lora_request: LoRARequest) -> bool:
         """`LLMEngine.add_lora` on the loop thread (a ValueError when the adapter does not fit)."""
@@ -40,6 +44,27 @@ class EngineCallsMixin:
 
     async def remove_lora(self, lora_id: int) -> bool:
         return await self._call_engine("remove_lora", lora_id)
+
+    async def list_loras(self) -> set[int]:
+        return await self._call_engine("list_loras")
+
+    async def get_tokenizer(self) -> Any:
+        """vLLM's: the handlers' tokenizer (None with skip_tokenizer_init)."""
+        return self.tokenizer
+
+    @property
+    def model_config(self) -> Any:
+        return self.engine.vllm_config.model_config
+
+    @property
+    def is_running(self) -> bool:
+        """The loop thread is stepping (or waiting for work)."""
+        return self._thread is not None and self._thread.is_alive() and self.dead_error is None
+
+    @property
+    def errored(self) -> bool:
+        """The loop crashed or was stopped: requests fail with `dead_error`."""
+        return self.dead_error is not None
 
     async def reset_prefix_cache(self) -> bool:
         """vLLM's: forgets the cached KV blocks (False while requests hold blocks)."""

@@ -72,3 +72,13 @@ def test_abort_can_be_awaited_and_priority_reaches_the_engine(engine):
 async def _collect_priority(engine) -> None:
     async for _ in engine.generate(PROMPT, SamplingParams(max_tokens=2), "urgent", priority=1):
         pass
+
+
+def test_engine_client_queries(engine):
+    """vLLM's EngineClient surface custom servers read."""
+    tokenizer = asyncio.run(engine.get_tokenizer())
+    assert tokenizer("hello").input_ids
+    assert engine.model_config.max_model_len == 128
+    assert engine.is_running and not engine.errored
+    with pytest.raises(ValueError, match="LoRA is disabled"):
+        asyncio.run(engine.list_loras())
