@@ -28,7 +28,8 @@ from minivllm.engine.request_stream import (STREAM_FINISHED, RequestStream, _Str
 from minivllm.inputs import PromptType
 from minivllm.lora.request import LoRARequest
 from minivllm.logger import init_logger
-from minivllm.outputs import RequestOutput
+from minivllm.outputs import PoolingRequestOutput, RequestOutput
+from minivllm.pooling_params import PoolingParams
 from minivllm.sampling_params import SamplingParams
 from minivllm.v1.spec_decode.metrics import SpecDecodingStats
 
@@ -203,6 +204,14 @@ class AsyncLLM(EngineCallsMixin, PauseMixin):
         deltas, or the final one only); leaving the loop early aborts the request."""
         stream = self.add_request(request_id, prompt, sampling_params, lora_request, priority)
         async for output in outputs_of_kind(stream.outputs(), sampling_params.output_kind):
+            yield output
+
+    async def encode(self, prompt: PromptType, pooling_params: PoolingParams, request_id: str,
+                     *, lora_request: LoRARequest | None = None,
+                     priority: int = 0) -> AsyncIterator[PoolingRequestOutput]:
+        """vLLM's: a pooling model's output for one prompt (one final output)."""
+        stream = self.add_request(request_id, prompt, pooling_params, lora_request, priority)
+        async for output in stream.outputs():
             yield output
 
     def abort(self, request_id: str | Iterable[str]) -> Awaitable[None]:

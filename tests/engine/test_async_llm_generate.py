@@ -82,3 +82,28 @@ def test_engine_client_queries(engine):
     assert engine.is_running and not engine.errored
     with pytest.raises(ValueError, match="LoRA is disabled"):
         asyncio.run(engine.list_loras())
+
+
+def test_encode_pools_as_the_offline_engine(tmp_path):
+    """vLLM's `AsyncLLM.encode` on a pooling model: the embedding LLM.embed gives."""
+    import torch
+
+    from minivllm import LLM
+    from minivllm.pooling_params import PoolingParams
+
+    path = write_tiny_checkpoint(str(tmp_path / "embed"))
+    kwargs = dict(model=path, dtype="float32", max_model_len=64, runner="pooling",
+                  convert="embed", num_gpu_blocks_override=16)
+    engine = minivllm.AsyncLLMEngine.from_engine_args(minivllm.AsyncEngineArgs(**kwargs))
+    engine.start()
+
+    async def scenario():
+        return [out async for out in engine.encode(PROMPT, PoolingParams(), "embed-1")]
+
+    try:
+        (output,) = asyncio.run(scenario())
+    finally:
+        engine.shutdown()
+    (expected,) = LLM(**kwargs).embed([PROMPT], use_tqdm=False)
+    assert output.finished
+    torch.testing.assert_close(output.outputs.data, torch.tensor(expected.outputs.embedding))
