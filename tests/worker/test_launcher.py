@@ -27,6 +27,9 @@ def _env() -> dict:
     return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")]))}
 
 
+# ~11 s (four ranks over two launched nodes): in the slow suite, which keeps the default suite
+# under 15 minutes on 2 cores; the launcher's single-node paths stay in the default one.
+@pytest.mark.slow
 def test_two_nodes_on_localhost_match_single_process(tiny_llama_factory):
     path = tiny_llama_factory("dist_tiny", **TINY)
     ref_tokens, ref_logprobs = greedy_run(LLM(model=path, **engine_kwargs()), prompts())
