@@ -137,7 +137,7 @@ class AutoWeightsLoader:
                                             note=f"nested weight aimed at the single tensor {qualified!r}")
                 continue
             if weight.dtype != target.dtype:
-                self._note_cast(qualified, weight.dtype, target.dtype)
+                self._note_cast(qualified, weight.dtype, target.dtype, weight.dim())
             loader = getattr(target, "weight_loader", default_weight_loader)
             with torch.no_grad():
                 loader(target, weight)
@@ -145,13 +145,16 @@ class AutoWeightsLoader:
 
     # ---- bookkeeping ---------------------------------------------------------------------------
 
-    def _note_cast(self, qualified: str, src: torch.dtype, dst: torch.dtype) -> None:
-        # Exact widenings (fp16 -> fp32) are routine; a narrowing cast is worth one warning.
+    def _note_cast(self, qualified: str, src: torch.dtype, dst: torch.dtype,
+                   ndim: int = 2) -> None:
+        # Exact widenings (fp16 -> fp32) are routine, and so are vectors (norm weights, biases)
+        # kept in fp32 beside half-precision matrices (GGUF files always store norms so); a
+        # narrowing cast of a matrix is worth one warning.
         try:
             widening = torch.promote_types(src, dst) == dst
         except RuntimeError:      # fp8 and other dtypes without promotion rules
             widening = False
-        if widening or (src, dst) in self._warned_casts:
+        if widening or ndim < 2 or (src, dst) in self._warned_casts:
             logger.debug("Loading %s: casting %s to %s", qualified, src, dst)
             return
         self._warned_casts.add((src, dst))
