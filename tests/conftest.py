@@ -1,8 +1,10 @@
 """Shared fixtures: tiny random Llama checkpoints written with transformers, tiny BPE tokenizers,
 the default model path; the `requires_native` marker's skip when no C++ compiler can build the kernels."""
 
+import contextlib
 import functools
 import importlib.util
+import logging
 import os
 import subprocess
 import tempfile
@@ -28,6 +30,25 @@ def write_tiny_llama(folder: str, seed: int = 0, **overrides) -> str:
     model = LlamaForCausalLM(config).to(torch.float32).eval()
     model.save_pretrained(folder)
     return folder
+
+
+@contextlib.contextmanager
+def captured_log(name: str, level: int = logging.NOTSET):
+    """The messages logger `name` emits inside the block (a list, filled as they come); `level`
+    lowers the logger's own threshold meanwhile (minivllm logs at WARNING by default)."""
+    messages: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: messages.append(record.getMessage())
+    logger = logging.getLogger(name)
+    old_level = logger.level
+    logger.addHandler(handler)
+    if level:
+        logger.setLevel(level)
+    try:
+        yield messages
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(old_level)
 
 
 def make_bpe_tokenizer(texts: list[str], vocab_size: int,

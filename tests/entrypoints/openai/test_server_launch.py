@@ -22,6 +22,7 @@ from minivllm.entrypoints.openai.server_launch import (check_serve_args,
                                                        configure_logging_and_middleware,
                                                        uvicorn_config)
 from minivllm.v1.metrics.loggers import LoggingStatLogger
+from tests.conftest import captured_log
 from tests.entrypoints.openai._helpers import write_tiny_checkpoint
 
 HERE = "tests.entrypoints.openai.test_server_launch"
@@ -95,37 +96,25 @@ def _stop(server, thread, async_llm) -> None:
     async_llm.shutdown()
 
 
-class _Lines(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__()
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(record.getMessage())
-
-
 def test_tls_root_path_middleware_request_log_and_role(checkpoint, certificate, monkeypatch):
     monkeypatch.setenv("VLLM_LOG_STATS_INTERVAL", "0.01")
     key, cert = certificate
-    log = _Lines()
-    request_logger = logging.getLogger("minivllm.entrypoints.logger")
-    request_logger.addHandler(log)
-    request_logger.setLevel(logging.INFO)       # `serve` logs at INFO (server_log_level)
-    url, async_llm, server, thread = _serve(checkpoint, [
-        "--ssl-keyfile", key, "--ssl-certfile", cert, "--root-path", "/api",
-        "--middleware", f"{HERE}:HeaderMiddleware", "--middleware", f"{HERE}.stamp",
-        "--enable-log-requests", "--max-log-len", "3", "--response-role", "bot"])
-    try:
-        with pytest.raises(httpx.HTTPError):          # TLS only: plain HTTP gets no answer
-            httpx.get(url.replace("https", "http") + "/health", timeout=5)
-        with httpx.Client(verify=ssl.create_default_context(cafile=cert), timeout=30) as client:
-            _use(client, url)
-    finally:
-        _stop(server, thread, async_llm)
-        request_logger.removeHandler(log)
-        request_logger.setLevel(logging.NOTSET)
+    # `serve` logs at INFO (server_log_level)
+    with captured_log("minivllm.entrypoints.logger", logging.INFO) as log:
+        url, async_llm, server, thread = _serve(checkpoint, [
+            "--ssl-keyfile", key, "--ssl-certfile", cert, "--root-path", "/api",
+            "--middleware", f"{HERE}:HeaderMiddleware", "--middleware", f"{HERE}.stamp",
+            "--enable-log-requests", "--max-log-len", "3", "--response-role", "bot"])
+        try:
+            with pytest.raises(httpx.HTTPError):      # TLS only: plain HTTP gets no answer
+                httpx.get(url.replace("https", "http") + "/health", timeout=5)
+            with httpx.Client(verify=ssl.create_default_context(cafile=cert),
+                              timeout=30) as client:
+                _use(client, url)
+        finally:
+            _stop(server, thread, async_llm)
     assert any("prompt_token_ids: [5, 6, 7]," in line and "max_tokens=2" in line
-               for line in log.lines), log.lines
+               for line in log), log
     stats = [s for s in async_llm.stat_loggers if isinstance(s, LoggingStatLogger)]
     assert stats and any(line.startswith("Avg prompt throughput: ") and "Running: " in line
                          for line in stats[0].lines)

@@ -167,29 +167,16 @@ def test_only_consecutive_names_are_grouped():
 def test_narrowing_casts_warn_for_matrices_only():
     """fp32 norm weights beside bf16 matrices (every GGUF file) load quietly; an fp32 matrix
     loaded into bf16 is worth one warning, once."""
-    import logging
-
-    class Lines(logging.Handler):
-        def __init__(self) -> None:
-            super().__init__()
-            self.lines: list[str] = []
-
-        def emit(self, record: logging.LogRecord) -> None:
-            self.lines.append(record.getMessage())
+    from tests.conftest import captured_log
 
     model = nn.Module()
     model.norm = nn.Module()
     model.norm.weight = nn.Parameter(torch.zeros(4, dtype=torch.bfloat16), requires_grad=False)
     model.proj = nn.Linear(4, 4, bias=False).to(torch.bfloat16)
-    lines = Lines()
-    logger = logging.getLogger("minivllm.model_executor.models.auto_weights_loader")
-    logger.addHandler(lines)
-    try:
+    with captured_log("minivllm.model_executor.models.auto_weights_loader") as lines:
         AutoWeightsLoader(model).load_weights([("norm.weight", torch.ones(4))])
-        assert lines.lines == [] and model.norm.weight.dtype == torch.bfloat16
+        assert lines == [] and model.norm.weight.dtype == torch.bfloat16
         AutoWeightsLoader(model).load_weights([("proj.weight", torch.ones(4, 4))])
-        assert lines.lines == ["Casting checkpoint weights from torch.float32 to "
-                               "torch.bfloat16 (first: proj.weight)"]
-    finally:
-        logger.removeHandler(lines)
+        assert lines == ["Casting checkpoint weights from torch.float32 to "
+                         "torch.bfloat16 (first: proj.weight)"]
     assert torch.equal(model.proj.weight, torch.ones(4, 4, dtype=torch.bfloat16))
