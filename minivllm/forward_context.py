@@ -107,5 +107,11 @@ def is_decode_only_step() -> bool:
                                       and batch.num_tokens == batch.num_reqs)
 
 
+def is_prompt_step() -> bool:
+    """True inside a forward pass that is not `is_decode_only_step` (some request brings
+    prompt tokens); False outside any forward pass."""
+    return _forward_context is not None and not is_decode_only_step()
+
+
 def in_piecewise_cudagraph() -> bool:
     return False

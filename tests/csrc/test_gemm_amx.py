@@ -89,8 +89,9 @@ def test_linear_layer_routes_rows_to_gemm_gemv_or_onednn(monkeypatch):
     cpu_linear(xb, big.weight, None)                               # prompt: oneDNN
     assert calls == ["gemm_bf16"]
     calls.clear()
-    odd = _packed_layer(40, 64)                                     # N % 16 != 0: GEMV at 1 row
+    odd = _packed_layer(40, 64)                        # N % 16 != 0: GEMV up to GEMV_MAX_ROWS
     assert odd.weight._amx_rows == 0
     cpu_linear(x[:1], odd.weight, None)
-    cpu_linear(x[:2], odd.weight, None)                            # and oneDNN at 2
-    assert calls == ["gemv_bf16"]
+    cpu_linear(x[:ops.GEMV_MAX_ROWS], odd.weight, None)
+    cpu_linear(x[:ops.GEMV_MAX_ROWS + 1], odd.weight, None)       # and oneDNN above
+    assert calls == ["gemv_bf16"] * 2

@@ -4,8 +4,8 @@ bf16 weights on CPU get, once after loading (`pack_for_cpu`), a oneDNN-blocked c
 eligibility flags; each call then picks (`cpu_linear`, x [T, in] -> [T, out]):
 - T <= `weight._amx_rows` (decode steps; prompt chunks of <= 1024 rows for weights that fit two
   cores' L2): the native AMX GEMM on the plain row-major weight (`csrc/gemm_amx.cpp`);
-- T <= `GEMV_MAX_ROWS` (8) on CPUs without AMX: the native AVX-512 / AVX2 bf16 GEMV
-  (`csrc/gemv.cpp`);
+- T <= `GEMV_MAX_ROWS` (8), weights the AMX GEMM does not take (CPUs without AMX, or a row
+  count that is no multiple of 16): the native AVX-512 / AVX2 bf16 GEMV (`csrc/gemv.cpp`);
 - otherwise (long prompt chunks, the LM head): oneDNN's matmul on the packed copy, or from
   `fp32_tile_min_rows()` rows on CPUs whose bf16 GEMMs run in software, fp32 tiles of the weight
   (AVX2-only CPUs, where oneDNN has no bf16 path and keeps no packed copy: from 2 rows).

@@ -24,7 +24,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from minivllm import _custom_ops as ops
 from minivllm import envs
-from minivllm.forward_context import is_decode_only_step
+from minivllm.forward_context import is_decode_only_step, is_prompt_step
 from minivllm.model_executor.kernels.cpu_linear import FP32_TILE_MIN_ROWS, fp32_tiles
 from minivllm.model_executor.kernels.embedding import gather_rows
 from minivllm.model_executor.kernels.gguf_dequant import DEQUANTIZERS, dequantize_torch
@@ -285,9 +285,14 @@ def gguf_linear(x: torch.Tensor, qweight: torch.Tensor, qtype: int,
     if out is not None and (out.shape != (m, n) or out.dtype != x.dtype or out.stride(1) != 1):
         raise ValueError(f"out must be a [{m}, {n}] {x.dtype} tensor with unit-stride rows, got "
                          f"{out.dtype} {list(out.shape)} strides {out.stride()}")
-    if code == 0 or (m > GGUF_DOT_MAX_ROWS and m > gguf_int8_max_rows(independent_rows)):
+    if (code == 0 or (m > GGUF_DOT_MAX_ROWS and m > gguf_int8_max_rows(independent_rows))
+            or (not independent_rows and is_prompt_step())):
         # fp32 x is the reference precision (runs checked against transformers): no int8 step,
-        # whatever the row count, so results do not depend on how rows were batched.
+        # whatever the row count, so results do not depend on how rows were batched. Prompt
+        # steps never quantize x either, however few rows they bring: a prompt's last rows
+        # recomputed after a prefix-cache hit (here 4 of 36) must see the weights as the whole
+        # prompt did, or a near tie of the first token flips with the cache (the default model's
+        # chat answer did on AMX: "The capital of France is Paris." cold, "L'Etoile, ..." cached).
         return _prompt_linear(lib, x, qweight, qtype, bias, out)
     y = torch.empty((m, n), dtype=x.dtype) if out is None else out
     if m == 0:

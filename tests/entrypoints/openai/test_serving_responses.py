@@ -47,18 +47,24 @@ def test_text_and_usage_equal_chat_completions(client):
 
 def test_stream_events_build_the_same_response(client):
     kwargs = dict(model=MODEL, input=QUESTION, max_output_tokens=24, temperature=0)
+    # Both runs after a first one, so both read the prompt's blocks from the prefix cache: on
+    # AMX CPUs a cold prompt (the AMX prompt-attention kernel) and a cached one (SDPA over the
+    # cache) round differently, and this model's first token here is a near tie (fp32 logprobs
+    # "The" -1.88, "L" -1.96), so the answer may change with the cache state, not the stream.
+    client.responses.create(**kwargs)
     whole = client.responses.create(**kwargs)
     events = list(client.responses.create(stream=True, **kwargs))
     types = [e.type for e in events]
     assert types[:4] == ["response.created", "response.in_progress", "response.output_item.added",
                          "response.content_part.added"]
+    assert whole.status in ("completed", "incomplete")
     assert types[-4:] == ["response.output_text.done", "response.content_part.done",
-                          "response.output_item.done", "response.completed"]
+                          "response.output_item.done", f"response.{whole.status}"]
     assert [e.sequence_number for e in events] == list(range(len(events)))
     deltas = [e for e in events if e.type == "response.output_text.delta"]
     assert len(deltas) > 3 and "".join(e.delta for e in deltas) == whole.output_text
     final = events[-1].response
-    assert final.output_text == whole.output_text and final.status == "completed"
+    assert final.output_text == whole.output_text and final.status == whole.status
     assert {e.item_id for e in deltas} == {final.output[0].id} == {events[2].item.id}
     assert events[0].response.status == "in_progress" and events[0].response.output == []
     assert final.usage.output_tokens == whole.usage.output_tokens

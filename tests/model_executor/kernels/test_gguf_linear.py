@@ -145,3 +145,26 @@ def test_x8_layout_choice_on_amx_cpus(monkeypatch):
     assert gl.gguf_int8_max_rows(independent_rows=True) == gl.GGUF_DOT_MAX_ROWS
     monkeypatch.setattr(gl._Native, "x8", True)
     assert gl.gguf_int8_max_rows(independent_rows=True) == gl.GGUF_TILE_MAX_ROWS
+
+
+@pytest.mark.requires_native
+def test_few_prompt_rows_see_the_weights_as_a_whole_prompt_does():
+    """A step with prompt tokens never quantizes x to int8, however few rows it brings (a
+    prompt's tail recomputed after a prefix-cache hit): each row equals that row of the whole
+    prompt's product; a decode step of the same rows takes the int8 kernels."""
+    from minivllm.forward_context import BatchDescriptor, ForwardContext, override_forward_context
+
+    def step(tokens: int, reqs: int):
+        return override_forward_context(ForwardContext(
+            no_compile_layers={}, attn_metadata=None,
+            batch_descriptor=BatchDescriptor(tokens, reqs, uniform=tokens == reqs)))
+
+    qw = torch.from_numpy(random_weight(T.Q4_1, 64, 256))
+    x = torch.randn(gl.GGUF_DOT_MAX_ROWS + 32, 256).bfloat16()
+    with step(x.shape[0], 1):
+        whole = gl.gguf_linear(x, qw, T.Q4_1, None)
+    tail = x[-gl.GGUF_DOT_MAX_ROWS:]
+    with step(tail.shape[0], 1):
+        assert torch.equal(gl.gguf_linear(tail, qw, T.Q4_1, None), whole[-tail.shape[0]:])
+    with step(tail.shape[0], tail.shape[0]):                   # decode rows: int8 x
+        assert not torch.equal(gl.gguf_linear(tail, qw, T.Q4_1, None), whole[-tail.shape[0]:])
