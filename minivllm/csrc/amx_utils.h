@@ -35,6 +35,10 @@ inline void load_tile_config() {
     cfg.rows[t] = 16;
     cfg.colsb[t] = 64;
   }
+  // GCC (12) does not treat ldtilecfg as a read of cfg: where this function was not inlined it
+  // dropped the stores above as dead and ldtilecfg read stack garbage (SIGSEGV, a #GP). The
+  // empty asm that may read all memory keeps them.
+  asm volatile("" : : "r"(&cfg) : "memory");
   _tile_loadconfig(&cfg);
 }
 

@@ -20,6 +20,7 @@
 #include "gguf_activation.h"
 #include "gguf_blocks.h"
 #include "gguf_dequant.h"
+#include "gguf_x8_layout.h"
 
 #if MINIVLLM_GGUF_VNNI && defined(__AMX_TILE__) && defined(__AMX_BF16__) && \
     defined(__AVX512BF16__)
@@ -110,6 +111,9 @@ void pack_x(const uint16_t* x, int64_t x_stride, int64_t rows, int64_t k, uint32
 
 // Dequantises rows [next, target) of a panel (32 rows of w into `panel`, rows k apart),
 // prefetching each row's successor one panel on (`ahead`: false at the thread's last panel).
+// An x8 weight (gguf_x8_layout.h: 16-row groups, the panels' own grain) has each group
+// un-interleaved into `plain` (16 plain rows) when its first row is due, then the same
+// dequantiser runs on the plain rows: the same values as the file layout's, bit for bit.
 template <int Q>
 struct PanelFill {
   const Unit<Q>& unit;
@@ -118,6 +122,7 @@ struct PanelFill {
   int64_t w_stride, k, rows, next = 0;
   uint16_t* panel;
   bool ahead;
+  uint8_t* plain = nullptr;  // x8 weights: [kX8Rows, row bytes] scratch; null: the file layout
   void upto(int64_t target) {
     const int64_t row_bytes = k / geometry(Q).elems * geometry(Q).bytes;
     for (; next < std::min(target, rows); ++next) {
@@ -125,6 +130,10 @@ struct PanelFill {
       if (ahead)
         for (int64_t off = 0; off < row_bytes; off += 64)
           _mm_prefetch(reinterpret_cast<const char*>(row + 32 * w_stride + off), _MM_HINT_T0);
+      if (plain != nullptr) {
+        if (next % kX8Rows == 0) x8_group_to_plain(Q, row, row_bytes, plain);
+        row = plain + (next % kX8Rows) * row_bytes;
+      }
       dequant_row_bf16<Q>(unit, row, rs, k, panel + next * k);
     }
   }
@@ -170,8 +179,11 @@ void panel_passes(const uint16_t* panel, int strips, int64_t k, const uint32_t* 
 template <int Q>
 bool gemm_blocks(const uint16_t* x, int64_t x_stride, const uint8_t* w, int64_t w_stride,
                  const uint16_t* bias, uint16_t* y, int64_t y_stride, int64_t m, int64_t k,
-                 int64_t begin, int64_t end) {
-  static thread_local Scratch xp_mem, panel_mem;
+                 int64_t begin, int64_t end, bool x8) {
+  static thread_local Scratch xp_mem, panel_mem, plain_mem;
+  uint8_t* plain = nullptr;
+  if (x8 && (plain = static_cast<uint8_t*>(plain_mem.get(kX8Rows * w_stride))) == nullptr)
+    return false;
   const int64_t chunk = std::max<int64_t>(64, kPackBytes / (2 * k) / 64 * 64);
   const int64_t passes = (std::min(m, chunk) + 63) / 64;
   auto* xp = static_cast<uint32_t*>(xp_mem.get(passes * (k / 32) * kGroups * 256 * 4));
@@ -183,7 +195,7 @@ bool gemm_blocks(const uint16_t* x, int64_t x_stride, const uint8_t* w, int64_t 
   const auto fill_for = [&](int64_t blk, uint16_t* panel) {  // the panel starting at blk
     const int64_t rows = blk < end ? 16 * std::min<int64_t>(2, end - blk) : 0;
     return PanelFill<Q>{unit, rs, w + blk * 16 * w_stride, w_stride, k, rows, 0, panel,
-                        blk + 2 < end};
+                        blk + 2 < end, plain};
   };
   for (int64_t m0 = 0; m0 < m; m0 += chunk) {
     const int64_t rows = std::min(chunk, m - m0);
@@ -208,14 +220,18 @@ extern "C" {
 
 // y [m, n] (+ bias [n]) = x [m, k] W^T for bf16 x, bias, y and W [n, k] stored as GGUF blocks of
 // `qtype` (rows w_stride bytes apart; rows of x / y x_stride / y_stride elements apart), with
-// the weight dequantised 16 rows at a time. Needs n % 16 == 0. 0; 1: bad arguments; 2: no AMX
-// here; 3: out of memory.
+// the weight dequantised 16 rows at a time. Needs n % 16 == 0; a weight in the x8 layout
+// (`qtype | kX8Layout`, 16-row groups) also rows exactly row-bytes apart. 0; 1: bad arguments;
+// 2: no AMX here; 3: out of memory.
 int minivllm_gguf_gemm_amx_bf16(int32_t qtype, const uint16_t* x, int64_t x_stride,
                                 const uint8_t* w, int64_t w_stride, const uint16_t* bias,
                                 uint16_t* y, int64_t y_stride, int64_t m, int64_t n, int64_t k,
                                 int32_t num_threads) {
+  const bool x8 = (qtype & kX8Layout) != 0;
+  qtype &= ~kX8Layout;
   const Geometry g = geometry(qtype);
   if (g.elems == 0 || k % g.elems != 0 || k % 32 != 0 || n % 16 != 0 || m < 1) return 1;
+  if (x8 && (kX8Rows != 16 || !x8_type(qtype) || w_stride != k / g.elems * g.bytes)) return 1;
 #if MINIVLLM_GGUF_AMX
   if (!minivllm::amx_permitted()) return 2;
   const int64_t blocks = n / 16;
@@ -229,7 +245,7 @@ int minivllm_gguf_gemm_amx_bf16(int32_t qtype, const uint16_t* x, int64_t x_stri
       switch (qtype) {
 #define MINIVLLM_GGUF_CASE(Q)                                                               \
   case Q:                                                                                   \
-    ok = gemm_blocks<Q>(x, x_stride, w, w_stride, bias, y, y_stride, m, k, begin, end);     \
+    ok = gemm_blocks<Q>(x, x_stride, w, w_stride, bias, y, y_stride, m, k, begin, end, x8); \
     break;
         MINIVLLM_GGUF_BLOCK_TYPES(MINIVLLM_GGUF_CASE)
 #undef MINIVLLM_GGUF_CASE

@@ -100,8 +100,12 @@ def _resolve() -> ctypes.CDLL | None:
 
 
 def _x8_wanted(amx: bool) -> bool:
-    """envs.MINIVLLM_GGUF_X8: "auto", the x8 layout without AMX (AMX keeps the file layout for
-    its strips); "1", on AMX CPUs too (VNNI x8 decode, prompts through oneDNN), for an A/B."""
+    """envs.MINIVLLM_GGUF_X8: "auto", the x8 layout without AMX; "1", on AMX CPUs too (the x8
+    dot kernels up to `GGUF_DOT_MAX_ROWS` rows, the AMX strips above, which un-interleave each
+    16-row group first). Measured on the 2-core Sapphire Rapids VM, default model, A/B in one
+    session: x8 gives batch-1 decode 298 tok/s against 225 (llama.cpp: 96-102), but `bench
+    throughput` 0.94x the bf16 path against 1.01x (the un-interleaving costs the strips 1.4-2.1x
+    at 8 rows, 1.0-1.7x at 64): so "auto" keeps the file layout there."""
     return envs.MINIVLLM_GGUF_X8 == "1" or (envs.MINIVLLM_GGUF_X8 == "auto" and not amx)
 
 
@@ -118,7 +122,7 @@ def gguf_int8_max_rows(independent_rows: bool = False) -> int:
     the batch either."""
     if not _Native.resolved:
         _resolve()
-    amx_strips = _Native.amx and not _Native.x8   # x8 weights never take the strips
+    amx_strips = _Native.amx      # x8 weights too: `bench throughput` 0.94x bf16, 0.75x without
     if amx_strips or not _Native.int8_decode or not (independent_rows or is_decode_only_step()):
         return GGUF_DOT_MAX_ROWS
     return GGUF_TILE_MAX_ROWS

@@ -128,8 +128,8 @@ def test_out_writes_into_a_column_slice(rows):
 
 
 def test_x8_layout_choice_on_amx_cpus(monkeypatch):
-    """MINIVLLM_GGUF_X8: auto keeps AMX CPUs on the file layout (their strips); 1 gives them the
-    x8 layout, whose decode steps of any size then take the int8 kernels, as without AMX."""
+    """MINIVLLM_GGUF_X8: auto keeps AMX CPUs on the file layout; 1 gives them the x8 layout,
+    whose steps of more than GGUF_DOT_MAX_ROWS rows still take the AMX strips (which read it)."""
     monkeypatch.delenv("MINIVLLM_GGUF_X8", raising=False)
     assert gl._x8_wanted(amx=False) and not gl._x8_wanted(amx=True)
     monkeypatch.setenv("MINIVLLM_GGUF_X8", "1")
@@ -144,6 +144,8 @@ def test_x8_layout_choice_on_amx_cpus(monkeypatch):
     monkeypatch.setattr(gl._Native, "x8", False)
     assert gl.gguf_int8_max_rows(independent_rows=True) == gl.GGUF_DOT_MAX_ROWS
     monkeypatch.setattr(gl._Native, "x8", True)
+    assert gl.gguf_int8_max_rows(independent_rows=True) == gl.GGUF_DOT_MAX_ROWS
+    monkeypatch.setattr(gl._Native, "amx", False)
     assert gl.gguf_int8_max_rows(independent_rows=True) == gl.GGUF_TILE_MAX_ROWS
 
 
