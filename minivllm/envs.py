@@ -78,7 +78,7 @@ environment_variables: dict[str, Callable[[], Any]] = {
     "VLLM_ENABLE_RESPONSES_API_STORE": _flag("VLLM_ENABLE_RESPONSES_API_STORE", False),
     # seconds between the server's "Avg prompt throughput ..." log lines (--disable-log-stats)
     "VLLM_LOG_STATS_INTERVAL": lambda: _seconds("VLLM_LOG_STATS_INTERVAL", 10.0),
-    # GGUF weights in the x8 layout: auto (CPUs without AMX), 1 (AMX CPUs too), 0 (never)
+    # GGUF weights in the x8 layout: auto / 1 (wherever its kernels are built), 0 (never)
     "MINIVLLM_GGUF_X8": lambda: _choice("MINIVLLM_GGUF_X8", ("auto", "0", "1")),
 }
 

@@ -4,8 +4,8 @@
 // sum: moe_common.h), each expert GEMM through the int8 dot kernels of gguf_dot.h or, for more
 // than kGgufDotMaxRows rows on AMX CPUs, gguf_amx.cpp's bf16 strips, as a plain GGUF linear of
 // that many rows would run. It builds on every CPU (gguf_dot.h picks VNNI, AVX2 or scalar).
-// Q4_0/Q4_1/Q8_0 experts in the x8 layout (gguf_x8.h; AVX2, VNNI without AMX) run x8 kernels
-// for every row count: x is quantized once in the natural layout and each group of kX8Rows
+// Q4_0/Q4_1/Q8_0 experts in the x8 layout (gguf_x8.h; AVX2 and VNNI builds) run x8 kernels
+// for every decode row count: x is quantized once in the natural layout and each group of kX8Rows
 // rows yields kX8Rows sums per load.
 //
 // Prompt-sized groups: each thread takes whole experts (gguf_gemm.cpp per expert GEMM).
@@ -53,8 +53,9 @@ struct Layer {
 };
 
 // Whether m rows of x take bf16 x for matrix w (the AMX strips, gguf_gemm.cpp's x^T tiles)
-// rather than the dot kernel on x quantized once (decode pieces). x8 weights (no AMX) have one
-// kernel for every row count, which reads x quantized once.
+// rather than the dot kernel on x quantized once (decode pieces). x8 weights have one kernel
+// for every decode row count, which reads x quantized once (on AMX too: the strips would
+// dequantise every active expert for a few rows each; whole experts of a prompt still take them).
 inline bool from_bf16_rows(const Layer& L, const ExpertBlocks& w, int64_t m) {
   if (w.qtype & kX8Layout) return false;
   return m >= kTileMinRows || (L.amx && m > kGgufDotMaxRows);

@@ -1,6 +1,7 @@
 // The x8 kernels: dot products of GGUF weights in the x8 layout (gguf_x8_layout.h, which
-// describes it) with x quantized into Activation::x8's records, for the CPUs without AMX whose
-// int8 kernels are the AVX2 or AVX-512 VNNI ones. This file: Q4_0, Q4_1, Q8_0 on both;
+// describes it) with x quantized into Activation::x8's records, for the CPUs whose int8 kernels
+// are the AVX2 or AVX-512 VNNI ones (AMX CPUs too, up to kGgufDotMaxRows rows; gguf_amx.cpp's
+// strips read the layout above that). This file: Q4_0, Q4_1, Q8_0 on both;
 // gguf_x8_k.h: Q5_0, Q5_1 and the K-quants Q2_K ... Q6_K on VNNI.
 #pragma once
 

@@ -1,4 +1,4 @@
-// The "x8" layout of GGUF weights for the dot kernels without AMX (gguf_x8.h, gguf_x8_k.h): the
+// The "x8" layout of GGUF weights for the int8 dot kernels (gguf_x8.h, gguf_x8_k.h): the
 // same bytes as the file, with the blocks of kX8Rows consecutive rows interleaved (8 rows for
 // the AVX2 kernels, 16 for the AVX-512 VNNI ones; the layout is named after its first, 8-row
 // form), so one vector load holds 4 quant bytes of each of the group's rows and the int32 lanes
@@ -114,14 +114,80 @@ inline void x8_row_to_plain(int qtype, const uint8_t* w, int64_t row_bytes, int6
     x8_move_units<true>(qtype, group + b * kX8Rows * bs, plain + b * bs, r);
 }
 
+#if MINIVLLM_GGUF_VNNI
+// Four consecutive 4-byte units of a 16-row group's block (256 bytes at src, [unit][row][4])
+// as rows: lane L (128 bits) of rows[j] = row 4L+j's 16 bytes (the 4 units in order). Lane L
+// of unit register u holds rows 4L..4L+3, so this is a 4x4 dword transpose inside each lane.
+inline void x8_rows4(const uint8_t* src, __m512i rows[4]) {
+  const __m512i a0 = _mm512_loadu_si512(src), a1 = _mm512_loadu_si512(src + 64);
+  const __m512i a2 = _mm512_loadu_si512(src + 128), a3 = _mm512_loadu_si512(src + 192);
+  const __m512i t0 = _mm512_unpacklo_epi32(a0, a1), t1 = _mm512_unpackhi_epi32(a0, a1);
+  const __m512i t2 = _mm512_unpacklo_epi32(a2, a3), t3 = _mm512_unpackhi_epi32(a2, a3);
+  rows[0] = _mm512_unpacklo_epi64(t0, t2);
+  rows[1] = _mm512_unpackhi_epi64(t0, t2);
+  rows[2] = _mm512_unpacklo_epi64(t1, t3);
+  rows[3] = _mm512_unpackhi_epi64(t1, t3);
+}
+
+// One block of a 16-row group -> the 16 rows' plain blocks (at pb, rows row_bytes apart). Four
+// consecutive 4-byte units go out as rows (x8_rows4), one 128-bit store per row (16 stores
+// where the unit-by-unit copy made 64). The lead fp16 fields (one or two: a dword per row) and
+// a last 1-3 chunks go out as one dword scatter each; a lone fp16 field's dword also writes the
+// next unit's first 2 bytes, which that unit's stores then overwrite. Trailing fp16 fields
+// (K-quants) are copied one by one: a dword there would reach past the block.
+inline void x8_block_to_plain16(const X8Units& u, const uint8_t* gb, uint8_t* pb,
+                                int64_t row_bytes, __m512i row_offsets) {
+  const auto words = [gb](int at) {  // 16 fp16 fields at gb + at, zero-extended to dwords
+    return _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb + at)));
+  };
+  int o = 0;
+  if (u.lead2 > 0) {
+    __m512i lead = words(0);
+    if (u.lead2 == 2) lead = _mm512_or_si512(lead, _mm512_slli_epi32(words(32), 16));
+    _mm512_i32scatter_epi32(pb, row_offsets, lead, 1);
+    o = 2 * u.lead2;
+  }
+  int c = 0;
+  for (; c + 4 <= u.n4; c += 4, o += 16) {
+    __m512i rows[4];
+    x8_rows4(gb + 16 * o, rows);
+    uint8_t* dst = pb + o;
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) {
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + j * row_bytes),
+                       _mm512_castsi512_si128(rows[j]));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + (4 + j) * row_bytes),
+                       _mm512_extracti32x4_epi32(rows[j], 1));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + (8 + j) * row_bytes),
+                       _mm512_extracti32x4_epi32(rows[j], 2));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + (12 + j) * row_bytes),
+                       _mm512_extracti32x4_epi32(rows[j], 3));
+    }
+  }
+  for (; c < u.n4; ++c, o += 4)
+    _mm512_i32scatter_epi32(pb + o, row_offsets, _mm512_loadu_si512(gb + 16 * o), 1);
+  for (int f = 0; f < u.trail2; ++f, o += 2)
+    for (int r = 0; r < 16; ++r) std::memcpy(pb + r * row_bytes + o, gb + 16 * o + 2 * r, 2);
+}
+#endif
+
 // One x8 group at `group` -> its kX8Rows plain rows (row_bytes apart) at plain.
 inline void x8_group_to_plain(int qtype, const uint8_t* group, int64_t row_bytes,
                               uint8_t* plain) {
   const int bs = x8_block_bytes(qtype);
+#if MINIVLLM_GGUF_VNNI
+  const X8Units u = x8_units(qtype);
+  const __m512i row_offsets =
+      _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                         _mm512_set1_epi32(static_cast<int>(row_bytes)));
+  for (int64_t b = 0; b < row_bytes / bs; ++b)
+    x8_block_to_plain16(u, group + b * kX8Rows * bs, plain + b * bs, row_bytes, row_offsets);
+#else
   for (int64_t b = 0; b < row_bytes / bs; ++b)
     for (int r = 0; r < kX8Rows; ++r)
       x8_move_units<true>(qtype, const_cast<uint8_t*>(group) + b * kX8Rows * bs,
                           plain + r * row_bytes + b * bs, r);
+#endif
 }
 
 // kX8Rows plain rows (row_bytes apart) -> one x8 group (kX8Rows * row_bytes bytes).

@@ -81,7 +81,7 @@ class _Native:
     vnni = False
     int8_decode = False    # decode steps of any size take the int8 kernels (VNNI or AVX2, no AMX)
     widen_prompts = False  # bf16 / fp16 prompt tiles in fp32 (no AMX, no AVX-512 BF16)
-    x8 = False             # GGUF_X8_TYPES weights take the x8 layout (dot kernels, no AMX)
+    x8 = False             # GGUF_X8_TYPES weights take the x8 layout (`_x8_wanted`)
     x8_rows = 0            # rows per x8 group: 8 (AVX2 kernels), 16 (AVX-512 VNNI)
 
 
@@ -94,19 +94,20 @@ def _resolve() -> ctypes.CDLL | None:
         avx2 = bool(_Native.lib.minivllm_gguf_has_avx2())
         _Native.int8_decode = _Native.vnni or avx2
         _Native.x8_rows = int(_Native.lib.minivllm_gguf_has_x8())
-        _Native.x8 = bool(_Native.x8_rows) and _x8_wanted(_Native.amx)
+        _Native.x8 = bool(_Native.x8_rows) and _x8_wanted()
         _Native.widen_prompts = ops.bf16_gemm_in_software()   # implies no AMX
     return _Native.lib
 
 
-def _x8_wanted(amx: bool) -> bool:
-    """envs.MINIVLLM_GGUF_X8: "auto", the x8 layout without AMX; "1", on AMX CPUs too (the x8
-    dot kernels up to `GGUF_DOT_MAX_ROWS` rows, the AMX strips above, which un-interleave each
-    16-row group first). Measured on the 2-core Sapphire Rapids VM, default model, A/B in one
-    session: x8 gives batch-1 decode 298 tok/s against 225 (llama.cpp: 96-102), but `bench
-    throughput` 0.94x the bf16 path against 1.01x (the un-interleaving costs the strips 1.4-2.1x
-    at 8 rows, 1.0-1.7x at 64): so "auto" keeps the file layout there."""
-    return envs.MINIVLLM_GGUF_X8 == "1" or (envs.MINIVLLM_GGUF_X8 == "auto" and not amx)
+def _x8_wanted() -> bool:
+    """envs.MINIVLLM_GGUF_X8: "auto" or "1", the x8 layout wherever its kernels are built; "0",
+    the file layout. On AMX CPUs x8 weights take the x8 dot kernels up to `GGUF_DOT_MAX_ROWS`
+    rows and the AMX strips above (Q4_0 / Q4_1 / Q8_0 dequantised straight from the groups,
+    other types un-interleaved first). Measured on the 2-core Sapphire Rapids VM, default model,
+    A/B in one session: batch-1 decode 283 tok/s against 222 for the file layout (llama.cpp:
+    94-97), prompt 871 against 750; `bench throughput` level (1043 / 993 against 1032 / 1042
+    output tok/s); `bench moe --gguf-type Q4_1` batch 929-985 against 752-777 tok/s."""
+    return envs.MINIVLLM_GGUF_X8 in ("auto", "1")
 
 
 def gguf_int8_max_rows(independent_rows: bool = False) -> int:
@@ -122,7 +123,7 @@ def gguf_int8_max_rows(independent_rows: bool = False) -> int:
     the batch either."""
     if not _Native.resolved:
         _resolve()
-    amx_strips = _Native.amx      # x8 weights too: `bench throughput` 0.94x bf16, 0.75x without
+    amx_strips = _Native.amx      # x8 weights too (x8 x^T tiles there: throughput 0.75x bf16)
     if amx_strips or not _Native.int8_decode or not (independent_rows or is_decode_only_step()):
         return GGUF_DOT_MAX_ROWS
     return GGUF_TILE_MAX_ROWS
@@ -149,13 +150,12 @@ def check_gguf_type(qtype: int, name: str = "") -> None:
 
 def gguf_repack_for_cpu(qweight: torch.Tensor, qtype: int) -> int:
     """The type code the kernels take for this packed weight (`qweight_kernel_type`): on CPUs
-    whose int8 kernels are the AVX2 or AVX-512 VNNI ones (no AMX), a contiguous CPU weight of
+    whose int8 kernels are the AVX2 or AVX-512 VNNI ones, a contiguous CPU weight of
     `gguf_x8_types()` in whole groups of `gguf_x8_rows()` rows is rearranged in place into the x8
     layout (`qtype | GGUF_X8_LAYOUT`; same bytes, so no extra memory). Its rows then no longer
-    read as file rows: use the returned code everywhere. Measured on the 2-core Zen 3 box (8-row
-    groups): 1.7-2.0x the plain layout's AVX2 kernel for a [3072, 576] Q4_1 weight at 1 row (one
-    thread), 1.6-1.7x for the [49152, 576] Q8_0 LM head (two threads); batch-1 decode of the
-    default model 74 -> 92 tok/s (same run, A/B). `MINIVLLM_GGUF_X8` (envs): `_x8_wanted`."""
+    read as file rows: use the returned code everywhere. Zen 3 (8-row groups): 1.7-2.0x the
+    plain layout's AVX2 kernel at 1 row; batch-1 decode of the default model 74 -> 92 tok/s.
+    `MINIVLLM_GGUF_X8` (envs): `_x8_wanted`."""
     lib = _Native.lib if _Native.resolved else _resolve()
     if (lib is None or not _Native.x8 or qtype not in GGUF_X8_TYPES or not qweight.is_cpu
             or qweight.dim() != 2 or qweight.dtype != torch.uint8
@@ -293,10 +293,8 @@ def gguf_linear(x: torch.Tensor, qweight: torch.Tensor, qtype: int,
             or (not independent_rows and is_prompt_step())):
         # fp32 x is the reference precision (runs checked against transformers): no int8 step,
         # whatever the row count, so results do not depend on how rows were batched. Prompt
-        # steps never quantize x either, however few rows they bring: a prompt's last rows
-        # recomputed after a prefix-cache hit (here 4 of 36) must see the weights as the whole
-        # prompt did, or a near tie of the first token flips with the cache (the default model's
-        # chat answer did on AMX: "The capital of France is Paris." cold, "L'Etoile, ..." cached).
+        # steps never quantize x either, however few rows they bring: a prompt's tail
+        # recomputed after a prefix-cache hit sees the weights as the whole prompt did.
         return _prompt_linear(lib, x, qweight, qtype, bias, out)
     y = torch.empty((m, n), dtype=x.dtype) if out is None else out
     if m == 0:

@@ -127,24 +127,24 @@ def test_out_writes_into_a_column_slice(rows):
         gl.gguf_linear(x, w, T.Q8_0, None, out=full[:, :47])
 
 
-def test_x8_layout_choice_on_amx_cpus(monkeypatch):
-    """MINIVLLM_GGUF_X8: auto keeps AMX CPUs on the file layout; 1 gives them the x8 layout,
-    whose steps of more than GGUF_DOT_MAX_ROWS rows still take the AMX strips (which read it)."""
+def test_x8_layout_choice(monkeypatch):
+    """MINIVLLM_GGUF_X8: auto and 1 give the x8 layout wherever its kernels are built, 0 the file
+    layout; on AMX CPUs x8 weights still take the AMX strips above GGUF_DOT_MAX_ROWS rows (which
+    read the layout), without AMX the int8 kernels take decode steps of any size."""
     monkeypatch.delenv("MINIVLLM_GGUF_X8", raising=False)
-    assert gl._x8_wanted(amx=False) and not gl._x8_wanted(amx=True)
+    assert gl._x8_wanted()
     monkeypatch.setenv("MINIVLLM_GGUF_X8", "1")
-    assert gl._x8_wanted(amx=True)
+    assert gl._x8_wanted()
     monkeypatch.setenv("MINIVLLM_GGUF_X8", "0")
-    assert not gl._x8_wanted(amx=False)
+    assert not gl._x8_wanted()
     monkeypatch.setenv("MINIVLLM_GGUF_X8", "yes")
     with pytest.raises(ValueError, match="MINIVLLM_GGUF_X8 must be auto, 0 or 1, got 'yes'"):
-        gl._x8_wanted(amx=False)
+        gl._x8_wanted()
     for name, value in (("resolved", True), ("amx", True), ("int8_decode", True)):
         monkeypatch.setattr(gl._Native, name, value)
-    monkeypatch.setattr(gl._Native, "x8", False)
-    assert gl.gguf_int8_max_rows(independent_rows=True) == gl.GGUF_DOT_MAX_ROWS
-    monkeypatch.setattr(gl._Native, "x8", True)
-    assert gl.gguf_int8_max_rows(independent_rows=True) == gl.GGUF_DOT_MAX_ROWS
+    for x8 in (False, True):
+        monkeypatch.setattr(gl._Native, "x8", x8)
+        assert gl.gguf_int8_max_rows(independent_rows=True) == gl.GGUF_DOT_MAX_ROWS
     monkeypatch.setattr(gl._Native, "amx", False)
     assert gl.gguf_int8_max_rows(independent_rows=True) == gl.GGUF_TILE_MAX_ROWS
 

@@ -177,7 +177,7 @@ class _GGUFMethodBase(QuantizeMethodBase):
         # huge-page arena would hold two copies at the peak.
         layer.qweight.keep_in_place = True
         layer.qweight_type = qtype
-        # CPUs with the x8 kernels (AVX2, VNNI without AMX): the x8 layout of the same bytes
+        # CPUs with the x8 kernels (AVX2, AVX-512 VNNI): the x8 layout of the same bytes
         # (gguf_linear.gguf_repack_for_cpu)
         layer.qweight_kernel_type = qtype if state["others"] else gguf_repack_for_cpu(dest, qtype)
         if qtype in GGUF_FLOAT_TYPES and not state["others"]:

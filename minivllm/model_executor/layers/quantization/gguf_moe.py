@@ -127,7 +127,7 @@ class GGUFMoEMethod(FusedMoEMethodBase):
             # would hold two copies at the peak.
             param.keep_in_place = True
             setattr(layer, f"{name}_type", qtype)
-            # CPUs with the x8 kernels (AVX2, AVX-512 VNNI without AMX): the x8 layout of the
+            # CPUs with the x8 kernels (AVX2, AVX-512 VNNI): the x8 layout of the
             # same bytes, each expert's rows whole groups of gguf_x8_rows() (8 or 16 rows;
             # gguf_linear.gguf_repack_for_cpu); the kernels take the code with its layout bit.
             code, group = qtype, gguf_x8_rows()

@@ -91,24 +91,24 @@ def test_native_experts_match_dequantised_and_the_packed_loop(q13, q2, num_token
                          ids=lambda q: T(q).name)
 @pytest.mark.parametrize("num_tokens", [1, 3, 40, 200])    # 200: whole experts per thread
 def test_native_experts_in_the_x8_layout(num_tokens, q13, q2):
-    """CPUs with the x8 kernels (AVX2: 8-row groups, AVX-512 VNNI without AMX: 16) rearrange
-    experts of their x8 types (AVX2: Q4_0/Q4_1/Q8_0; VNNI: also Q5_0/Q5_1 and the K-quants
+    """CPUs with the x8 kernels (AVX2: 8-row groups, AVX-512 VNNI: 16) rearrange experts of
+    their x8 types (AVX2: Q4_0/Q4_1/Q8_0; VNNI: also Q5_0/Q5_1 and the K-quants
     Q4_K/Q5_K/Q6_K) into the x8 layout at load: the native call on those bytes (decode pieces
     through gguf_dot_rows, prompts through gguf_gemm) gives the plain layout's products up to
-    the fp32 summation order."""
+    the fp32 summation order (on AMX, up to the int8 rounding of x: there the file layout's
+    decode pieces of 5+ rows take the bf16 strips, the x8 layout's the int8 dot)."""
     w13, w2, _, _ = _experts(q13, q2)
     x, weights, ids = _tokens(num_tokens, seed=7)
     plain = fused_experts_gguf(x.bfloat16(), w13, int(q13), w2, int(q2), weights, ids)
     if not gl.gguf_x8_rows():
-        # AMX CPUs keep the file's layout for their strips; a build without the x8 kernels
-        # (scalar) refuses the flag (the layer never sets it there, see
+        # a build without the x8 kernels (scalar) refuses the flag (the layer never sets it there, see
         # test_loader_keeps_blocks_and_slices_whole_blocks_per_rank)
         if gl._resolve() is not None and not gl._Native.x8_rows:
             flagged = int(T.Q4_1) | gl.GGUF_X8_LAYOUT
             assert fused_experts_gguf(x.bfloat16(), w13, flagged, w2, int(T.Q8_0), weights,
                                       ids) is None
         pytest.skip("experts take the x8 layout with the AVX2 or VNNI kernels only (this CPU "
-                    "runs AMX or scalar ones)")
+                    "runs scalar ones, or MINIVLLM_GGUF_X8=0)")
     x13, x2 = w13.clone(), w2.clone()
     c13 = gl.gguf_repack_for_cpu(x13.view(-1, x13.shape[2]), int(q13))
     c2 = gl.gguf_repack_for_cpu(x2.view(-1, x2.shape[2]), int(q2))
@@ -118,7 +118,8 @@ def test_native_experts_in_the_x8_layout(num_tokens, q13, q2):
         pytest.skip(f"{T(q13).name}/{T(q2).name} experts take the x8 layout with VNNI only")
     assert c13 & c2 & gl.GGUF_X8_LAYOUT and not torch.equal(x13, w13)
     x8 = fused_experts_gguf(x.bfloat16(), x13, c13, x2, c2, weights, ids)
-    assert x8 is not None and _relative(x8, plain.float()) < 2e-3
+    bf16_pieces = gl._Native.amx and 4 < num_tokens < 200     # see the docstring
+    assert x8 is not None and _relative(x8, plain.float()) < (0.02 if bf16_pieces else 2e-3)
     # the layer's fallback loop reads the same layout through gguf_linear
     loop = _packed_loop(x.bfloat16(), x13, c13, x2, c2, weights, ids)
     assert _relative(loop, plain.float()) < 0.02
