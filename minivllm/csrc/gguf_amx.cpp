@@ -109,73 +109,6 @@ void pack_x(const uint16_t* x, int64_t x_stride, int64_t rows, int64_t k, uint32
   }
 }
 
-// One 16-row group of an x8 Q4_0 / Q4_1 weight (`blocks` blocks a row) -> 16 bf16 rows of `out`
-// (k apart), read straight from the interleaved bytes: the 16 rows' d (and m) are one load each,
-// the quants come out as rows by x8_rows4, and each row's 32 values are looked up in its own
-// 16-entry table as dequant_row_q4_bf16 does (the same fp32 values, the same bf16 results).
-template <int Q>
-void dequant_group_q4_x8(const uint8_t* group, int64_t blocks, int64_t k, uint16_t* out,
-                         const uint8_t* ahead) {
-  constexpr int kHeader = Q == kQ4_1 ? 4 : 2, kBlock = kHeader + 16;
-  alignas(64) float ab[2][16];  // rows' a (d) and b (m, or -8 d), broadcast from memory
-  const __m512 t16 = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-  __m512i pick[4];  // byte 2i: byte i % 16 of lane L (row 4L + j of rows[j])
-  for (int lane = 0; lane < 4; ++lane)
-    pick[lane] = byte_table([lane](int t) { return 16 * lane + (t % 32) / 2; });
-  for (int64_t b = 0; b < blocks; ++b) {
-    const uint8_t* gb = group + b * 16 * kBlock;
-    if (ahead != nullptr)
-      for (int off = 0; off < 16 * kBlock; off += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(ahead + b * 16 * kBlock + off), _MM_HINT_T0);
-    const __m512 d = halves(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb)));
-    _mm512_store_ps(ab[0], d);
-    _mm512_store_ps(ab[1], Q == kQ4_1 ? halves(_mm256_loadu_si256(
-                                            reinterpret_cast<const __m256i*>(gb + 32)))
-                                      : _mm512_mul_ps(d, _mm512_set1_ps(-8.0f)));
-    asm volatile("" : : "r"(ab) : "memory");  // keep the broadcasts as loads from ab
-    __m512i rows[4];
-    x8_rows4(gb + 16 * kHeader, rows);
-    for (int r = 0; r < 16; ++r) {
-      const __m512i bytes =
-          _mm512_maskz_permutexvar_epi8(0x5555555555555555ull, pick[r / 4], rows[r % 4]);
-      const __m512i idx = _mm512_mask_srli_epi16(bytes, 0xFFFF0000u, bytes, 4);
-      const __m512 t = _mm512_fmadd_ps(_mm512_set1_ps(ab[0][r]), t16, _mm512_set1_ps(ab[1][r]));
-      _mm512_storeu_si512(out + r * k + 32 * b,
-                          _mm512_permutexvar_epi16(idx, minivllm::cvt_bf16x32(t, t)));
-    }
-  }
-}
-
-// The same for Q8_0 (d * q, as dequant_row_q8_bf16): the 8 quant units as two x8_rows4 passes
-// (elements 0-15, 16-31), spilled so a row's 16 bytes are one load.
-inline void dequant_group_q8_x8(const uint8_t* group, int64_t blocks, int64_t k, uint16_t* out,
-                                const uint8_t* ahead) {
-  constexpr int kBlock = 34;
-  alignas(64) float d[16];
-  alignas(64) uint8_t q[2][4][64];  // [half][j][lane L: row 4L + j's 16 bytes]
-  for (int64_t b = 0; b < blocks; ++b) {
-    const uint8_t* gb = group + b * 16 * kBlock;
-    if (ahead != nullptr)
-      for (int off = 0; off < 16 * kBlock; off += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(ahead + b * 16 * kBlock + off), _MM_HINT_T0);
-    _mm512_store_ps(d, halves(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb))));
-    for (int half = 0; half < 2; ++half) {
-      __m512i rows[4];
-      x8_rows4(gb + 32 + 256 * half, rows);
-      for (int j = 0; j < 4; ++j) _mm512_store_si512(q[half][j], rows[j]);
-    }
-    for (int r = 0; r < 16; ++r) {
-      const __m512 dr = _mm512_set1_ps(d[r]);
-      const auto values = [&](int half) {
-        const __m128i v = _mm_load_si128(reinterpret_cast<const __m128i*>(
-            &q[half][r % 4][16 * (r / 4)]));
-        return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(v)), dr);
-      };
-      _mm512_storeu_si512(out + r * k + 32 * b, minivllm::cvt_bf16x32(values(1), values(0)));
-    }
-  }
-}
-
 // Dequantises rows [next, target) of a panel (32 rows of w into `panel`, rows k apart),
 // prefetching each row's successor one panel on (`ahead`: false at the thread's last panel).
 // An x8 weight (gguf_x8_layout.h: 16-row groups, the panels' own grain) of Q4_0 / Q4_1 / Q8_0 is
@@ -198,9 +131,8 @@ struct PanelFill {
         for (; next < std::min(target, rows); next += kX8Rows) {
           // (each block's successor one panel on is prefetched as the block is read)
           const uint8_t* group = w + next * w_stride;
-          const uint8_t* later = ahead ? group + 32 * w_stride : nullptr;
-          if constexpr (Q == kQ8_0) dequant_group_q8_x8(group, k / 32, k, panel + next * k, later);
-          else dequant_group_q4_x8<Q>(group, k / 32, k, panel + next * k, later);
+          dequant_group_x8(Q, group, k, panel + next * k, k,
+                           ahead ? group + 32 * w_stride : nullptr);
         }
         return;
       }
