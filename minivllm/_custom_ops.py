@@ -54,6 +54,9 @@ def _signatures() -> dict[str, list]:
 _SIGNATURES = _signatures()
 _ATTN_FUNCS = {torch.bfloat16: "minivllm_paged_decode_bf16",
                torch.float32: "minivllm_paged_decode_f32"}
+# fp8 caches (kv_cache_dtype "fp8" / "fp8_e5m2"), bf16 queries: minivllm_paged_decode_bf16_fp8's
+# format argument.
+_FP8_CACHE_FORMATS = {torch.float8_e4m3fn: 0, torch.float8_e5m2: 1}
 
 
 class NativeLibrary:
@@ -187,8 +190,13 @@ def native_lib() -> NativeLibrary | None:
     return _lib if native_available() else None
 
 
-def attention_supports(dtype: torch.dtype) -> bool:
-    return dtype in _ATTN_FUNCS
+def attention_supports(dtype: torch.dtype, query_dtype: torch.dtype | None = None) -> bool:
+    """Whether `paged_decode_attention` reads a cache of `dtype` for queries of `query_dtype`
+    (default: the cache's): the same dtype, or bf16 queries over an fp8 cache."""
+    query_dtype = query_dtype or dtype
+    if dtype in _FP8_CACHE_FORMATS:
+        return query_dtype == torch.bfloat16
+    return dtype in _ATTN_FUNCS and query_dtype == dtype
 
 
 def paged_decode_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
@@ -215,7 +223,10 @@ def paged_decode_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_ta
         key, value, slot_mapping = new_kv
         k_new, v_new, slots = key.data_ptr(), value.data_ptr(), slot_mapping.data_ptr()
         k_stride, v_stride = key.stride(0), value.stride(0)
-    rc = getattr(_lib, _ATTN_FUNCS[kv_cache.dtype])(
+    fp8 = _FP8_CACHE_FORMATS.get(kv_cache.dtype)
+    kernel = (getattr(_lib, _ATTN_FUNCS[kv_cache.dtype]) if fp8 is None
+              else functools.partial(_lib.minivllm_paged_decode_bf16_fp8, fp8))
+    rc = kernel(
         query.data_ptr(), query.stride(0), kv_cache.data_ptr(), kv_cache.data_ptr() + v_offset,
         num_kv_heads * head_dim, block_table.data_ptr(), block_table.stride(0),
         seq_lens.data_ptr(), rows.data_ptr(), out.data_ptr(), out.stride(0), rows.shape[0],

@@ -2,7 +2,9 @@
 
 from dataclasses import dataclass
 
-CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16")
+# Recurrent-state caches take these; the paged KV cache also vLLM's fp8 names (fp8 = fp8_e4m3).
+MAMBA_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16")
+CACHE_DTYPES = MAMBA_CACHE_DTYPES + ("fp8", "fp8_e4m3", "fp8_e5m2")
 
 
 @dataclass
@@ -29,8 +31,8 @@ class CacheConfig:
         if self.cache_dtype not in CACHE_DTYPES:
             raise ValueError(f"cache_dtype must be one of {CACHE_DTYPES}, got {self.cache_dtype!r}")
         for name in ("mamba_cache_dtype", "mamba_ssm_cache_dtype"):
-            if getattr(self, name) not in CACHE_DTYPES:
-                raise ValueError(f"{name} must be one of {CACHE_DTYPES}, "
+            if getattr(self, name) not in MAMBA_CACHE_DTYPES:
+                raise ValueError(f"{name} must be one of {MAMBA_CACHE_DTYPES}, "
                                  f"got {getattr(self, name)!r}")
         if self.kv_sharing_fast_prefill:
             raise NotImplementedError("kv_sharing_fast_prefill is not supported: KV-sharing "

@@ -12,14 +12,15 @@
 
 namespace {
 
-constexpr int64_t kRecordSlots = 26;  // opcode + up to 25 arguments (paged decode has 24)
+constexpr int64_t kRecordSlots = 26;  // opcode + up to 25 arguments (the fp8 paged decode's)
 
 // The kernels a graph may hold, in the order of kOpNames (their opcode: the position).
 enum Op : int64_t {
   kPagedDecodeBf16, kPagedDecodeF32, kGemvBf16, kGemmAmxBf16, kGemmAmxSiluMulBf16,
   kSiluMulBf16, kRmsNormBf16, kPrefillAttentionBf16, kArgmaxBf16, kGgufGemm, kGgufGemmAmxBf16,
   kGgufDequant, kRotaryEmbeddingBf16, kGatherRows, kMoeTopk, kFusedExpertsBf16,
-  kLoraShrinkExpandBf16, kFusedExpertsGguf, kGgufEmbedding, kGgufRepackX8, kNumOps
+  kLoraShrinkExpandBf16, kFusedExpertsGguf, kGgufEmbedding, kGgufRepackX8, kPagedDecodeBf16Fp8,
+  kNumOps
 };
 const char* const kOpNames[kNumOps] = {
     "minivllm_paged_decode_bf16", "minivllm_paged_decode_f32", "minivllm_gemv_bf16",
@@ -29,7 +30,7 @@ const char* const kOpNames[kNumOps] = {
     "minivllm_rotary_embedding_bf16", "minivllm_gather_rows", "minivllm_moe_topk",
     "minivllm_fused_experts_bf16", "minivllm_lora_shrink_expand_bf16",
     "minivllm_fused_experts_gguf", "minivllm_gguf_embedding",
-    "minivllm_gguf_repack_x8"};
+    "minivllm_gguf_repack_x8", "minivllm_paged_decode_bf16_fp8"};
 
 // One argument slot as the type its parameter has.
 struct Arg {
@@ -108,6 +109,11 @@ int run(const int64_t* record) {
       return minivllm_gguf_embedding(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9],
                                      a[10]);
     case kGgufRepackX8: return minivllm_gguf_repack_x8(a[0], a[1], a[2], a[3], a[4], a[5]);
+    case kPagedDecodeBf16Fp8:
+      return minivllm_paged_decode_bf16_fp8(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8],
+                                            a[9], a[10], a[11], a[12], a[13], a[14], a[15],
+                                            a[16], a[17], a[18], a[19], a[20], a[21], a[22],
+                                            a[23], a[24]);
   }
   return -1;  // not an opcode
 }

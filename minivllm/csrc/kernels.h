@@ -33,6 +33,16 @@ int minivllm_paged_decode_f32(const float* q, int64_t q_row_stride, float* k_cac
                               int32_t block_size, int32_t window, float scale,
                               int32_t num_threads, const float* k_new, int64_t k_stride,
                               const float* v_new, int64_t v_stride, const int64_t* slots);
+// bf16 queries over an fp8 cache of bytes in `format` (0: e4m3fn, 1: e5m2; else 1 returned);
+// bf16 k_new / v_new are rounded into it.
+int minivllm_paged_decode_bf16_fp8(
+    int32_t format, const uint16_t* q, int64_t q_row_stride, uint8_t* k_cache, uint8_t* v_cache,
+    int64_t slot_stride, const int32_t* block_table, int64_t table_stride,
+    const int32_t* seq_lens, const int64_t* rows, uint16_t* out, int64_t out_row_stride,
+    int32_t num_seqs, int32_t num_heads, int32_t num_kv_heads, int32_t head_size,
+    int32_t block_size, int32_t window, float scale, int32_t num_threads,
+    const uint16_t* k_new, int64_t k_stride, const uint16_t* v_new, int64_t v_stride,
+    const int64_t* slots);
 int minivllm_gemv_bf16(const uint16_t* x, int64_t x_stride, const uint16_t* w,
                        int64_t w_row_stride, const uint16_t* bias, uint16_t* y,
                        int64_t y_stride, int64_t m, int64_t n, int64_t k, int32_t num_threads);

@@ -17,8 +17,10 @@
 // softmax and the weighted sum of values are computed in fp32.
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include "kernels.h"
+#include <type_traits>
 #include <vector>
 
 #include "cpu_math.h"
@@ -30,9 +32,76 @@ using minivllm::softmax_rows;
 using minivllm::store;
 using minivllm::to_float;
 
+// fp8 KV caches (vLLM's kv_cache_dtype "fp8" / "fp8_e4m3", "fp8_e5m2"): a byte per element,
+// unit scales, widened to fp32 as they are read; a decode step's new rows are rounded in here
+// (as torch's casts round them: to nearest, ties to the even code).
+struct Fp8E4M3 {
+  uint8_t bits;
+};
+struct Fp8E5M2 {
+  uint8_t bits;
+};
+
+// fp16 bits -> float, exactly (portable: no F16C needed).
+inline float half_bits_to_float(uint32_t h) {
+  const int e = (h >> 10) & 31, m = h & 1023;
+  const float sign = (h & 0x8000) ? -1.0f : 1.0f;
+  if (e == 0) return sign * std::ldexp(static_cast<float>(m), -24);
+  if (e == 31) return m ? NAN : sign * INFINITY;
+  return sign * std::ldexp(static_cast<float>(m | 1024), e - 25);
+}
+
+// Every byte's value: e5m2 is an fp16's top byte; e4m3fn's 7 magnitude bits shifted up by 7 read
+// as an fp16 2^8 too small (normals and subnormals alike), and 0x7F / 0xFF are its NaNs.
+struct Fp8Tables {
+  float e4m3[256], e5m2[256];
+  Fp8Tables() {
+    for (uint32_t b = 0; b < 256; ++b) {
+      e5m2[b] = half_bits_to_float(b << 8);
+      const float mag = (b & 0x7F) == 0x7F ? NAN : half_bits_to_float((b & 0x7F) << 7) * 256.0f;
+      e4m3[b] = (b & 0x80) ? -mag : mag;
+    }
+  }
+};
+const Fp8Tables kFp8;
+
+inline float to_float(Fp8E4M3 x) { return kFp8.e4m3[x.bits]; }
+inline float to_float(Fp8E5M2 x) { return kFp8.e5m2[x.bits]; }
+
+// The fp8 code nearest to x in a table whose codes 0..top are the finite non-negative values in
+// increasing order; past top + half its gap (`beyond`: the next value the format lacks), the
+// overflow code (e4m3fn: NaN 0x7F; e5m2: inf 0x7C). Ties go to the even code. (Binary search:
+// a decode step writes one row of nKV * d values per sequence and layer.)
+inline uint8_t nearest_fp8(float x, const float* table, int top, float beyond, uint8_t overflow) {
+  if (std::isnan(x)) return 0x7F;
+  const uint8_t sign = std::signbit(x) ? 0x80 : 0;
+  const float a = std::fabs(x);
+  int lo = 0, hi = top + 1;  // table[lo] <= a < value(hi), value(top + 1) = beyond
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) / 2;
+    if (table[mid] <= a) lo = mid;
+    else hi = mid;
+  }
+  const float up = hi > top ? beyond : table[hi];
+  const float below = a - table[lo], above = up - a;
+  const int code = below < above ? lo : below > above ? hi : (lo % 2 == 0 ? lo : hi);
+  return sign | static_cast<uint8_t>(code > top ? overflow : code);
+}
+
+template <typename C>
+inline C from_float(float x);
+template <>
+inline Fp8E4M3 from_float<Fp8E4M3>(float x) {
+  return {nearest_fp8(x, kFp8.e4m3, 0x7E, 512.0f, 0x7F)};
+}
+template <>
+inline Fp8E5M2 from_float<Fp8E5M2>(float x) {
+  return {nearest_fp8(x, kFp8.e5m2, 0x7B, 65536.0f, 0x7C)};
+}
+
 // D > 0: the head size as a compile-time constant (fully unrolled dot products); 0: head_size.
-template <typename T, int D>
-void attend_one(const T* q, const T* k_cache, const T* v_cache, int64_t slot_stride,
+template <typename T, typename C, int D>
+void attend_one(const T* q, const C* k_cache, const C* v_cache, int64_t slot_stride,
                 const int32_t* table, int32_t seq_len, int32_t window, int32_t kv_head,
                 int32_t group, int32_t head_size_rt, int32_t block_size, float scale, T* out,
                 std::vector<float>& buf) {
@@ -52,14 +121,14 @@ void attend_one(const T* q, const T* k_cache, const T* v_cache, int64_t slot_str
     qf[i] = to_float(q[i]) * scale;
     acc[i] = 0.0f;
   }
-  const T* k_head = k_cache + static_cast<int64_t>(kv_head) * d;
-  const T* v_head = v_cache + static_cast<int64_t>(kv_head) * d;
+  const C* k_head = k_cache + static_cast<int64_t>(kv_head) * d;
+  const C* v_head = v_cache + static_cast<int64_t>(kv_head) * d;
   // Positions [start, seq_len) walked block by block: no division per key.
   for (int32_t b = start / block_size, p = start; p < seq_len; ++b) {  // scores
-    const T* k = k_head + static_cast<int64_t>(table[b]) * block_size * slot_stride;
+    const C* k = k_head + static_cast<int64_t>(table[b]) * block_size * slot_stride;
     const int32_t stop = std::min(seq_len, (b + 1) * block_size);
     for (int32_t j = p - b * block_size; p < stop; ++p, ++j) {
-      const T* kr = k + j * slot_stride;
+      const C* kr = k + j * slot_stride;
       for (int32_t g = 0; g < group; ++g) {
         const float* qg = qf + g * d;
         float s = 0.0f;
@@ -72,10 +141,10 @@ void attend_one(const T* q, const T* k_cache, const T* v_cache, int64_t slot_str
   float inv_sum[64];  // group <= 64 is checked by the caller
   softmax_rows(scores, group, n, inv_sum);
   for (int32_t b = start / block_size, p = start; p < seq_len; ++b) {  // weighted sum of values
-    const T* v = v_head + static_cast<int64_t>(table[b]) * block_size * slot_stride;
+    const C* v = v_head + static_cast<int64_t>(table[b]) * block_size * slot_stride;
     const int32_t stop = std::min(seq_len, (b + 1) * block_size);
     for (int32_t j = p - b * block_size; p < stop; ++p, ++j) {
-      const T* vr = v + j * slot_stride;
+      const C* vr = v + j * slot_stride;
       for (int32_t g = 0; g < group; ++g) {
         const float w = scores[g * n + (p - start)];
         float* ag = acc + g * d;
@@ -103,11 +172,11 @@ inline void prefetch_block(const T* base, int32_t block_size, int64_t slot_strid
 // (its first KV head: nothing of it is cached yet). The cursor walks another sequence's blocks,
 // keys then values: a sequence's later KV heads find their rows in L2 and leave memory idle, so
 // they pull in the sequence the thread takes next, one block per block they compute.
-template <typename T>
+template <typename C>
 struct Prefetch {
   bool own = true;
-  const T* k_cache = nullptr;
-  const T* v_cache = nullptr;
+  const C* k_cache = nullptr;
+  const C* v_cache = nullptr;
   int64_t block_stride = 0, slot_stride = 0;
   int32_t block_size = 0;
   const int32_t* table = nullptr;  // the other sequence's blocks [first, first + blocks)
@@ -122,8 +191,8 @@ struct Prefetch {
   }
   void step() {
     if (done >= 2 * blocks) return;
-    const T* cache = done < blocks ? k_cache : v_cache;
-    prefetch_block<T>(cache + table[first + done % blocks] * block_stride, block_size, slot_stride);
+    const C* cache = done < blocks ? k_cache : v_cache;
+    prefetch_block<C>(cache + table[first + done % blocks] * block_stride, block_size, slot_stride);
     ++done;
   }
 };
@@ -136,15 +205,29 @@ inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
 inline __m512 load16(const uint16_t* p) {  // bf16: zero-extend to 32 bits, shift into the high half
   return minivllm::widen_bf16x16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
+inline __m512 load16(const Fp8E5M2* p) {  // each byte the top half of an fp16
+  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm512_cvtph_ps(_mm256_slli_epi16(_mm256_cvtepu8_epi16(b), 8));
+}
+inline __m512 load16(const Fp8E4M3* p) {  // as Fp8Tables: magnitude via fp16, sign, NaNs
+  const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  const __m512i mag = _mm512_and_si512(b, _mm512_set1_epi32(0x7F));
+  const __m512 v = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_slli_epi32(mag, 7))),
+                                 _mm512_set1_ps(256.0f));
+  const __m512i sign = _mm512_slli_epi32(_mm512_and_si512(b, _mm512_set1_epi32(0x80)), 24);
+  const __mmask16 nan = _mm512_cmpeq_epi32_mask(mag, _mm512_set1_epi32(0x7F));
+  return _mm512_mask_mov_ps(_mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(v), sign)),
+                            nan, _mm512_set1_ps(NAN));
+}
 
 // The same computation as attend_one with G query heads per KV head and head size D known at
 // compile time, so the queries (G x D/16 vectors) and the output accumulators stay in registers
 // for the whole pass over the keys / values.
-template <typename T, int G, int D>
-void attend_one_avx512(const T* q, const T* k_cache, const T* v_cache, int64_t slot_stride,
+template <typename T, typename C, int G, int D>
+void attend_one_avx512(const T* q, const C* k_cache, const C* v_cache, int64_t slot_stride,
                        const int32_t* table, int32_t seq_len, int32_t window, int32_t kv_head,
                        int32_t block_size, float scale, T* out, std::vector<float>& buf,
-                       Prefetch<T>& pf) {
+                       Prefetch<C>& pf) {
   const bool fetch = pf.own;
   constexpr int V = D / 16;
   const int32_t start = (window > 0 && seq_len > window) ? seq_len - window : 0;
@@ -158,24 +241,24 @@ void attend_one_avx512(const T* q, const T* k_cache, const T* v_cache, int64_t s
   __m512 qv[G][V];
   for (int g = 0; g < G; ++g)
     for (int c = 0; c < V; ++c) qv[g][c] = _mm512_mul_ps(load16(q + g * D + c * 16), _mm512_set1_ps(scale));
-  const T* k_head = k_cache + static_cast<int64_t>(kv_head) * D;
-  const T* v_head = v_cache + static_cast<int64_t>(kv_head) * D;
+  const C* k_head = k_cache + static_cast<int64_t>(kv_head) * D;
+  const C* v_head = v_cache + static_cast<int64_t>(kv_head) * D;
   const int32_t last_block = (seq_len - 1) / block_size;
   const int64_t block_stride = static_cast<int64_t>(block_size) * slot_stride;
   if (fetch)
-    prefetch_block<T>(k_cache + table[start / block_size] * block_stride, block_size, slot_stride);
+    prefetch_block<C>(k_cache + table[start / block_size] * block_stride, block_size, slot_stride);
   __m512 partial[G][16];
   for (int32_t b = start / block_size, p = start; p < seq_len; ++b) {  // scores
-    const T* k = k_head + static_cast<int64_t>(table[b]) * block_stride;
+    const C* k = k_head + static_cast<int64_t>(table[b]) * block_stride;
     pf.step();
     if (fetch && b < last_block)
-      prefetch_block<T>(k_cache + table[b + 1] * block_stride, block_size, slot_stride);
+      prefetch_block<C>(k_cache + table[b + 1] * block_stride, block_size, slot_stride);
     else if (fetch)  // the values are read next
-      prefetch_block<T>(v_cache + table[start / block_size] * block_stride, block_size,
+      prefetch_block<C>(v_cache + table[start / block_size] * block_stride, block_size,
                            slot_stride);
     const int32_t stop = std::min(seq_len, (b + 1) * block_size);
     for (int32_t j = p - b * block_size; p < stop; ++p, ++j) {
-      const T* kr = k + j * slot_stride;
+      const C* kr = k + j * slot_stride;
       __m512 kv[V];
       for (int c = 0; c < V; ++c) kv[c] = load16(kr + c * 16);
       const int32_t r = (p - start) % 16;  // 16 keys' partial sums, reduced together
@@ -200,13 +283,13 @@ void attend_one_avx512(const T* q, const T* k_cache, const T* v_cache, int64_t s
   for (int g = 0; g < G; ++g)
     for (int c = 0; c < V; ++c) acc[g][c] = _mm512_setzero_ps();
   for (int32_t b = start / block_size, p = start; p < seq_len; ++b) {  // weighted sum of values
-    const T* v = v_head + static_cast<int64_t>(table[b]) * block_stride;
+    const C* v = v_head + static_cast<int64_t>(table[b]) * block_stride;
     pf.step();
     if (fetch && b < last_block)
-      prefetch_block<T>(v_cache + table[b + 1] * block_stride, block_size, slot_stride);
+      prefetch_block<C>(v_cache + table[b + 1] * block_stride, block_size, slot_stride);
     const int32_t stop = std::min(seq_len, (b + 1) * block_size);
     for (int32_t j = p - b * block_size; p < stop; ++p, ++j) {
-      const T* vr = v + j * slot_stride;
+      const C* vr = v + j * slot_stride;
       __m512 vv[V];
       for (int c = 0; c < V; ++c) vv[c] = load16(vr + c * 16);
       for (int g = 0; g < G; ++g) {
@@ -224,13 +307,13 @@ void attend_one_avx512(const T* q, const T* k_cache, const T* v_cache, int64_t s
 }
 
 // Dispatch to a compile-time (G, D); false when there is no specialization for them.
-template <typename T, int D>
-bool attend_fixed_d(int32_t group, const T* q, const T* kc, const T* vc, int64_t ss,
+template <typename T, typename C, int D>
+bool attend_fixed_d(int32_t group, const T* q, const C* kc, const C* vc, int64_t ss,
                     const int32_t* t, int32_t len, int32_t w, int32_t kh, int32_t bs, float sc,
-                    T* o, std::vector<float>& buf, Prefetch<T>& fetch) {
+                    T* o, std::vector<float>& buf, Prefetch<C>& fetch) {
   switch (group) {
 #define MINIVLLM_CASE(G) \
-    case G: attend_one_avx512<T, G, D>(q, kc, vc, ss, t, len, w, kh, bs, sc, o, buf, fetch); return true;
+    case G: attend_one_avx512<T, C, G, D>(q, kc, vc, ss, t, len, w, kh, bs, sc, o, buf, fetch); return true;
     MINIVLLM_CASE(1) MINIVLLM_CASE(2) MINIVLLM_CASE(3) MINIVLLM_CASE(4)
     MINIVLLM_CASE(5) MINIVLLM_CASE(6) MINIVLLM_CASE(7) MINIVLLM_CASE(8)
 #undef MINIVLLM_CASE
@@ -238,39 +321,39 @@ bool attend_fixed_d(int32_t group, const T* q, const T* kc, const T* vc, int64_t
   }
 }
 
-template <typename T>
-bool attend_fast(int32_t head_size, int32_t group, const T* q, const T* kc, const T* vc,
+template <typename T, typename C>
+bool attend_fast(int32_t head_size, int32_t group, const T* q, const C* kc, const C* vc,
                  int64_t ss, const int32_t* t, int32_t len, int32_t w, int32_t kh, int32_t bs,
-                 float sc, T* o, std::vector<float>& buf, Prefetch<T>& fetch) {
-  if (head_size == 64) return attend_fixed_d<T, 64>(group, q, kc, vc, ss, t, len, w, kh, bs, sc, o, buf, fetch);
-  if (head_size == 128) return attend_fixed_d<T, 128>(group, q, kc, vc, ss, t, len, w, kh, bs, sc, o, buf, fetch);
+                 float sc, T* o, std::vector<float>& buf, Prefetch<C>& fetch) {
+  if (head_size == 64) return attend_fixed_d<T, C, 64>(group, q, kc, vc, ss, t, len, w, kh, bs, sc, o, buf, fetch);
+  if (head_size == 128) return attend_fixed_d<T, C, 128>(group, q, kc, vc, ss, t, len, w, kh, bs, sc, o, buf, fetch);
   return false;
 }
 #else
-template <typename T>
-bool attend_fast(int32_t, int32_t, const T*, const T*, const T*, int64_t, const int32_t*, int32_t,
-                 int32_t, int32_t, int32_t, float, T*, std::vector<float>&, Prefetch<T>&) {
+template <typename T, typename C>
+bool attend_fast(int32_t, int32_t, const T*, const C*, const C*, int64_t, const int32_t*, int32_t,
+                 int32_t, int32_t, int32_t, float, T*, std::vector<float>&, Prefetch<C>&) {
   return false;  // no AVX-512: the portable loops below
 }
 #endif
 
 // One (sequence, KV head) pair: the AVX-512 specialization when there is one, else the loops.
-template <typename T>
-void attend_pair(const T* qi, const T* k_cache, const T* v_cache, int64_t slot_stride,
+template <typename T, typename C>
+void attend_pair(const T* qi, const C* k_cache, const C* v_cache, int64_t slot_stride,
                  const int32_t* ti, int32_t len, int32_t window, int32_t kh, int32_t group,
                  int32_t head_size, int32_t block_size, float scale, T* oi,
-                 std::vector<float>& buf, Prefetch<T>& pf) {
-  if (attend_fast<T>(head_size, group, qi, k_cache, v_cache, slot_stride, ti, len, window, kh,
+                 std::vector<float>& buf, Prefetch<C>& pf) {
+  if (attend_fast<T, C>(head_size, group, qi, k_cache, v_cache, slot_stride, ti, len, window, kh,
                      block_size, scale, oi, buf, pf))
     return;
   if (head_size == 64)
-    attend_one<T, 64>(qi, k_cache, v_cache, slot_stride, ti, len, window, kh, group, head_size,
+    attend_one<T, C, 64>(qi, k_cache, v_cache, slot_stride, ti, len, window, kh, group, head_size,
                       block_size, scale, oi, buf);
   else if (head_size == 128)
-    attend_one<T, 128>(qi, k_cache, v_cache, slot_stride, ti, len, window, kh, group, head_size,
+    attend_one<T, C, 128>(qi, k_cache, v_cache, slot_stride, ti, len, window, kh, group, head_size,
                        block_size, scale, oi, buf);
   else
-    attend_one<T, 0>(qi, k_cache, v_cache, slot_stride, ti, len, window, kh, group, head_size,
+    attend_one<T, C, 0>(qi, k_cache, v_cache, slot_stride, ti, len, window, kh, group, head_size,
                      block_size, scale, oi, buf);
 }
 
@@ -278,20 +361,29 @@ void attend_pair(const T* qi, const T* k_cache, const T* v_cache, int64_t slot_s
 // their slots
 // (slots[rows[i]]), one row per sequence, before any thread reads the cache: it saves the two
 // scatter ops a decode step would otherwise run per layer.
-template <typename T>
+template <typename T, typename C>
 void write_new_kv(const T* k_new, int64_t k_stride, const T* v_new, int64_t v_stride,
-                  const int64_t* slots, const int64_t* rows, int32_t num_seqs, T* k_cache,
-                  T* v_cache, int64_t slot_stride, int64_t row_elems) {
+                  const int64_t* slots, const int64_t* rows, int32_t num_seqs, C* k_cache,
+                  C* v_cache, int64_t slot_stride, int64_t row_elems) {
 #pragma omp for schedule(static)
   for (int32_t i = 0; i < num_seqs; ++i) {
     const int64_t slot = slots[rows[i]];
-    std::copy_n(k_new + rows[i] * k_stride, row_elems, k_cache + slot * slot_stride);
-    std::copy_n(v_new + rows[i] * v_stride, row_elems, v_cache + slot * slot_stride);
+    const T* k = k_new + rows[i] * k_stride;
+    const T* v = v_new + rows[i] * v_stride;
+    if constexpr (std::is_same_v<T, C>) {
+      std::copy_n(k, row_elems, k_cache + slot * slot_stride);
+      std::copy_n(v, row_elems, v_cache + slot * slot_stride);
+    } else {  // an fp8 cache
+      for (int64_t e = 0; e < row_elems; ++e) {
+        k_cache[slot * slot_stride + e] = from_float<C>(to_float(k[e]));
+        v_cache[slot * slot_stride + e] = from_float<C>(to_float(v[e]));
+      }
+    }
   }  // (the implicit barrier: every new row is in place before attention reads)
 }
 
-template <typename T>
-int paged_decode(const T* q, int64_t q_row_stride, T* k_cache, T* v_cache,
+template <typename T, typename C>
+int paged_decode(const T* q, int64_t q_row_stride, C* k_cache, C* v_cache,
                  int64_t slot_stride, const int32_t* block_table, int64_t table_stride,
                  const int32_t* seq_lens, const int64_t* rows, T* out, int64_t out_row_stride,
                  int32_t num_seqs, int32_t num_heads, int32_t num_kv_heads, int32_t head_size,
@@ -309,10 +401,10 @@ int paged_decode(const T* q, int64_t q_row_stride, T* k_cache, T* v_cache,
 #pragma omp parallel num_threads(num_threads)
   {
     if (slots != nullptr)
-      write_new_kv<T>(k_new, k_stride, v_new, v_stride, slots, rows, num_seqs, k_cache,
-                      v_cache, slot_stride, static_cast<int64_t>(num_kv_heads) * head_size);
+      write_new_kv<T, C>(k_new, k_stride, v_new, v_stride, slots, rows, num_seqs, k_cache,
+                         v_cache, slot_stride, static_cast<int64_t>(num_kv_heads) * head_size);
     std::vector<float> buf;
-    Prefetch<T> pf;
+    Prefetch<C> pf;
     pf.k_cache = k_cache;
     pf.v_cache = v_cache;
     pf.block_size = block_size;
@@ -339,7 +431,7 @@ int paged_decode(const T* q, int64_t q_row_stride, T* k_cache, T* v_cache,
         const T* qi = q + rows[i] * q_row_stride + col;
         T* oi = out + rows[i] * out_row_stride + col;
         const int32_t* ti = block_table + i * table_stride;
-        attend_pair<T>(qi, k_cache, v_cache, slot_stride, ti, seq_lens[i], window, kh, group,
+        attend_pair<T, C>(qi, k_cache, v_cache, slot_stride, ti, seq_lens[i], window, kh, group,
                        head_size, block_size, scale, oi, buf, pf);
       }
     }
@@ -359,7 +451,7 @@ int paged_decode(const T* q, int64_t q_row_stride, T* k_cache, T* v_cache,
            int32_t block_size, int32_t window, float scale, int32_t num_threads,              \
            const T* k_new, int64_t k_stride, const T* v_new, int64_t v_stride,                \
            const int64_t* slots) {                                                            \
-    return paged_decode<T>(q, q_row_stride, k_cache, v_cache, slot_stride, block_table,       \
+    return paged_decode<T, T>(q, q_row_stride, k_cache, v_cache, slot_stride, block_table,       \
                            table_stride, seq_lens, rows, out, out_row_stride, num_seqs,       \
                            num_heads, num_kv_heads, head_size, block_size, window, scale,     \
                            num_threads, k_new, k_stride, v_new, v_stride, slots);             \
@@ -368,4 +460,27 @@ int paged_decode(const T* q, int64_t q_row_stride, T* k_cache, T* v_cache,
 extern "C" {
 MINIVLLM_PAGED_DECODE(minivllm_paged_decode_bf16, uint16_t)
 MINIVLLM_PAGED_DECODE(minivllm_paged_decode_f32, float)
+
+// bf16 queries over an fp8 cache (the cache's bytes: format 0 e4m3fn, 1 e5m2); the bf16 k_new /
+// v_new rows are rounded into it.
+int minivllm_paged_decode_bf16_fp8(
+    int32_t format, const uint16_t* q, int64_t q_row_stride, uint8_t* k_cache, uint8_t* v_cache,
+    int64_t slot_stride, const int32_t* block_table, int64_t table_stride,
+    const int32_t* seq_lens, const int64_t* rows, uint16_t* out, int64_t out_row_stride,
+    int32_t num_seqs, int32_t num_heads, int32_t num_kv_heads, int32_t head_size,
+    int32_t block_size, int32_t window, float scale, int32_t num_threads,
+    const uint16_t* k_new, int64_t k_stride, const uint16_t* v_new, int64_t v_stride,
+    const int64_t* slots) {
+  const auto run = [&](auto* k, auto* v) {
+    return paged_decode(q, q_row_stride, k, v, slot_stride, block_table, table_stride, seq_lens,
+                        rows, out, out_row_stride, num_seqs, num_heads, num_kv_heads, head_size,
+                        block_size, window, scale, num_threads, k_new, k_stride, v_new, v_stride,
+                        slots);
+  };
+  if (format == 0)
+    return run(reinterpret_cast<Fp8E4M3*>(k_cache), reinterpret_cast<Fp8E4M3*>(v_cache));
+  if (format == 1)
+    return run(reinterpret_cast<Fp8E5M2*>(k_cache), reinterpret_cast<Fp8E5M2*>(v_cache));
+  return 1;
+}
 }  // extern "C"

@@ -16,7 +16,7 @@ from typing import Any
 from minivllm.config import (CacheConfig, CompilationConfig, DeviceConfig, LoadConfig, LoRAConfig,
                              ModelConfig, ParallelConfig, SchedulerConfig,
                              StructuredOutputsConfig, VllmConfig)
-from minivllm.config.cache import CACHE_DTYPES
+from minivllm.config.cache import CACHE_DTYPES, MAMBA_CACHE_DTYPES
 from minivllm.config.compilation import CompilationMode
 from minivllm.config.load import LOAD_FORMATS
 from minivllm.config.model import CONVERT_TYPES, RUNNER_TYPES
@@ -87,11 +87,12 @@ class EngineArgs:
     max_logprobs: int = _arg(20, "most logprobs (or prompt logprobs) a request may ask; -1: "
                              "the vocabulary size")
     block_size: int = _arg(16, "tokens per KV-cache block")
-    kv_cache_dtype: str = _arg("auto", "KV-cache dtype; auto: the model dtype", choices=CACHE_DTYPES)
+    kv_cache_dtype: str = _arg("auto", "KV-cache dtype; auto: the model dtype; fp8 (= fp8_e4m3), "
+                               "fp8_e5m2: a byte per value, unit scales", choices=CACHE_DTYPES)
     mamba_cache_dtype: str = _arg("auto", "recurrent layers' conv-state dtype (Mamba, short "
-                                  "conv); auto: the model dtype", choices=CACHE_DTYPES)
+                                  "conv); auto: the model dtype", choices=MAMBA_CACHE_DTYPES)
     mamba_ssm_cache_dtype: str = _arg("auto", "Mamba SSM-state dtype; auto: "
-                                      "--mamba-cache-dtype's", choices=CACHE_DTYPES)
+                                      "--mamba-cache-dtype's", choices=MAMBA_CACHE_DTYPES)
     enable_prefix_caching: bool = _arg(True, "reuse the KV blocks of shared prompt prefixes")
     num_gpu_blocks_override: int | None = _arg(None, "fix the number of KV blocks "
                                                "(default: from --kv-cache-memory-bytes)")

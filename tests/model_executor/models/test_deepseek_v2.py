@@ -178,3 +178,8 @@ def test_deepseek_under_torch_compile(checkpoints):
              for o in LLM(model=checkpoints["v3"], dtype="float32", enforce_eager=eager)
              .generate(prompts, params, use_tqdm=False)] for eager in (True, False)]
     assert runs[0] == runs[1]
+
+
+def test_fp8_kv_cache_is_refused_by_mla_layers(checkpoints):
+    with pytest.raises(ValueError, match="fp8 caches serve the standard attention layers only"):
+        LLM(model=checkpoints["v2_lite"], kv_cache_dtype="fp8")

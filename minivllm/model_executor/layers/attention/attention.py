@@ -16,8 +16,11 @@ from minivllm.model_executor.kernels.op_library import register_op
 from minivllm.model_executor.layers.attention.backends.cpu_attn import TorchAttentionBackend
 from minivllm.v1.attention.backend import AttentionType
 
+# fp8: keys / values stored rounded to fp8 with unit scales (vLLM's default without
+# calibrated k_scale / v_scale), widened as they are read (csrc/paged_decode_attention.cpp).
 _KV_CACHE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16,
-                    "float16": torch.float16}
+                    "float16": torch.float16, "fp8": torch.float8_e4m3fn,
+                    "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
 
 
 class Attention(nn.Module):
@@ -44,8 +47,10 @@ class Attention(nn.Module):
             sliding_window = None
         self.kv_cache_dtype = cache_config.cache_dtype if cache_config is not None else "auto"
         if getattr(quant_config, "kv_cache_scheme", None) is not None:
-            raise NotImplementedError("quantized (fp8) KV caches are not supported on CPU; "
-                                      "use a checkpoint without a kv_cache_scheme")
+            raise NotImplementedError("a checkpoint's KV-cache scheme (calibrated k/v scales) is "
+                                      "not supported on CPU; use a checkpoint without a "
+                                      "kv_cache_scheme (kv_cache_dtype='fp8' keeps an fp8 cache "
+                                      "with unit scales)")
         self.kv_cache_torch_dtype = _kv_cache_torch_dtype(self.kv_cache_dtype)
 
         self.layer_name = prefix

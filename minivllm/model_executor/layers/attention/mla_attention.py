@@ -39,6 +39,10 @@ class MLAAttention(Attention):
                          attn_backend=CPUMLABackend, head_size_v=v_head_dim,
                          kv_lora_rank=kv_lora_rank, qk_nope_head_dim=qk_nope_head_dim,
                          qk_rope_head_dim=qk_rope_head_dim, v_head_dim=v_head_dim)
+        if self.kv_cache_torch_dtype.itemsize == 1:
+            raise ValueError(f"kv_cache_dtype {self.kv_cache_dtype!r}: fp8 caches serve the "
+                             "standard attention layers only; MLA layers take auto, bfloat16, "
+                             "float16 or float32")
         self.kv_lora_rank, self.qk_rope_head_dim = kv_lora_rank, qk_rope_head_dim
         self.qk_nope_head_dim, self.v_head_dim = qk_nope_head_dim, v_head_dim
         self.q_lora_rank = q_lora_rank

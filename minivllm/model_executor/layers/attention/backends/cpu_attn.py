@@ -200,7 +200,9 @@ class TorchAttentionImpl:
         if slots is None:
             return None
         width = self.num_kv_heads * self.head_size
-        if (use_kernel and not md.prefill_groups and key.dtype == value.dtype == kv_cache.dtype
+        # (an fp8 cache takes bf16 rows: the kernel rounds them)
+        if (use_kernel and not md.prefill_groups and key.dtype == value.dtype
+                and ops.attention_supports(kv_cache.dtype, key.dtype)
                 and slots.dtype == torch.int64 and slots.is_contiguous()
                 and key.shape[-1] == value.shape[-1] == width and key.dim() == value.dim() == 2
                 and key.stride(1) == value.stride(1) == 1):
@@ -210,9 +212,9 @@ class TorchAttentionImpl:
 
     def _use_kernel(self, q: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor) -> bool:
         """Decode rows go to the native kernel when it is built and supports these tensors
-        (q [T, nH, d] and out [T, nH, d] with contiguous rows)."""
-        return (self._kernel_ok and kv_cache.dtype == q.dtype == out.dtype
-                and ops.attention_supports(kv_cache.dtype) and kv_cache.is_contiguous()
+        (q [T, nH, d] and out [T, nH, d] with contiguous rows; an fp8 cache with bf16 q)."""
+        return (self._kernel_ok and q.dtype == out.dtype
+                and ops.attention_supports(kv_cache.dtype, q.dtype) and kv_cache.is_contiguous()
                 and kv_cache.shape[-1] == self.head_size and q.stride(2) == 1
                 and q.stride(1) == self.head_size and out.is_contiguous()
                 and ops.native_available())
