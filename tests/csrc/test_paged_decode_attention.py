@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from minivllm import _custom_ops as ops
+from minivllm.model_executor.kernels import attention as attn_ops
 from minivllm.model_executor.layers.attention.backends.cpu_attn_metadata import (
     TorchAttentionMetadataBuilder)
 from tests.model_executor.layers.attention.test_attention import (BLOCK_SIZE, Batch, make_config,
@@ -19,13 +20,13 @@ LENS = ([1] * 9 + [7] + [1] * 9 + [12],
 def calls(monkeypatch):
     """Counts kernel calls."""
     seen = []
-    real = ops.paged_decode_attention
+    real = attn_ops.paged_decode_attention
 
     def counting(*args, **kwargs):
         seen.append(args[4].numel())                       # decode rows in this call
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(ops, "paged_decode_attention", counting)
+    monkeypatch.setattr(attn_ops, "paged_decode_attention", counting)
     return seen
 
 

@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from minivllm import _custom_ops as ops
+from minivllm.model_executor.kernels import attention as attn_ops
 from tests.model_executor.layers.attention.test_attention import Batch, make_config, make_layer
 
 pytestmark = pytest.mark.requires_native
@@ -37,7 +38,7 @@ def test_kernel_matches_fp64_reference_like_sdpa(L, nH, nKV, d):
     q, k, v = qkv.split([nH * d, nKV * d, nKV * d], dim=1)     # strided rows, as in a model
     wide = torch.full((L, nH * d + 16), float("nan"), dtype=torch.bfloat16)
     out = wide[:, 8:8 + nH * d]                                 # strided output rows too
-    ops.prefill_attention_bf16(q, k, v, out, nH, nKV, d, d ** -0.5)
+    attn_ops.prefill_attention_bf16(q, k, v, out, nH, nKV, d, d ** -0.5)
     ref = _reference(q, k, v, nH, nKV, d, d ** -0.5)
     sdpa = F.scaled_dot_product_attention(
         q.view(L, nH, d).transpose(0, 1), k.view(L, nKV, d).transpose(0, 1),
@@ -52,8 +53,8 @@ def test_kernel_matches_fp64_reference_like_sdpa(L, nH, nKV, d):
 @pytest.fixture()
 def calls(monkeypatch):
     seen = []
-    real = ops.prefill_attention_bf16
-    monkeypatch.setattr(ops, "prefill_attention_bf16",
+    real = attn_ops.prefill_attention_bf16
+    monkeypatch.setattr(attn_ops, "prefill_attention_bf16",
                         lambda q, *a: seen.append(q.shape[0]) or real(q, *a))
     return seen
 
@@ -70,7 +71,7 @@ def test_layer_routes_each_fresh_prompt_through_the_kernel(calls, monkeypatch):
     out = batch.run(cfg, layer)
     assert sorted(calls) == [17, 33, 70]
     torch.testing.assert_close(out.double(), batch.expected(0.125), atol=2e-2, rtol=2e-2)
-    monkeypatch.setattr(ops, "prefill_attention_supported", lambda *a: False)
+    monkeypatch.setattr(attn_ops, "prefill_attention_supported", lambda *a: False)
     sdpa = batch.run(cfg, layer)
     assert sorted(calls) == [17, 33, 70]
     torch.testing.assert_close(out.float(), sdpa.float(), atol=1.6e-2, rtol=1.6e-2)

@@ -9,11 +9,12 @@ from torch import nn
 
 from minivllm.config.vllm import valid_tp_sizes
 from minivllm.distributed.utils import get_pp_indices
-from minivllm.model_executor.kernels.gguf_linear import gguf_block_shape, splits_whole_blocks
+from minivllm.model_executor.kernels.gguf_linear import gguf_block_shape
 from minivllm.model_executor.layers.fused_moe import RoutedExperts
 from minivllm.model_executor.layers.linear import RowParallelLinear
 from minivllm.model_executor.layers.quantization.gguf import GGUFLinearMethod
 from minivllm.model_executor.layers.quantization.gguf_moe import GGUFMoEMethod
+from minivllm.model_executor.layers.quantization.gguf_sharding import splits_whole_blocks
 from minivllm.model_executor.layers.vocab_parallel_embedding import pad_vocab_size
 from minivllm.model_executor.models import interfaces as itf
 

@@ -19,12 +19,12 @@ import torch.nn.functional as F
 from minivllm.model_executor.kernels.cpu_linear import dispatch_linear, pack_for_cpu
 from minivllm.model_executor.kernels.gguf_linear import (GGUF_FLOAT_TYPES, check_gguf_type,
                                                          gguf_embedding, gguf_linear,
-                                                         gguf_matmul, gguf_repack_for_cpu,
-                                                         gguf_split_columns)
+                                                         gguf_matmul, gguf_repack_for_cpu)
 from minivllm.model_executor.layers.quantization.base_config import (QuantizationConfig,
                                                                      QuantizeMethodBase,
                                                                      is_layer_skipped)
 from minivllm.model_executor.layers.quantization.gguf_moe import GGUFMoEMethod
+from minivllm.model_executor.layers.quantization.gguf_sharding import gguf_split_columns
 from minivllm.model_executor.layers.quantization.unquantized import (UnquantizedEmbeddingMethod,
                                                                      UnquantizedLinearMethod)
 from minivllm.model_executor.parameter import set_weight_attrs

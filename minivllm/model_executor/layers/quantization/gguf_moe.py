@@ -26,12 +26,13 @@ from torch import nn
 
 from minivllm.model_executor.kernels.gguf_linear import (GGUF_FLOAT_TYPES, check_gguf_type,
                                                          gguf_matmul, gguf_repack_for_cpu,
-                                                         gguf_split_columns, gguf_x8_rows)
+                                                         gguf_x8_rows)
 from minivllm.model_executor.kernels.op_library import register_op
 from minivllm.model_executor.layers.fused_moe.cpu_fused_moe import fused_experts_gguf
 from minivllm.model_executor.layers.fused_moe.fused_moe import (fused_experts, fused_experts_fake,
                                                                 gated_activation, run_experts)
 from minivllm.model_executor.layers.fused_moe.fused_moe_method_base import FusedMoEMethodBase
+from minivllm.model_executor.layers.quantization.gguf_sharding import gguf_split_columns
 from minivllm.model_executor.parameter import set_weight_attrs
 
 _PARAMS = {"w1": "w13_qweight", "w3": "w13_qweight", "w2": "w2_qweight"}

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from minivllm import _custom_ops as ops
 from minivllm.forward_context import get_forward_context, is_forward_context_available
+from minivllm.model_executor.kernels import attention as attn_ops
 from minivllm.model_executor.layers.attention.backends.cpu_attn_metadata import (
     AttnGroup, DecodeBatch, TorchAttentionMetadata, TorchAttentionMetadataBuilder)
 from minivllm.v1.attention.backend import AttentionBackend, AttentionType
@@ -202,7 +203,7 @@ class TorchAttentionImpl:
         width = self.num_kv_heads * self.head_size
         # (an fp8 cache takes bf16 rows: the kernel rounds them)
         if (use_kernel and not md.prefill_groups and key.dtype == value.dtype
-                and ops.attention_supports(kv_cache.dtype, key.dtype)
+                and attn_ops.attention_supports(kv_cache.dtype, key.dtype)
                 and slots.dtype == torch.int64 and slots.is_contiguous()
                 and key.shape[-1] == value.shape[-1] == width and key.dim() == value.dim() == 2
                 and key.stride(1) == value.stride(1) == 1):
@@ -214,7 +215,8 @@ class TorchAttentionImpl:
         """Decode rows go to the native kernel when it is built and supports these tensors
         (q [T, nH, d] and out [T, nH, d] with contiguous rows; an fp8 cache with bf16 q)."""
         return (self._kernel_ok and q.dtype == out.dtype
-                and ops.attention_supports(kv_cache.dtype, q.dtype) and kv_cache.is_contiguous()
+                and attn_ops.attention_supports(kv_cache.dtype, q.dtype)
+                and kv_cache.is_contiguous()
                 and kv_cache.shape[-1] == self.head_size and q.stride(2) == 1
                 and q.stride(1) == self.head_size and out.is_contiguous()
                 and ops.native_available())
@@ -225,7 +227,7 @@ class TorchAttentionImpl:
                               ) -> None:
         """All decode rows in one call: keys/values read in place from the paged cache (after
         the kernel wrote `new_kv`'s rows into it, when given)."""
-        ops.paged_decode_attention(
+        attn_ops.paged_decode_attention(
             q.flatten(1), kv_cache, decode.block_table, decode.seq_lens, decode.rows,
             out.flatten(1), self.num_heads, self.num_kv_heads, self.head_size,
             self.sliding_window or 0, self.scale, new_kv)
@@ -239,7 +241,7 @@ class TorchAttentionImpl:
                 and g.q_len == g.k_len_max and key is not None and value is not None
                 and (self.sliding_window is None or self.sliding_window >= g.q_len)
                 and q.dtype == key.dtype == value.dtype == out.dtype
-                and ops.prefill_attention_supported(q.dtype, self.head_size)):
+                and attn_ops.prefill_attention_supported(q.dtype, self.head_size)):
             return False
         rows = slice(g.row_start, g.row_start + g.q_len)
         k2 = key.view(-1, self.num_kv_heads * self.head_size)[rows]
@@ -247,7 +249,7 @@ class TorchAttentionImpl:
         q2, o2 = q.flatten(1)[rows], out.flatten(1)[rows]       # [L, nH*d] views
         if not (q2.stride(1) == k2.stride(1) == v2.stride(1) == o2.stride(1) == 1):
             return False
-        ops.prefill_attention_bf16(q2, k2, v2, o2, self.num_heads, self.num_kv_heads,
+        attn_ops.prefill_attention_bf16(q2, k2, v2, o2, self.num_heads, self.num_kv_heads,
                                    self.head_size, self.scale)
         return True
 
