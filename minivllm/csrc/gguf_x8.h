@@ -3,6 +3,11 @@
 // are the AVX2 or AVX-512 VNNI ones (AMX CPUs too, up to kGgufDotMaxRows rows; gguf_amx.cpp's
 // strips read the layout above that). This file: Q4_0, Q4_1, Q8_0 on both;
 // gguf_x8_k.h: Q5_0, Q5_1 and the K-quants Q2_K ... Q6_K on VNNI.
+// On AMX CPUs the VNNI sums stay for a few tokens (MoE decode pieces: ~4 per expert): an
+// AMX-INT8 version (unpacked chunks as the B tile, the tokens' records as A, one tdpbsud per
+// 32-element block, two tile sets in flight) ran 1.5-2.5x slower at 1-64 tokens on Sapphire
+// Rapids, since every block's B tile and int32 sums make a round trip through memory that the
+// per-block scales (d * dx) force.
 #pragma once
 
 #include <cstdint>
