@@ -1,6 +1,6 @@
 """Linears and embeddings on GGUF-packed weights: uint8 block rows, exactly as in the .gguf file.
 
-- `gguf_linear` on CPU with the native kernels (`csrc/gguf_gemm.cpp`): up to `GGUF_DOT_MAX_ROWS`
+- `gguf_linear` on CPU with the native kernels (`csrc/gguf_gemm.cpp`): up to `gguf_dot_max_rows`
   bf16 / fp16 rows of x (decode steps) multiply the packed blocks directly, x quantized to int8
   per 32 elements (AVX-512 VNNI, else AVX2, else a scalar loop). With AMX, more rows (batched decode
   steps, prompt chunks up to `GGUF_AMX_MAX_ROWS`) go to `csrc/gguf_amx.cpp`, which dequantises
@@ -53,6 +53,13 @@ _DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 # model's Q4_1 linears, so weights come from memory as in a step) the dot wins at 4 rows, the two
 # are even at 5-6 and the strips win from 8; the Q8_0 LM head takes the strips from 5 rows.
 GGUF_DOT_MAX_ROWS = 4
+# The same for x8 weights (`gguf_dot_max_rows`), for K from / under 1024: their kernels take 8
+# tokens per pass over a group held in L1, ~390 GMAC/s on 2 threads at any count, while the
+# strips' dequantisation costs as much as 16-22 rows of that at K 2048-4096 and 8-10 at K 576
+# (Sapphire Rapids VM, Q4_1). Decode tok/s there, 4 rows -> these: default model at 6 / 8 / 12
+# requests 598 -> 1035 / 726 -> 1104 / 1055 -> 1154 (level from 16); bench moe's model at 8 /
+# 12 / 16 requests 369 -> 457 / 445 -> 504 / 521 -> 564.
+GGUF_X8_DOT_MAX_ROWS = (16, 8)
 # Rows of bf16 / fp16 x the int8 kernels take in decode steps on CPUs with VNNI or AVX2 but no
 # AMX (Ice Lake, Zen 4; Zen 3 with the AVX2 dot kernels): with VNNI from 16 rows gguf_gemm.cpp
 # multiplies x^T tiles of 16 tokens (csrc/gguf_tiles.h), 170-250 GFLOP/s on the 2-core Ice Lake
@@ -101,7 +108,7 @@ def _resolve() -> ctypes.CDLL | None:
 
 def _x8_wanted() -> bool:
     """envs.MINIVLLM_GGUF_X8: "auto" or "1", the x8 layout wherever its kernels are built; "0",
-    the file layout. On AMX CPUs x8 weights take the x8 dot kernels up to `GGUF_DOT_MAX_ROWS`
+    the file layout. On AMX CPUs x8 weights take the x8 dot kernels up to `gguf_dot_max_rows`
     rows and the AMX strips above (Q4_0 / Q4_1 / Q8_0 dequantised straight from the groups,
     other types un-interleaved first). Measured on the 2-core Sapphire Rapids VM, default model,
     A/B in one session: batch-1 decode 283 tok/s against 222 for the file layout (llama.cpp:
@@ -127,6 +134,15 @@ def gguf_int8_max_rows(independent_rows: bool = False) -> int:
     if amx_strips or not _Native.int8_decode or not (independent_rows or is_decode_only_step()):
         return GGUF_DOT_MAX_ROWS
     return GGUF_TILE_MAX_ROWS
+
+
+def gguf_dot_max_rows(qtype: int, k: int) -> int:
+    """Rows of x up to which a decode step (or the LM head) takes the int8 dot kernels for a
+    weight of kernel type `qtype` and K `k` on this CPU, where `gguf_int8_max_rows` gives no more:
+    `GGUF_X8_DOT_MAX_ROWS` for x8 weights on AMX CPUs, else `GGUF_DOT_MAX_ROWS`."""
+    if _Native.amx and qtype & GGUF_X8_LAYOUT:
+        return GGUF_X8_DOT_MAX_ROWS[0 if k >= 1024 else 1]
+    return GGUF_DOT_MAX_ROWS
 
 
 def gguf_block_shape(qtype: int) -> tuple[int, int]:
@@ -266,7 +282,8 @@ def gguf_linear(x: torch.Tensor, qweight: torch.Tensor, qtype: int,
     if out is not None and (out.shape != (m, n) or out.dtype != x.dtype or out.stride(1) != 1):
         raise ValueError(f"out must be a [{m}, {n}] {x.dtype} tensor with unit-stride rows, got "
                          f"{out.dtype} {list(out.shape)} strides {out.stride()}")
-    if (code == 0 or (m > GGUF_DOT_MAX_ROWS and m > gguf_int8_max_rows(independent_rows))
+    if (code == 0
+            or (m > gguf_dot_max_rows(qtype, k) and m > gguf_int8_max_rows(independent_rows))
             or (not independent_rows and is_prompt_step())):
         # fp32 x is the reference precision (runs checked against transformers): no int8 step,
         # whatever the row count, so results do not depend on how rows were batched. Prompt

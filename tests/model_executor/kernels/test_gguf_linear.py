@@ -129,7 +129,7 @@ def test_out_writes_into_a_column_slice(rows):
 
 def test_x8_layout_choice(monkeypatch):
     """MINIVLLM_GGUF_X8: auto and 1 give the x8 layout wherever its kernels are built, 0 the file
-    layout; on AMX CPUs x8 weights still take the AMX strips above GGUF_DOT_MAX_ROWS rows (which
+    layout; on AMX CPUs x8 weights still take the AMX strips above gguf_dot_max_rows rows (which
     read the layout), without AMX the int8 kernels take decode steps of any size."""
     monkeypatch.delenv("MINIVLLM_GGUF_X8", raising=False)
     assert gl._x8_wanted()
@@ -145,7 +145,12 @@ def test_x8_layout_choice(monkeypatch):
     for x8 in (False, True):
         monkeypatch.setattr(gl._Native, "x8", x8)
         assert gl.gguf_int8_max_rows(independent_rows=True) == gl.GGUF_DOT_MAX_ROWS
+    # x8 weights keep the dot kernels for more rows there, by K; the file layout for 4
+    x8_q4_1 = T.Q4_1 | gl.GGUF_X8_LAYOUT
+    assert [gl.gguf_dot_max_rows(x8_q4_1, k) for k in (576, 1023, 1024, 4096)] == [8, 8, 16, 16]
+    assert gl.gguf_dot_max_rows(T.Q4_1, 4096) == gl.GGUF_DOT_MAX_ROWS
     monkeypatch.setattr(gl._Native, "amx", False)
+    assert gl.gguf_dot_max_rows(x8_q4_1, 4096) == gl.GGUF_DOT_MAX_ROWS
     assert gl.gguf_int8_max_rows(independent_rows=True) == gl.GGUF_TILE_MAX_ROWS
 
 
