@@ -47,11 +47,10 @@ _X8_MAX_ROWS = 16          # rows of the widest x8 group: dequantised tiles star
 GGUF_X8_TYPES: frozenset[int] = GGUF_KERNEL_TYPES
 _BLOCKS.update({t | GGUF_X8_LAYOUT: _BLOCKS[t] for t in GGUF_X8_TYPES})
 _DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
-# Rows of x up to which the int8 dot kernels beat the AMX strips (gguf_amx.cpp). The dot's cost
-# grows with each row of x (6 vector ops per 128 weights and row), the strips' stays at the
-# dequantisation (~25 per 128): on the 2-core box (one thread, CPU time, 30 layers of the default
-# model's Q4_1 linears, so weights come from memory as in a step) the dot wins at 4 rows, the two
-# are even at 5-6 and the strips win from 8; the Q8_0 LM head takes the strips from 5 rows.
+# Rows of x up to which the int8 dot kernels (file layout) beat the AMX strips (gguf_amx.cpp):
+# the dot's cost grows with each row of x, the strips' stays at the dequantisation; on the 2-core
+# box (30 layers of the default model's Q4_1 linears, weights from memory as in a step) the dot
+# wins at 4 rows, the strips from 8; the Q8_0 LM head takes the strips from 5 rows.
 GGUF_DOT_MAX_ROWS = 4
 # The same for x8 weights (`gguf_dot_max_rows`), for K from / under 1024: their kernels take 8
 # tokens per pass over a group held in L1, ~390 GMAC/s on 2 threads at any count, while the
