@@ -281,8 +281,8 @@ def gguf_linear(x: torch.Tensor, qweight: torch.Tensor, qtype: int,
     if out is not None and (out.shape != (m, n) or out.dtype != x.dtype or out.stride(1) != 1):
         raise ValueError(f"out must be a [{m}, {n}] {x.dtype} tensor with unit-stride rows, got "
                          f"{out.dtype} {list(out.shape)} strides {out.stride()}")
-    if (code == 0
-            or (m > gguf_dot_max_rows(qtype, k) and m > gguf_int8_max_rows(independent_rows))
+    if (code == 0 or (m > GGUF_DOT_MAX_ROWS and m > gguf_dot_max_rows(qtype, k)   # (>= that)
+                      and m > gguf_int8_max_rows(independent_rows))
             or (not independent_rows and is_prompt_step())):
         # fp32 x is the reference precision (runs checked against transformers): no int8 step,
         # whatever the row count, so results do not depend on how rows were batched. Prompt
